@@ -1,0 +1,31 @@
+"""gpuload: get image datasets onto the GPU as fast as the hardware allows."""
+
+from importlib.metadata import version as _version
+
+from .build import build_memmap
+from .compress import CompressReport, compress_folder, find_ffmpeg
+from .dataset import GatheredSamples, ImageData, MemmapImageDataset
+from .decode import DecodeError, decode_image
+from .machine import default_workers, describe_machine, machine_line
+from .manifest import DatasetError
+from .sample import SAMPLE_CLASSES, make_sample_folder
+
+__version__ = _version("gpuload")
+
+__all__ = [
+    "SAMPLE_CLASSES",
+    "CompressReport",
+    "DatasetError",
+    "DecodeError",
+    "GatheredSamples",
+    "ImageData",
+    "MemmapImageDataset",
+    "build_memmap",
+    "compress_folder",
+    "decode_image",
+    "default_workers",
+    "describe_machine",
+    "find_ffmpeg",
+    "machine_line",
+    "make_sample_folder",
+]

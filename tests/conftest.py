@@ -1,0 +1,127 @@
+"""Shared fixtures: real JPEG folders made from matplotlib's grace_hopper.jpg, good and bad inputs."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from gpuload import build_memmap, make_sample_folder
+from gpuload.sample import sample_photo
+
+SIZE = (48, 64)  # (height, width) of the small test photos
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def restore_rng():
+    """Tests may seed the global generators; give the next test the state it would have had."""
+    torch_state, numpy_state, python_state = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    yield
+    torch.set_rng_state(torch_state)
+    np.random.set_state(numpy_state)
+    random.setstate(python_state)
+
+
+@pytest.fixture(scope="session")
+def photo_folder(tmp_path_factory) -> Path:
+    """An ImageFolder of 5 classes x 4 distinct 48x64 JPEG photos. Do not modify it."""
+    return make_sample_folder(tmp_path_factory.mktemp("photos") / "photos", images_per_class=4, size=SIZE)
+
+
+@pytest.fixture(scope="session")
+def built_dataset(photo_folder, tmp_path_factory) -> Path:
+    """``photo_folder`` built into a memmap dataset. Do not modify it."""
+    return build_memmap(photo_folder, tmp_path_factory.mktemp("built") / "photos.memmap", progress=False)
+
+
+@pytest.fixture
+def photo_copy(photo_folder, tmp_path) -> Path:
+    """A copy of ``photo_folder`` that a test may change."""
+    return Path(shutil.copytree(photo_folder, tmp_path / "photos"))
+
+
+def photo(size: tuple[int, int] = SIZE) -> Image.Image:
+    """grace_hopper.jpg scaled to ``size`` = (height, width), RGB."""
+    with Image.open(sample_photo()) as image:
+        return image.convert("RGB").resize((size[1], size[0]))
+
+
+BAD_FILES = {
+    "truncated.jpg": "truncated or corrupt",
+    "empty.jpg": "empty file",
+    "notes.jpg": "not an image",
+    "garbage.png": "not an image",
+}
+
+
+def write_bad_file(folder: Path, name: str) -> Path:
+    """Write one of ``BAD_FILES`` into ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    if name == "truncated.jpg":
+        photo().save(path, quality=95)
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif name == "empty.jpg":
+        path.touch()
+    elif name == "notes.jpg":
+        path.write_text("these are my notes, not a photo\n")
+    elif name == "garbage.png":
+        path.write_bytes(bytes(range(256)) * 8)
+    return path
+
+
+def write_odd_image(path: Path, kind: str, size: tuple[int, int] = SIZE) -> Image.Image:
+    """Write a valid image of an unusual kind to ``path``; returns how it should look (RGB, upright)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    base = photo(size)
+    if kind == "cmyk":
+        base.convert("CMYK").save(path, quality=95)
+        return Image.open(path).convert("RGB")
+    if kind == "grayscale":
+        base.convert("L").save(path, quality=95)
+        return Image.open(path).convert("RGB")
+    if kind == "palette":
+        base.convert("P").save(path)
+        return base.convert("P").convert("RGB")
+    if kind == "rgba":
+        rgba = base.convert("RGBA")
+        rgba.putalpha(128)
+        rgba.save(path)
+        return base
+    if kind == "sixteen_bit":
+        gray = np.asarray(base.convert("L"), dtype=np.uint16) * 257  # full 16-bit range
+        Image.fromarray(gray).save(path)
+        return base.convert("L").convert("RGB")
+    if kind == "exif_rotated":
+        # stored sideways (width and height swapped), with the EXIF tag that turns it upright
+        stored = base.transpose(Image.Transpose.ROTATE_90)
+        exif = Image.Exif()
+        exif[0x0112] = 6  # "rotate 90 clockwise to display"
+        stored.save(path, quality=98, exif=exif.tobytes())
+        with Image.open(path) as reopened:
+            return reopened.convert("RGB").transpose(Image.Transpose.ROTATE_270)
+    raise ValueError(kind)
+
+
+ODD_KINDS = {
+    "cmyk": "cmyk.jpg",
+    "grayscale": "gray.jpg",
+    "palette": "palette.png",
+    "rgba": "alpha.png",
+    "sixteen_bit": "sixteen.png",
+    "exif_rotated": "rotated.jpg",
+}

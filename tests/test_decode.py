@@ -1,0 +1,157 @@
+import numpy as np
+import pytest
+import torch
+from conftest import BAD_FILES, ODD_KINDS, SIZE, photo, write_bad_file, write_odd_image
+from PIL import Image
+
+from gpuload.decode import DecodeError, check_target, copy_chw, decode_image, exif_orientation, load_rgb, read_size
+
+
+def mean_abs_diff(tensor: torch.Tensor, image: Image.Image) -> float:
+    expected = torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1)
+    return (tensor.float() - expected.float()).abs().mean().item()
+
+
+class TestBadFiles:
+    @pytest.mark.parametrize("name", sorted(BAD_FILES))
+    def test_raises_decode_error_naming_file_and_reason(self, tmp_path, name):
+        path = write_bad_file(tmp_path, name)
+        with pytest.raises(DecodeError, match=BAD_FILES[name]) as caught:
+            decode_image(path)
+        assert caught.value.path == str(path)
+        assert str(path) in str(caught.value)
+
+    def test_decompression_bomb_is_refused_before_decoding(self, tmp_path, monkeypatch):
+        path = tmp_path / "big.jpg"
+        photo().save(path)
+        monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+        with pytest.raises(DecodeError, match="decompression bomb"):
+            read_size(path)
+        monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", SIZE[0] * SIZE[1] - 1)  # Pillow only warns here
+        with pytest.warns(Image.DecompressionBombWarning), pytest.raises(DecodeError, match="MAX_IMAGE_PIXELS"):
+            decode_image(path)
+
+    def test_missing_file(self, tmp_path):
+        with pytest.raises(DecodeError, match="cannot open"):
+            decode_image(tmp_path / "nope.jpg")
+
+    def test_decode_error_pickles(self, tmp_path):
+        import pickle
+
+        error = pickle.loads(pickle.dumps(DecodeError(tmp_path / "x.jpg", "empty file")))
+        assert (error.path, error.reason) == (str(tmp_path / "x.jpg"), "empty file")
+
+
+class TestModes:
+    @pytest.mark.parametrize("kind", sorted(ODD_KINDS))
+    def test_becomes_rgb_uint8_as_displayed(self, tmp_path, kind):
+        expected = write_odd_image(tmp_path / ODD_KINDS[kind], kind)
+        decoded = decode_image(tmp_path / ODD_KINDS[kind])
+        assert decoded.dtype == torch.uint8
+        assert decoded.shape == (3, expected.height, expected.width)
+        assert mean_abs_diff(decoded, expected) < 1.5
+
+    def test_sixteen_bit_keeps_the_high_byte(self, tmp_path):
+        values = np.array([[0, 255, 256, 32768, 65535]], dtype=np.uint16)
+        Image.fromarray(values).save(tmp_path / "ramp.png")
+        decoded = decode_image(tmp_path / "ramp.png")
+        assert decoded[:, 0].tolist() == [[0, 0, 1, 128, 255]] * 3
+
+    def test_exif_rotation_swaps_the_reported_size(self, tmp_path):
+        write_odd_image(tmp_path / "rotated.jpg", "exif_rotated")
+        with Image.open(tmp_path / "rotated.jpg") as image:
+            assert exif_orientation(image) == 6
+            assert image.size == (SIZE[0], SIZE[1])  # stored sideways: width is the display height
+        assert read_size(tmp_path / "rotated.jpg") == SIZE
+
+    def test_grayscale_has_three_equal_channels(self, tmp_path):
+        write_odd_image(tmp_path / "gray.jpg", "grayscale")
+        decoded = decode_image(tmp_path / "gray.jpg")
+        assert torch.equal(decoded[0], decoded[1]) and torch.equal(decoded[1], decoded[2])
+
+
+class TestResize:
+    @pytest.fixture
+    def wide(self, tmp_path):
+        path = tmp_path / "wide.png"  # lossless, so pixels can be compared exactly
+        image = photo((40, 80))
+        image.save(path)
+        return path, image
+
+    @pytest.mark.parametrize("resize", ["crop", "pad", "stretch"])
+    def test_every_mode_gives_the_target_size(self, wide, resize):
+        assert decode_image(wide[0], (30, 30), resize).shape == (3, 30, 30)
+
+    def test_crop_keeps_the_centre(self, wide):
+        path, image = wide
+        decoded = decode_image(path, (40, 40), "crop")
+        assert mean_abs_diff(decoded, image.crop((20, 0, 60, 40))) == 0
+
+    def test_pad_adds_black_borders_and_keeps_everything(self, wide):
+        path, image = wide
+        decoded = decode_image(path, (80, 80), "pad")
+        assert decoded[:, :20].sum() == 0 and decoded[:, 60:].sum() == 0
+        assert mean_abs_diff(decoded[:, 20:60], image) == 0
+
+    def test_stretch_matches_pillow_resize(self, wide):
+        path, image = wide
+        decoded = decode_image(path, (40, 40), "stretch")
+        assert mean_abs_diff(decoded, image.resize((40, 40), Image.Resampling.BILINEAR)) == 0
+
+    def test_same_size_is_untouched(self, wide):
+        path, image = wide
+        assert mean_abs_diff(decode_image(path, (40, 80)), image) == 0
+
+    def test_large_jpeg_is_decoded_at_reduced_scale_with_little_difference(self, tmp_path):
+        path = tmp_path / "large.jpg"
+        photo((600, 800)).save(path, quality=95)
+        with Image.open(path) as image:
+            full = image.convert("RGB").resize((160, 120), Image.Resampling.BILINEAR)
+        with Image.open(path) as image:
+            image.draft(None, (320, 240))  # twice the target
+            assert image.size == (400, 300)  # Pillow picks a DCT scale of 1/2 for this request
+            drafted = image.convert("RGB").resize((160, 120), Image.Resampling.BILINEAR)
+        decoded = decode_image(path, (120, 160), "stretch")
+        assert mean_abs_diff(decoded, drafted) == 0
+        assert mean_abs_diff(decoded, full) < 1.0
+
+
+class TestCheckTarget:
+    @pytest.mark.parametrize("size", [(0, 10), (10,), (-1, 5), (1.5, 2), "480x640"])
+    def test_rejects_bad_sizes(self, size):
+        with pytest.raises(ValueError, match="size must be two positive integers"):
+            check_target(size, "crop")
+
+    def test_rejects_unknown_mode(self):
+        with pytest.raises(ValueError, match="resize must be one of crop, pad, stretch"):
+            check_target((1, 1), "zoom")
+
+    def test_rejects_impossibly_large_targets(self):
+        with pytest.raises(ValueError, match="more than PIL.Image.MAX_IMAGE_PIXELS"):
+            check_target((100_000, 100_000), "crop")
+
+
+class TestCopyChw:
+    def test_matches_numpy_for_a_one_block_image(self):
+        image = photo()
+        out = np.empty((3, *SIZE), np.uint8)
+        copy_chw(image, out)
+        assert np.array_equal(out, np.asarray(image).transpose(2, 0, 1))
+
+    def test_matches_numpy_for_an_image_in_several_blocks(self):
+        image = Image.effect_noise((3000, 2000), 60).convert("RGB")  # 24 MB: more than one Pillow block
+        out = np.empty((3, 2000, 3000), np.uint8)
+        copy_chw(image, out)
+        assert np.array_equal(out, np.asarray(image).transpose(2, 0, 1))
+
+    def test_rejects_wrong_shapes_and_modes(self):
+        with pytest.raises(ValueError, match="out must be uint8 of shape"):
+            copy_chw(photo(), np.empty((3, 2, 2), np.uint8))
+        with pytest.raises(ValueError, match="needs an RGB image"):
+            copy_chw(photo().convert("L"), np.empty((3, *SIZE), np.uint8))
+
+
+def test_load_rgb_returns_a_loaded_rgb_image(tmp_path):
+    photo().save(tmp_path / "a.jpg")
+    image = load_rgb(tmp_path / "a.jpg")
+    assert image.mode == "RGB" and image.size == (SIZE[1], SIZE[0])
