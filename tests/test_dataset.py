@@ -1,0 +1,172 @@
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import xxhash
+from torch.utils.data import DataLoader
+from torchvision.datasets import ImageFolder
+from torchvision.transforms import v2
+
+from gpuload import DatasetError, GatheredSamples, ImageData, MemmapImageDataset, build_memmap
+
+PINNED = Path(__file__).parent / "data" / "tiny.memmap"
+
+
+@pytest.fixture
+def fresh_dataset(photo_folder, tmp_path) -> Path:
+    return build_memmap(photo_folder, tmp_path / "photos.memmap", progress=False)
+
+
+class TestLikeImageFolder:
+    def test_items_classes_samples_targets(self, photo_folder, built_dataset):
+        dataset = MemmapImageDataset(built_dataset)
+        reference = ImageFolder(str(photo_folder), transform=v2.PILToTensor())
+        assert len(dataset) == len(reference) == 20
+        assert dataset.classes == reference.classes
+        assert dataset.class_to_idx == reference.class_to_idx
+        assert dataset.samples == reference.samples
+        assert dataset.targets == reference.targets
+        for index in (0, 7, -1):
+            image, label = dataset[index]
+            expected_image, expected_label = reference[index % len(reference)]
+            assert torch.equal(image, expected_image) and label == expected_label
+            assert isinstance(label, int)
+
+    def test_index_out_of_range(self, built_dataset):
+        with pytest.raises(IndexError, match="index 20 is out of range for a dataset of 20 images"):
+            MemmapImageDataset(built_dataset)[20]
+
+    @pytest.mark.parametrize("workers", [0, 2])
+    def test_stock_dataloader_with_default_collate(self, photo_folder, built_dataset, workers):
+        dataset = MemmapImageDataset(built_dataset)
+        reference = ImageFolder(str(photo_folder), transform=v2.PILToTensor())
+        ours = list(DataLoader(dataset, batch_size=8, num_workers=workers))
+        theirs = list(DataLoader(reference, batch_size=8))
+        assert len(ours) == len(theirs) == 3
+        for (images, labels), (expected_images, expected_labels) in zip(ours, theirs):
+            assert torch.equal(images, expected_images) and torch.equal(labels, expected_labels)
+
+    def test_getitems_gathers_a_batch_in_one_copy(self, built_dataset):
+        dataset = MemmapImageDataset(built_dataset)
+        gathered = dataset.__getitems__([3, 1, 3])
+        assert isinstance(gathered, GatheredSamples) and isinstance(gathered.data, ImageData)
+        assert len(gathered) == 3
+        assert torch.equal(gathered.data.images, dataset.data.images[[3, 1, 3]])
+        image, label = gathered[1]
+        assert torch.equal(image, dataset[1][0]) and label == dataset[1][1]
+
+
+class TestReadOnly:
+    def test_writes_never_reach_the_files(self, fresh_dataset):
+        images_file = fresh_dataset / "_tensordict" / "images.memmap"
+        before = images_file.read_bytes()
+        dataset = MemmapImageDataset(fresh_dataset)
+        dataset.data.images[0].fill_(7)
+        dataset.data.labels[:] = 3
+        assert images_file.read_bytes() == before
+        reopened = MemmapImageDataset(fresh_dataset).data.images[0]
+        assert torch.equal(reopened, torch.frombuffer(bytearray(before[: 3 * 48 * 64]), dtype=torch.uint8).view(3, 48, 64))
+
+    def test_items_are_copies(self, built_dataset):
+        dataset = MemmapImageDataset(built_dataset)
+        image, _ = dataset[0]
+        image.zero_()
+        assert dataset[0][0].sum() > 0
+
+    def test_fields_cannot_be_replaced_and_items_not_assigned(self, built_dataset):
+        dataset = MemmapImageDataset(built_dataset)
+        with pytest.raises(RuntimeError, match="locked"):
+            dataset.data.images = torch.zeros_like(dataset.data.images)
+        with pytest.raises(TypeError):
+            dataset[0] = dataset[1]
+
+
+class TestPickle:
+    def test_sends_paths_not_pixels(self, built_dataset):
+        dataset = MemmapImageDataset(built_dataset)
+        payload = pickle.dumps(dataset)
+        assert len(payload) < dataset.data.images.numel() / 10
+        copy = pickle.loads(payload)
+        assert torch.equal(copy.data.images, dataset.data.images)
+        assert copy.samples == dataset.samples and copy.classes == dataset.classes
+
+
+class TestDamagedFolders:
+    def damage(self, dataset_path: Path, tmp_path: Path) -> Path:
+        copy = Path(shutil.copytree(dataset_path, tmp_path / "copy.memmap"))
+        for file in (copy / "_tensordict").iterdir():
+            file.chmod(0o644)
+        return copy
+
+    def test_truncated_images_file(self, built_dataset, tmp_path):
+        copy = self.damage(built_dataset, tmp_path)
+        images = copy / "_tensordict" / "images.memmap"
+        images.write_bytes(images.read_bytes()[:-100])
+        with pytest.raises(DatasetError, match="images.memmap has 184,220 bytes, the manifest says 184,320"):
+            MemmapImageDataset(copy)
+
+    def test_missing_labels(self, built_dataset, tmp_path):
+        copy = self.damage(built_dataset, tmp_path)
+        (copy / "_tensordict" / "labels.memmap").unlink()
+        with pytest.raises(DatasetError, match="labels.memmap is missing"):
+            MemmapImageDataset(copy)
+
+    def test_missing_manifest(self, tmp_path):
+        with pytest.raises(DatasetError, match="is not a gpuload dataset: it has no manifest.json"):
+            MemmapImageDataset(tmp_path)
+
+    def test_unfinished_build(self, tmp_path):
+        (tmp_path / ".out.memmap.tmp-12").mkdir()
+        with pytest.raises(DatasetError, match="an unfinished build"):
+            MemmapImageDataset(tmp_path / ".out.memmap.tmp-12")
+
+    def test_broken_tensordict_metadata(self, built_dataset, tmp_path):
+        copy = self.damage(built_dataset, tmp_path)
+        (copy / "_tensordict" / "meta.json").write_text("{")
+        with pytest.raises(DatasetError, match="tensordict cannot load it"):
+            MemmapImageDataset(copy)
+
+    def test_manifest_that_disagrees_with_the_arrays(self, built_dataset, tmp_path):
+        copy = self.damage(built_dataset, tmp_path)
+        manifest = json.loads((copy / "manifest.json").read_text())
+        manifest["image_shape"] = [3, 64, 48]
+        (copy / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(DatasetError, match="images is torch.uint8 \\[20, 3, 48, 64\\], the manifest says torch.uint8 \\[20, 3, 64, 48\\]"):
+            MemmapImageDataset(copy)
+
+    def test_not_a_folder(self, tmp_path):
+        (tmp_path / "file").touch()
+        with pytest.raises(DatasetError, match="is not a folder"):
+            MemmapImageDataset(tmp_path / "file")
+
+
+class TestPinnedFormat:
+    """``tests/data/tiny.memmap`` was built by gpuload 0.1.0; this release must read it unchanged."""
+
+    def test_manifest(self):
+        manifest = json.loads((PINNED / "manifest.json").read_text())
+        assert manifest == {
+            "source": "/tmp/gpuload-pinned/tiny",
+            "classes": ["collar", "face"],
+            "samples": [["collar/0000.jpg", 0], ["collar/0001.jpg", 0], ["face/0000.jpg", 1], ["face/0001.jpg", 1]],
+            "checksums": manifest["checksums"],
+            "image_shape": [3, 6, 8],
+            "resize": "crop",
+            "skipped": [],
+            "versions": manifest["versions"],
+            "created": manifest["created"],
+            "format": "gpuload.memmap",
+            "format_version": 1,
+            "checksum": "xxh3_64",
+        }
+        assert manifest["versions"]["gpuload"] == "0.1.0"
+
+    def test_pixels_match_the_recorded_checksums(self):
+        dataset = MemmapImageDataset(PINNED)
+        assert dataset.data.images.shape == (4, 3, 6, 8)
+        assert dataset.data.labels.tolist() == [0, 0, 1, 1]
+        sums = [f"{xxhash.xxh3_64_intdigest(dataset.data.images[i].numpy()):016x}" for i in range(4)]
+        assert sums == dataset.manifest.checksums
