@@ -1,0 +1,154 @@
+"""The ``gpuload`` command line: a thin layer over the library calls.
+
+Known errors (bad input, missing files, damaged datasets) print one line on stderr and
+exit with code 2; ``verify`` exits with 1 when it finds problems.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .build import build_memmap
+from .compress import compress_folder
+from .dataset import MemmapImageDataset
+from .decode import RESIZE_MODES
+from .verify import describe_memmap, verify_memmap
+
+__all__ = ["main", "parse_size"]
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """Parse ``"HxW"`` (height by width), e.g. ``"480x640"``.
+
+    Example:
+        >>> parse_size("480x640")
+        (480, 640)
+    """
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(part.strip().isdigit() and int(part) > 0 for part in parts):
+        raise argparse.ArgumentTypeError(f"expected HEIGHTxWIDTH with positive integers, e.g. 480x640, got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="gpuload", description="Get image datasets onto the GPU fast.")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_compress, _add_build, _add_info, _add_verify, _add_demo):
+        add(subparsers)
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        print("gpuload: interrupted", file=sys.stderr)
+        return 130
+    except (OSError, ValueError, RuntimeError) as error:
+        print(f"gpuload: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _add_compress(subparsers) -> None:
+    parser = subparsers.add_parser("compress", help="re-encode a folder of photos with ffmpeg")
+    parser.add_argument("src", type=Path, help="folder of photos")
+    parser.add_argument("dst", type=Path, help="folder to write (the tree is mirrored)")
+    parser.add_argument("--quality", "-q", type=int, default=3, help="ffmpeg -q:v, 1 (best) to 31 (default: 3)")
+    parser.add_argument("--workers", type=int, default=None, help="ffmpeg processes at once (default: cores)")
+    parser.add_argument("--strict", action="store_true", help="exit non-zero if any file fails")
+    parser.set_defaults(run=_run_compress)
+
+
+def _run_compress(args) -> int:
+    report = compress_folder(args.src, args.dst, quality=args.quality, workers=args.workers, progress=True)
+    for path, error in report.failed:
+        print(f"failed: {path}: {error}")
+    print(report.summary())
+    return 1 if args.strict and report.failed else 0
+
+
+def _add_build(subparsers) -> None:
+    parser = subparsers.add_parser("build-memmap", help="decode an ImageFolder into a memory-mapped dataset")
+    parser.add_argument("src", type=Path, help="ImageFolder: one subfolder per class")
+    parser.add_argument("--out", type=Path, default=None, help="dataset folder (default: <SRC>.memmap)")
+    parser.add_argument("--size", type=parse_size, default=None, help="HxW of the stored images (default: their common size)")
+    parser.add_argument("--resize", choices=RESIZE_MODES, default="crop", help="how other sizes fit (default: crop)")
+    parser.add_argument("--workers", type=int, default=None, help="decoding threads (default: cores)")
+    parser.add_argument("--strict", action="store_true", help="fail on the first unreadable image instead of skipping it")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    parser.set_defaults(run=_run_build)
+
+
+def _run_build(args) -> int:
+    started = time.perf_counter()
+    out = build_memmap(
+        args.src, args.out, size=args.size, resize=args.resize, workers=args.workers,
+        strict=args.strict, overwrite=args.overwrite,
+    )  # fmt: skip
+    seconds = time.perf_counter() - started
+    dataset = MemmapImageDataset(out)
+    _, height, width = dataset.image_shape
+    nbytes = dataset.data.images.numel()
+    print(
+        f"built {out}: {len(dataset)} images of 3x{height}x{width} ({nbytes / 1e9:.2f} GB) in "
+        f"{len(dataset.classes)} classes, {len(dataset.skipped)} skipped, {seconds:.1f} s "
+        f"({len(dataset) / seconds:.0f} images/s)"
+    )
+    for entry in dataset.skipped:
+        print(f"skipped: {entry['path']}: {entry['reason']}")
+    return 0
+
+
+def _add_info(subparsers) -> None:
+    parser = subparsers.add_parser("info", help="describe a dataset")
+    parser.add_argument("dataset", type=Path)
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.set_defaults(run=_run_info)
+
+
+def _run_info(args) -> int:
+    info = describe_memmap(args.dataset)
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    shape = "x".join(map(str, info["image_shape"]))
+    print(info["path"])
+    print(f"  images:  {info['images']} x {shape} uint8, {info['bytes_on_disk'] / 1e9:.2f} GB on disk")
+    print(f"  source:  {info['source']} (resize: {info['resize']}, {info['skipped']} files skipped)")
+    print(f"  built:   {info['created']} with gpuload {info['versions'].get('gpuload', '?')}")
+    print(f"  classes: {len(info['classes'])}")
+    width = max(len(name) for name in info["classes"])
+    for name, count in info["classes"].items():
+        print(f"    {name:<{width}}  {count}")
+    return 0
+
+
+def _add_verify(subparsers) -> None:
+    parser = subparsers.add_parser("verify", help="check a dataset's integrity (exit 1 on any problem)")
+    parser.add_argument("dataset", type=Path)
+    parser.add_argument("--sources", type=int, default=0, metavar="N", help="also re-decode N random sources and compare")
+    parser.set_defaults(run=_run_verify)
+
+
+def _run_verify(args) -> int:
+    problems = verify_memmap(args.dataset, sources=args.sources)
+    for problem in problems:
+        print(f"problem: {problem}")
+    print(f"{args.dataset}: {'OK' if not problems else f'{len(problems)} problems'}")
+    return 1 if problems else 0
+
+
+def _add_demo(subparsers) -> None:
+    parser = subparsers.add_parser("demo", help="run the whole job on a built-in sample (no download)")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep the files here (default: a temporary folder)")
+    parser.add_argument("--images", type=int, default=500, help="sample images to make (default: 500)")
+    parser.set_defaults(run=_run_demo)
+
+
+def _run_demo(args) -> int:
+    from .demo import run_demo
+
+    run_demo(args.workdir, images=args.images)
+    return 0

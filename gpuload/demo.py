@@ -1,0 +1,78 @@
+"""``gpuload demo``: the whole job on the built-in sample, printing what it does and how fast."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from .build import build_memmap
+from .compress import compress_folder
+from .dataset import MemmapImageDataset
+from .machine import machine_line
+from .sample import SAMPLE_CLASSES, make_sample_folder
+from .verify import verify_memmap
+
+__all__ = ["run_demo"]
+
+
+def run_demo(workdir: str | os.PathLike | None = None, *, images: int = 500, size: tuple[int, int] = (480, 640)) -> Path:
+    """Make sample photos, compress them with ffmpeg, build the memmap, verify it and read it back.
+
+    Args:
+        workdir: where to keep the files; by default a temporary folder, removed at the end.
+        images: how many sample photos to make.
+        size: their ``(height, width)``.
+
+    Returns:
+        The dataset folder (gone when ``workdir`` is ``None``).
+    """
+    if images < len(SAMPLE_CLASSES):
+        raise ValueError(f"images must be at least {len(SAMPLE_CLASSES)} (one per class), got {images}")
+    temporary = workdir is None
+    root = Path(tempfile.mkdtemp(prefix="gpuload-demo-") if temporary else workdir)
+    try:
+        return _steps(root, images, size)
+    finally:
+        if temporary:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _steps(root: Path, images: int, size: tuple[int, int]) -> Path:
+    print(f"gpuload demo on {machine_line()}\nworking in {root}")
+    photos, compressed = root / "photos", root / "photos-q3"
+    started = time.perf_counter()
+    per_class = images // len(SAMPLE_CLASSES)
+    make_sample_folder(photos, images_per_class=per_class, size=size)
+    before = sum(path.stat().st_size for path in photos.rglob("*.jpg"))
+    print(
+        f"1/5 sample: {per_class * len(SAMPLE_CLASSES)} photos of {size[0]}x{size[1]} in {len(SAMPLE_CLASSES)} classes, "
+        f"{before / 1e6:.1f} MB, made from matplotlib's grace_hopper.jpg in {time.perf_counter() - started:.1f} s"
+    )
+
+    report = compress_folder(photos, compressed, quality=3)
+    print(f"2/5 compress (ffmpeg -q:v 3): {report.summary()}")
+
+    started = time.perf_counter()
+    out = build_memmap(compressed, size=size, overwrite=True)
+    seconds = time.perf_counter() - started
+    dataset = MemmapImageDataset(out)
+    print(
+        f"3/5 build-memmap: {len(dataset)} images, {dataset.data.images.numel() / 1e9:.2f} GB of uint8 pixels "
+        f"in {seconds:.2f} s ({len(dataset) / seconds:.0f} images/s) -> {out}"
+    )
+
+    started = time.perf_counter()
+    problems = verify_memmap(out, sources=8, progress=False)
+    print(f"4/5 verify: {'OK' if not problems else problems} (checksums of all images, 8 sources re-decoded) in {time.perf_counter() - started:.2f} s")
+
+    loader = torch.utils.data.DataLoader(dataset, batch_size=64, shuffle=True)
+    started = time.perf_counter()
+    seen = sum(len(labels) for _, labels in loader)
+    seconds = time.perf_counter() - started
+    print(f"5/5 read back: 1 shuffled epoch of {seen} images in batches of 64 in {seconds:.2f} s ({seen / seconds:.0f} images/s)")
+    return out

@@ -1,0 +1,78 @@
+"""What machine a measurement ran on: cores, CPU, memory, GPU and library versions."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from datetime import datetime, timezone
+
+import torch
+
+__all__ = ["default_workers", "describe_machine", "machine_line"]
+
+
+def default_workers() -> int:
+    """The number of CPU cores this process may run on.
+
+    Example:
+        >>> default_workers() >= 1
+        True
+    """
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def describe_machine() -> dict:
+    """CPU, cores, memory, GPU and versions, for stamping benchmark results.
+
+    Example:
+        >>> sorted(describe_machine())[:3]
+        ['cores', 'cpu', 'cuda']
+    """
+    import PIL
+    import tensordict
+    import torchvision
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {
+        "cpu": _cpu_name(),
+        "cores": default_workers(),
+        "memory_gib": round(_total_memory() / 2**30, 1),
+        "gpu": gpu,
+        "cuda": torch.version.cuda if gpu else None,
+        "os": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "tensordict": tensordict.__version__,
+        "pillow": PIL.__version__,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def machine_line(machine: dict | None = None) -> str:
+    """One line naming the machine, e.g. ``"AMD EPYC 7B13, 2 cores, 23.5 GiB, no GPU; torch 2.14.1"``."""
+    machine = machine or describe_machine()
+    gpu = f"{machine['gpu']} (CUDA {machine['cuda']})" if machine.get("gpu") else "no GPU"
+    return f"{machine['cpu']}, {machine['cores']} cores, {machine['memory_gib']} GiB, {gpu}; torch {machine['torch']}"
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as file:
+            for line in file:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _total_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0

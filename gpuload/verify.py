@@ -1,0 +1,104 @@
+"""Check a built dataset against what was recorded when it was built."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import xxhash
+from tqdm.auto import tqdm
+
+from .dataset import MemmapImageDataset
+from .decode import DecodeError, decode_image
+from .manifest import DatasetError
+
+__all__ = ["describe_memmap", "verify_memmap"]
+
+
+def describe_memmap(path: str | os.PathLike) -> dict:
+    """What a dataset holds: count, shape, classes with their counts, bytes on disk, provenance.
+
+    Raises:
+        DatasetError: not a readable gpuload dataset.
+    """
+    dataset = MemmapImageDataset(path)
+    manifest = dataset.manifest
+    counts = Counter(label for _, label in manifest.samples)
+    return {
+        "path": str(dataset.path),
+        "images": len(dataset),
+        "image_shape": list(dataset.image_shape),
+        "classes": {name: counts.get(index, 0) for index, name in enumerate(dataset.classes)},
+        "bytes_on_disk": sum(file.stat().st_size for file in dataset.path.rglob("*") if file.is_file()),
+        "source": manifest.source,
+        "resize": manifest.resize,
+        "skipped": len(manifest.skipped),
+        "created": manifest.created,
+        "versions": manifest.versions,
+    }
+
+
+def verify_memmap(path: str | os.PathLike, *, sources: int = 0, seed: int = 0, progress: bool = True) -> list[str]:
+    """Check a dataset; returns the problems found, an empty list when it is intact.
+
+    Checks that the files match the manifest (sizes, dtypes, shapes), that every label is
+    in range and equals the recorded one, and that every image has the checksum recorded
+    at build time. With ``sources > 0``, also decodes that many randomly chosen source
+    images again and compares them with the stored pixels.
+
+    Example:
+        >>> import tempfile
+        >>> from gpuload import build_memmap, make_sample_folder
+        >>> src = make_sample_folder(Path(tempfile.mkdtemp()) / "photos", images_per_class=1, size=(12, 16))
+        >>> verify_memmap(build_memmap(src, progress=False), sources=2, progress=False)
+        []
+    """
+    try:
+        dataset = MemmapImageDataset(path)
+    except DatasetError as error:
+        return [str(error)]
+    manifest = dataset.manifest
+    problems = []
+    labels = dataset.data.labels.numpy()
+    recorded = np.array([label for _, label in manifest.samples], dtype=np.int64)
+    outside = np.flatnonzero((labels < 0) | (labels >= len(dataset.classes)))
+    if outside.size:
+        problems.append(f"{outside.size} labels are outside 0..{len(dataset.classes) - 1} (first at index {outside[0]})")
+    differ = np.flatnonzero(labels != recorded)
+    if differ.size:
+        problems.append(f"{differ.size} labels differ from the manifest (first at index {differ[0]})")
+    images = dataset.data.images
+    bad = [
+        index
+        for index in tqdm(range(len(dataset)), desc="checksums", unit="img", disable=not progress, file=sys.stderr)
+        if f"{xxhash.xxh3_64_intdigest(images[index].numpy()):016x}" != manifest.checksums[index]
+    ]
+    if bad:
+        shown = ", ".join(f"{index} ({manifest.samples[index][0]})" for index in bad[:5])
+        problems.append(f"{len(bad)} images do not match their build checksum: {shown}")
+    if sources:
+        problems += _compare_sources(dataset, sources, seed)
+    return problems
+
+
+def _compare_sources(dataset: MemmapImageDataset, count: int, seed: int) -> list[str]:
+    manifest = dataset.manifest
+    root = Path(manifest.source)
+    size = tuple(dataset.image_shape[1:])
+    problems = []
+    for index in sorted(random.Random(seed).sample(range(len(dataset)), min(count, len(dataset)))):
+        path = root / manifest.samples[index][0]
+        try:
+            decoded = decode_image(path, size, manifest.resize).numpy()
+        except (DecodeError, FileNotFoundError) as error:
+            problems.append(f"source of image {index} cannot be decoded: {error}")
+            continue
+        stored = dataset.data.images[index].numpy()
+        if not np.array_equal(stored, decoded):
+            worst = int(np.abs(stored.astype(np.int16) - decoded).max())
+            problems.append(f"image {index} differs from its source {path} (largest pixel difference {worst})")
+    return problems

@@ -1,0 +1,87 @@
+import json
+
+import pytest
+from conftest import write_bad_file
+
+from gpuload.cli import main
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+class TestBuildMemmap:
+    def test_builds_and_prints_a_summary(self, capsys, photo_copy):
+        write_bad_file(photo_copy / "face", "empty.jpg")
+        code, out, _ = run(capsys, "build-memmap", str(photo_copy), "--size", "24x32", "--resize", "stretch", "--workers", "1")
+        assert code == 0
+        assert f"built {photo_copy}.memmap: 20 images of 3x24x32" in out
+        assert "1 skipped" in out and "skipped: face/empty.jpg: empty file (0 bytes)" in out
+
+    def test_known_errors_are_one_line_with_exit_code_2(self, capsys, tmp_path):
+        code, out, err = run(capsys, "build-memmap", str(tmp_path / "nope"))
+        assert code == 2 and out == ""
+        assert err == f"gpuload: error: {tmp_path / 'nope'} does not exist; pass a folder of images (one subfolder per class)\n"
+
+    def test_existing_out(self, capsys, photo_folder, tmp_path):
+        (tmp_path / "out").mkdir()
+        code, _, err = run(capsys, "build-memmap", str(photo_folder), "--out", str(tmp_path / "out"))
+        assert code == 2 and "already exists; pass overwrite=True (--overwrite)" in err
+
+    @pytest.mark.parametrize("size", ["480", "0x5", "axb", "4x4x4"])
+    def test_bad_size_is_a_usage_error(self, capsys, photo_folder, size):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["build-memmap", str(photo_folder), "--size", size])
+        assert exit_info.value.code == 2
+        assert "expected HEIGHTxWIDTH" in capsys.readouterr().err
+
+
+class TestInfoAndVerify:
+    def test_info(self, capsys, built_dataset):
+        code, out, _ = run(capsys, "info", str(built_dataset))
+        assert code == 0
+        assert "images:  20 x 3x48x64 uint8" in out and "face          4" in out
+
+    def test_info_json(self, capsys, built_dataset):
+        code, out, _ = run(capsys, "info", str(built_dataset), "--json")
+        assert code == 0 and json.loads(out)["images"] == 20
+
+    def test_verify_ok(self, capsys, built_dataset):
+        code, out, _ = run(capsys, "verify", str(built_dataset), "--sources", "3")
+        assert code == 0 and out.endswith(": OK\n")
+
+    def test_verify_exits_1_on_problems(self, capsys, tmp_path):
+        code, out, _ = run(capsys, "verify", str(tmp_path))
+        assert code == 1 and "problem:" in out and out.endswith("1 problems\n")
+
+    def test_info_on_a_non_dataset(self, capsys, tmp_path):
+        code, _, err = run(capsys, "info", str(tmp_path))
+        assert code == 2 and "is not a gpuload dataset" in err
+
+
+class TestCompress:
+    def test_prints_failures_and_summary(self, capsys, photo_copy, tmp_path):
+        write_bad_file(photo_copy / "face", "notes.jpg")
+        code, out, _ = run(capsys, "compress", str(photo_copy), str(tmp_path / "q"))
+        assert code == 0
+        assert f"failed: {photo_copy / 'face' / 'notes.jpg'}:" in out
+        assert "20 done, 0 skipped, 1 failed" in out
+
+    def test_strict_exits_1(self, capsys, photo_copy, tmp_path):
+        write_bad_file(photo_copy / "face", "notes.jpg")
+        code, _, _ = run(capsys, "compress", str(photo_copy), str(tmp_path / "q"), "--strict")
+        assert code == 1
+
+    def test_bad_quality(self, capsys, photo_folder, tmp_path):
+        code, _, err = run(capsys, "compress", str(photo_folder), str(tmp_path / "q"), "-q", "0")
+        assert code == 2 and "quality must be an integer from 1 (best) to 31" in err
+
+
+def test_module_entry_point(photo_folder):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "gpuload", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "build-memmap" in result.stdout

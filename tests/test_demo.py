@@ -1,0 +1,15 @@
+from gpuload import MemmapImageDataset
+from gpuload.demo import run_demo
+
+
+def test_demo_runs_the_whole_job_and_reports_each_step(tmp_path, capsys):
+    out = run_demo(tmp_path, images=10, size=(24, 32))
+    printed = capsys.readouterr().out
+    for step in ("1/5 sample", "2/5 compress", "3/5 build-memmap", "4/5 verify: OK", "5/5 read back"):
+        assert step in printed
+    assert len(MemmapImageDataset(out)) == 10
+
+
+def test_temporary_workdir_is_removed(capsys):
+    out = run_demo(images=5, size=(12, 16))
+    assert not out.exists()

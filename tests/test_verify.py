@@ -1,0 +1,72 @@
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import photo
+
+from gpuload import build_memmap
+from gpuload.verify import describe_memmap, verify_memmap
+
+
+@pytest.fixture
+def writable_copy(photo_copy, tmp_path) -> Path:
+    """A dataset built from a copy of the photos, with writable files to damage."""
+    out = build_memmap(photo_copy, tmp_path / "copy.memmap", progress=False)
+    for file in (out / "_tensordict").iterdir():
+        file.chmod(0o644)
+    return out
+
+
+def test_intact_dataset_has_no_problem(built_dataset):
+    assert verify_memmap(built_dataset, sources=20, progress=False) == []
+
+
+def test_flipped_byte_is_found_and_named(writable_copy):
+    images = writable_copy / "_tensordict" / "images.memmap"
+    data = bytearray(images.read_bytes())
+    data[3 * 48 * 64 * 5 + 100] ^= 0xFF  # a byte of image 5
+    images.write_bytes(bytes(data))
+    problems = verify_memmap(writable_copy, progress=False)
+    assert problems == ["1 images do not match their build checksum: 5 (collar/0001.jpg)"]
+
+
+def test_changed_labels_are_found(writable_copy):
+    labels = writable_copy / "_tensordict" / "labels.memmap"
+    data = bytearray(labels.read_bytes())
+    data[0] = 9
+    labels.write_bytes(bytes(data))
+    problems = verify_memmap(writable_copy, progress=False)
+    assert problems == [
+        "1 labels are outside 0..4 (first at index 0)",
+        "1 labels differ from the manifest (first at index 0)",
+    ]
+
+
+def test_changed_and_missing_sources_are_found(writable_copy, photo_copy):
+    photo().rotate(90).save(photo_copy / "face" / "0002.jpg")
+    (photo_copy / "face" / "0003.jpg").unlink()
+    problems = verify_memmap(writable_copy, sources=20, progress=False)
+    assert len(problems) == 2
+    assert problems[0].startswith("image 10 differs from its source") and "face/0002.jpg" in problems[0]
+    assert problems[1].startswith("source of image 11 cannot be decoded") and "face/0003.jpg" in problems[1]
+
+
+def test_not_a_dataset_is_one_problem(tmp_path):
+    assert verify_memmap(tmp_path, progress=False) == [f"{tmp_path} is not a gpuload dataset: it has no manifest.json"]
+
+
+def test_describe(built_dataset, photo_folder):
+    info = describe_memmap(built_dataset)
+    assert info["images"] == 20 and info["image_shape"] == [3, 48, 64]
+    assert info["classes"] == {"background": 4, "collar": 4, "face": 4, "sleeve_left": 4, "sleeve_right": 4}
+    assert info["source"] == str(photo_folder) and info["skipped"] == 0
+    assert info["bytes_on_disk"] > 20 * 3 * 48 * 64
+    json.dumps(info)  # the CLI prints it as JSON
+
+
+def test_verify_does_not_change_the_dataset(writable_copy):
+    before = {path: path.read_bytes() for path in writable_copy.rglob("*") if path.is_file()}
+    verify_memmap(writable_copy, sources=3, progress=False)
+    assert {path: path.read_bytes() for path in writable_copy.rglob("*") if path.is_file()} == before
+    shutil.rmtree(writable_copy)
