@@ -1,0 +1,129 @@
+"""Helpers shared by the experiments: data preparation, timing, memory watching, result files."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import gpuload
+
+ROOT = Path(__file__).resolve().parent.parent
+ASSETS = ROOT / "assets"
+RESULTS = ASSETS / "results"
+
+
+def photo_folders(workdir: Path, count: int, size: tuple[int, int] = (480, 640), quality: int = 3) -> tuple[Path, Path]:
+    """An ImageFolder of ``count`` camera-like JPEG originals (PIL quality 98) and its
+    ffmpeg ``-q:v quality`` copy, made once under ``workdir`` and reused."""
+    classes = len(gpuload.SAMPLE_CLASSES)
+    per_class = -(-count // classes)
+    tag = f"{per_class * classes}-{size[0]}x{size[1]}"
+    originals = workdir / f"originals-{tag}"
+    compressed = workdir / f"q{quality}-{tag}"
+    if not (originals / ".complete").exists():
+        _remove(originals)
+        gpuload.make_sample_folder(originals, images_per_class=per_class, size=size, quality=98)
+        (originals / ".complete").touch()
+    if not (compressed / ".complete").exists():
+        gpuload.compress_folder(originals, compressed, quality=quality, progress=False)
+        (compressed / ".complete").touch()
+    return originals, compressed
+
+
+def _remove(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def median_spread(values: list[float]) -> dict:
+    """``{"median", "min", "max", "runs"}`` of repeated measurements."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": list(values)}
+
+
+class UnreclaimableMemory:
+    """Peak memory the OS cannot reclaim while a block runs: the anonymous memory of this
+    process and its children plus the growth of shared memory system-wide (page cache,
+    which the kernel can drop or write back, is left out).
+
+    Example:
+        with UnreclaimableMemory() as memory:
+            work()
+        print(memory.peak_bytes)
+    """
+
+    def __init__(self, interval: float = 0.02) -> None:
+        self.interval = interval
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> UnreclaimableMemory:
+        self._shmem_start = _meminfo_kib("Shmem")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while True:
+            now = sum(_status_kib(pid, "RssAnon") for pid in _process_tree(os.getpid()))
+            now += max(0, _meminfo_kib("Shmem") - self._shmem_start)
+            self.peak_bytes = max(self.peak_bytes, now * 1024)
+            if self._stop.wait(self.interval):
+                return
+
+
+def _process_tree(pid: int) -> list[int]:
+    pids, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        pids.append(current)
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as file:
+                    todo += [int(child) for child in file.read().split()]
+        except OSError:
+            continue
+    return pids
+
+
+def _status_kib(pid: int, field: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as file:
+            for line in file:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _meminfo_kib(field: str) -> int:
+    with open("/proc/meminfo") as file:
+        for line in file:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def write_result(name: str, payload: dict) -> Path:
+    """Write ``assets/results/<name>.json`` with the machine description added; returns its path."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    payload = {"experiment": name, "machine": gpuload.describe_machine(), **payload}
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    return path
+
+
+def elapsed(function, *args, **kwargs) -> float:
+    """Seconds that ``function(*args, **kwargs)`` takes."""
+    started = time.perf_counter()
+    function(*args, **kwargs)
+    return time.perf_counter() - started
