@@ -1,0 +1,67 @@
+"""Which samples an epoch visits, in which order, on which rank: seeded like ``DistributedSampler``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["epoch_order", "distributed_rank"]
+
+
+def distributed_rank() -> tuple[int, int]:
+    """``(rank, world_size)`` of the initialised default process group, else ``(0, 1)``."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def epoch_order(
+    length: int,
+    *,
+    epoch: int,
+    seed: int,
+    shuffle: bool,
+    drop_last: bool = False,
+    rank: int = 0,
+    world_size: int = 1,
+    sampler: Iterable[int] | None = None,
+) -> torch.Tensor:
+    """The int64 indices one rank visits in one epoch.
+
+    Without a ``sampler``, the order is exactly ``DistributedSampler(dataset, world_size, rank,
+    shuffle, seed, drop_last).set_epoch(epoch)``'s: ``randperm(length)`` seeded with
+    ``seed + epoch`` (or ``arange``), padded by repeating its start (or, with ``drop_last``, cut)
+    to a multiple of ``world_size``, then every ``world_size``-th index from ``rank``. With one
+    rank that is a plain seeded permutation. A ``sampler`` (any iterable of indices; its
+    ``set_epoch`` is called when it has one) replaces all of this.
+
+    Example:
+        >>> epoch_order(5, epoch=0, seed=0, shuffle=False, rank=1, world_size=2).tolist()
+        [1, 3, 0]
+        >>> sorted(epoch_order(5, epoch=3, seed=7, shuffle=True).tolist())
+        [0, 1, 2, 3, 4]
+    """
+    if sampler is not None:
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        return torch.as_tensor(list(sampler), dtype=torch.int64).reshape(-1)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, {world_size})")
+    if shuffle:
+        generator = torch.Generator().manual_seed(seed + epoch)
+        order = torch.randperm(length, generator=generator)
+    else:
+        order = torch.arange(length)
+    if world_size == 1:
+        return order
+    if drop_last and length % world_size:
+        per_rank = math.ceil((length - world_size) / world_size)
+    else:
+        per_rank = math.ceil(length / world_size)
+    total = per_rank * world_size
+    if total > length:
+        order = order.repeat(math.ceil(total / max(length, 1)))
+    return order[:total][rank:total:world_size]
