@@ -1,0 +1,387 @@
+"""``gpuload.DataLoader``: shuffled uint8 batches gathered from the memmap and prefetched onto the device."""
+
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from .dataset import ImageData, MemmapImageDataset
+from .order import distributed_rank, epoch_order
+
+__all__ = ["DataLoader"]
+
+
+class DataLoader:
+    """A drop-in ``torch.utils.data.DataLoader`` for :class:`MemmapImageDataset`.
+
+    Each batch is gathered with one ``index_select`` per field straight from the page-cached
+    memmap into a reused host buffer (pinned when the device is CUDA) by background threads,
+    ``prefetch`` batches ahead; no worker processes, no pickling, no per-sample Python. On CUDA
+    the host-to-device copy runs ``non_blocking`` on one side stream owned by the loader, an
+    event per buffer keeps a buffer from being refilled while its copy is in flight, and the
+    consumer's current stream waits for the copy (and is recorded on the batch, so the caching
+    allocator cannot hand its memory back early) before the batch is yielded.
+
+    Yields ``(images, labels)``: uint8 ``[B, 3, H, W]`` and int64 ``[B]`` on ``device``. On the
+    CPU the batch is yours to keep: its buffer is only reused once nothing references it.
+
+    Order: like ``DistributedSampler`` (see :func:`gpuload.order.epoch_order`): a permutation
+    seeded with ``seed + epoch``; ``set_epoch`` chooses the epoch, otherwise it advances by one
+    at every new iteration. Under an initialised ``torch.distributed`` each rank gets its shard.
+    ``state_dict``/``load_state_dict`` resume in the middle of an epoch.
+
+    Args:
+        dataset: a :class:`MemmapImageDataset`, or an :class:`ImageData` with ``images`` and ``labels``.
+        batch_size: images per batch.
+        shuffle: visit the images in a new random order every epoch.
+        sampler: an iterable of indices to use instead (``shuffle`` must be ``False``).
+        drop_last: drop the last incomplete batch (and, distributed, the uneven tail).
+        generator: a ``torch.Generator`` to draw ``seed`` from when ``seed`` is ``None``.
+        seed: the base seed of the permutations; drawn from ``generator`` or torch's global RNG
+            when ``None``, so ``torch.manual_seed`` makes the order reproducible, as with torch.
+        device: where batches go; ``"cuda"`` when available, else ``"cpu"``.
+        prefetch: batches prepared ahead of the consumer (host buffers: ``prefetch + 2``).
+        threads: background threads gathering batches (default: 2; each gather also uses
+            torch's intra-op threads, and two gatherers hide each other's hand-off gaps:
+            measured on 2 cores, 98% of a bare ``index_select`` loop against 87% with one).
+
+    Example:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from gpuload import build_memmap, make_sample_folder
+        >>> src = make_sample_folder(Path(tempfile.mkdtemp()) / "photos", images_per_class=2, size=(12, 16))
+        >>> loader = DataLoader(MemmapImageDataset(build_memmap(src, progress=False)), batch_size=4, shuffle=True, device="cpu")
+        >>> images, labels = next(iter(loader))
+        >>> len(loader), images.shape, images.dtype, labels.dtype
+        (3, torch.Size([4, 3, 12, 16]), torch.uint8, torch.int64)
+    """
+
+    def __init__(
+        self,
+        dataset: MemmapImageDataset | ImageData,
+        batch_size: int = 1,
+        shuffle: bool = False,
+        sampler: Iterable[int] | None = None,
+        drop_last: bool = False,
+        *,
+        generator: torch.Generator | None = None,
+        seed: int | None = None,
+        device: str | torch.device | None = None,
+        prefetch: int = 3,
+        threads: int = 2,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if prefetch < 1 or threads < 1:
+            raise ValueError(f"prefetch and threads must be at least 1, got {prefetch} and {threads}")
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
+        data = dataset.data if isinstance(dataset, MemmapImageDataset) else dataset
+        if not (hasattr(data, "images") and hasattr(data, "labels")):
+            raise TypeError(f"DataLoader needs a MemmapImageDataset or an ImageData, got {type(dataset).__name__}")
+        self.dataset = dataset
+        # Plain tensors over the same memory: index_select on them skips tensordict's dispatch.
+        self._images = torch.Tensor.as_subclass(data.images, torch.Tensor)
+        self._labels = torch.Tensor.as_subclass(data.labels, torch.Tensor)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.sampler = sampler
+        self.drop_last = drop_last
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (), generator=generator))
+        self.seed = seed
+        self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.prefetch = prefetch
+        self.threads = threads
+        self.epoch = 0
+        self._resume: tuple[int, int] | None = None  # (epoch, batches already served)
+        self._active: weakref.ref[_EpochIterator] | None = None
+        self._ring: _Ring | None = None
+
+    # -- order -------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use the order of ``epoch`` for the next iteration (as ``DistributedSampler.set_epoch``)."""
+        self.epoch = epoch
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        rank, world_size = distributed_rank()
+        return epoch_order(
+            len(self._labels),
+            epoch=epoch,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            drop_last=self.drop_last,
+            rank=rank,
+            world_size=world_size,
+            sampler=self.sampler,
+        )
+
+    def _batches(self, samples: int) -> int:
+        return samples // self.batch_size if self.drop_last else math.ceil(samples / self.batch_size)
+
+    def __len__(self) -> int:
+        if self.sampler is not None and hasattr(self.sampler, "__len__"):
+            return self._batches(len(self.sampler))
+        rank, world_size = distributed_rank()
+        shard = epoch_order(
+            len(self._labels),
+            epoch=0,
+            seed=0,
+            shuffle=False,
+            drop_last=self.drop_last,
+            rank=rank,
+            world_size=world_size,
+        )
+        return self._batches(len(shard))
+
+    # -- resume ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, int]:
+        """Where the loader is: the epoch being served and how many of its batches were yielded."""
+        active = self._active() if self._active is not None else None
+        if active is not None and not active.finished:
+            return {"epoch": active.epoch, "batches_served": active.served, "seed": self.seed}
+        return {"epoch": self.epoch, "batches_served": 0, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from ``state``: the next iteration over its epoch skips the batches already served.
+
+        The skipped batches are never read. A ``set_epoch`` to another epoch discards the resume.
+        """
+        self.seed = int(state["seed"])
+        self.epoch = int(state["epoch"])
+        self._resume = (self.epoch, int(state["batches_served"])) if state["batches_served"] else None
+
+    # -- iteration ---------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        previous = self._active() if self._active is not None else None
+        if previous is not None:
+            previous.close()  # one live iteration per loader: its buffers are reused
+        epoch, skip = self.epoch, 0
+        if self._resume is not None:
+            if self._resume[0] == epoch:
+                skip = self._resume[1]
+            self._resume = None
+        self.epoch = epoch + 1
+        order = self._order(epoch)
+        batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        if self.drop_last and batches and len(batches[-1]) < self.batch_size:
+            batches.pop()
+        if self._ring is None:
+            # + 2: on the CPU the batch being used and the one before it (still bound to the
+            # loop variable while the next is fetched) are views of their buffers.
+            self._ring = _Ring(self._images.shape[1:], self.batch_size, self.prefetch + 2, self.device)
+        iterator = _EpochIterator(self, epoch, batches, skip)
+        self._active = weakref.ref(iterator)
+        return iterator
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(images={len(self._labels)}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
+            f"drop_last={self.drop_last}, device={str(self.device)!r}, prefetch={self.prefetch})"
+        )
+
+
+class _Slot:
+    """One host buffer of the ring, with the event of the last copy out of it."""
+
+    def __init__(self, shape: torch.Size, batch_size: int, pinned: bool) -> None:
+        self.shape, self.pinned = shape, pinned
+        self.event: torch.cuda.Event | None = None
+        self._allocate(batch_size)
+
+    def _allocate(self, batch_size: int) -> None:
+        self.images = torch.empty((batch_size, *self.shape), dtype=torch.uint8, pin_memory=self.pinned)
+        self.labels = torch.empty((batch_size,), dtype=torch.int64, pin_memory=self.pinned)
+
+    def make_writable(self) -> None:
+        """Wait until nothing can still read this buffer: its copy to the device is done, and
+        (on the CPU, where batches are views of it) the consumer has dropped every view."""
+        if self.event is not None:
+            self.event.synchronize()
+        elif self.referenced():
+            self._allocate(len(self.labels))  # the user kept a batch: it keeps this buffer
+
+    def referenced(self) -> bool:
+        """Whether anything besides this slot holds its buffers (a batch, a view of one, a numpy array...)."""
+        return any(
+            torch._C._storage_Use_Count(buffer.untyped_storage()._cdata) > 2 for buffer in (self.images, self.labels)
+        )
+
+
+class _Ring:
+    """The loader's host buffers and side stream, made once and reused by every epoch."""
+
+    def __init__(self, shape: torch.Size, batch_size: int, slots: int, device: torch.device) -> None:
+        self.device = device
+        cuda = device.type == "cuda"
+        self.slots = [_Slot(shape, batch_size, pinned=cuda) for _ in range(slots)]
+        self.stream = torch.cuda.Stream(device) if cuda else None
+
+
+class _Failed:
+    """A batch whose gather raised ``error``."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class _Pipeline:
+    """What the producer threads share with the iterator (and nothing that keeps the iterator alive).
+
+    One condition guards it all: the free slots, the batches ready for the consumer, how many
+    are prepared ahead (at most ``ahead``), and the stop flag, so closing wakes every thread at once.
+    """
+
+    def __init__(
+        self,
+        ring: _Ring,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        batches: list[torch.Tensor],
+        start: int,
+        ahead: int,
+    ) -> None:
+        self.ring, self.images, self.labels, self.batches, self.ahead = ring, images, labels, batches, ahead
+        # Buffers the user may still hold (the last batch of the previous epoch is still bound
+        # to the loop variable) go last: by their turn the user has let go of them.
+        self.free = deque(sorted(ring.slots, key=_Slot.referenced))
+        self.ready: dict[int, Any] = {}
+        self.condition = threading.Condition()
+        self.next_batch = start
+        self.in_flight = 0  # claimed by a producer, not yet taken by the consumer
+        self.stopped = False
+
+    def produce(self) -> None:
+        while (claim := self._claim()) is not None:
+            number, slot = claim
+            try:
+                item = self._fill(slot, self.batches[number])
+            except BaseException as error:  # raised in the consumer when it reaches this batch
+                item = _Failed(error)
+            self._publish(number, item)
+
+    def _claim(self) -> tuple[int, _Slot] | None:
+        with self.condition:
+            while not self.stopped and self.next_batch < len(self.batches):
+                if self.free and self.in_flight < self.ahead:
+                    self.in_flight += 1
+                    self.next_batch += 1
+                    return self.next_batch - 1, self.free.popleft()
+                self.condition.wait()
+            return None
+
+    def _fill(self, slot: _Slot, indices: torch.Tensor) -> tuple:
+        slot.make_writable()
+        count = len(indices)
+        images, labels = slot.images[:count], slot.labels[:count]
+        torch.index_select(self.images, 0, indices, out=images)
+        torch.index_select(self.labels, 0, indices, out=labels)
+        stream = self.ring.stream
+        if stream is None:
+            return slot, images, labels, None
+        with torch.cuda.device(self.ring.device), torch.cuda.stream(stream):
+            images = images.to(self.ring.device, non_blocking=True)
+            labels = labels.to(self.ring.device, non_blocking=True)
+            slot.event = torch.cuda.Event()
+            slot.event.record(stream)
+        return slot, images, labels, slot.event
+
+    def _publish(self, number: int, item: Any) -> None:
+        with self.condition:
+            self.ready[number] = item
+            self.condition.notify_all()
+
+    def take(self, number: int) -> tuple:
+        with self.condition:
+            while number not in self.ready:
+                self.condition.wait()
+            self.in_flight -= 1
+            self.condition.notify_all()
+            item = self.ready.pop(number)
+        if isinstance(item, _Failed):
+            raise item.error
+        return item
+
+    def release(self, slot: _Slot) -> None:
+        with self.condition:
+            self.free.append(slot)
+            self.condition.notify_all()
+
+    def stop(self) -> None:
+        with self.condition:
+            self.stopped = True
+            self.condition.notify_all()
+
+
+class _EpochIterator:
+    """One epoch of a :class:`DataLoader`; closing it (or dropping it) stops its threads."""
+
+    def __init__(self, loader: DataLoader, epoch: int, batches: list[torch.Tensor], skip: int) -> None:
+        self.epoch = epoch
+        self.served = skip
+        self.total = len(batches)
+        self.finished = False
+        self._pipeline = _Pipeline(loader._ring, loader._images, loader._labels, batches, skip, loader.prefetch)
+        self._held: deque[_Slot] = deque()  # CPU: slots of the last two batches yielded
+        self._threads = [
+            threading.Thread(target=self._pipeline.produce, name=f"gpuload-gather-{i}", daemon=True)
+            for i in range(min(loader.threads, max(1, self.total - skip)))
+        ]
+        for thread in self._threads:
+            thread.start()
+        self._finalizer = weakref.finalize(self, _shutdown, self._pipeline, self._threads)
+
+    def __iter__(self) -> _EpochIterator:
+        return self
+
+    def __len__(self) -> int:
+        return self.total - self.served
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if len(self._held) == 2:
+            self._pipeline.release(self._held.popleft())
+        if self.served >= self.total or self.finished:
+            self.close()
+            raise StopIteration
+        try:
+            slot, images, labels, event = self._pipeline.take(self.served)
+        except BaseException:
+            self.close()
+            raise
+        if event is None:
+            self._held.append(slot)  # the CPU batch is a view of the slot
+        else:
+            stream = torch.cuda.current_stream(images.device)
+            stream.wait_event(event)
+            images.record_stream(stream)
+            labels.record_stream(stream)
+            self._pipeline.release(slot)  # refilled only after its event: the copy is done
+        self.served += 1
+        return images, labels
+
+    def close(self) -> None:
+        """Stop the background threads now (also done on ``break``, on errors and by the garbage collector)."""
+        self.finished = True
+        self._finalizer()
+
+
+def _shutdown(pipeline: _Pipeline, threads: list[threading.Thread]) -> None:
+    pipeline.stop()
+    current = threading.current_thread()
+    for thread in threads:
+        if thread is not current:
+            thread.join()
+    for slot in pipeline.ring.slots:
+        if slot.event is not None:
+            slot.event.synchronize()

@@ -1,0 +1,29 @@
+"""Run by test_loader.py under ``torchrun --nproc_per_node 2``: each rank writes which images it was served."""
+
+import json
+import sys
+
+import torch.distributed as dist
+
+import gpuload
+
+
+def main(dataset_path: str, out: str) -> None:
+    dist.init_process_group("gloo")
+    dataset = gpuload.MemmapImageDataset(dataset_path)
+    index_of = {dataset.data.images[i].numpy().tobytes(): i for i in range(len(dataset))}
+    loader = gpuload.DataLoader(dataset, batch_size=3, shuffle=True, seed=4, device="cpu")
+    served = {}
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        served[epoch] = {
+            "length": len(loader),
+            "indices": [index_of[image.numpy().tobytes()] for images, _ in loader for image in images],
+        }
+    with open(f"{out}/rank{dist.get_rank()}.json", "w") as file:
+        json.dump({"world_size": dist.get_world_size(), "served": served}, file)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,271 @@
+import gc
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpuload import DataLoader, ImageData, MemmapImageDataset
+from gpuload import loader as loader_module
+from gpuload.order import epoch_order
+
+
+def indexed_data(count=23, size=(4, 5)) -> ImageData:
+    """Images whose pixels and labels both spell out their index, so every batch can be checked."""
+    index = torch.arange(count)
+    images = (index.view(-1, 1, 1, 1) * 7 + torch.arange(3 * size[0] * size[1]).view(1, 3, *size)) % 251
+    return ImageData(images=images.to(torch.uint8), labels=index, batch_size=[count])
+
+
+def gather_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name.startswith("gpuload-gather")]
+
+
+def served_indices(loader) -> list[int]:
+    data = loader.dataset
+    out = []
+    for images, labels in loader:
+        assert torch.equal(images, data.images[labels])  # pixels belong to the labels' indices
+        out += labels.tolist()
+    return out
+
+
+class TestBatches:
+    def test_real_dataset_matches_the_memmap(self, built_dataset):
+        dataset = MemmapImageDataset(built_dataset)
+        loader = DataLoader(dataset, batch_size=6, shuffle=False, device="cpu")
+        batches = list(loader)
+        assert [len(images) for images, _ in batches] == [6, 6, 6, 2]
+        images = torch.cat([images for images, _ in batches])
+        labels = torch.cat([labels for _, labels in batches])
+        assert images.dtype == torch.uint8 and labels.dtype == torch.int64
+        assert torch.equal(images, dataset.data.images) and torch.equal(labels, dataset.data.labels)
+
+    @pytest.mark.parametrize("drop_last, expected", [(False, 5), (True, 4)])
+    def test_len_and_drop_last(self, drop_last, expected):
+        loader = DataLoader(indexed_data(23), batch_size=5, drop_last=drop_last, device="cpu")
+        assert len(loader) == expected
+        sizes = [len(labels) for _, labels in loader]
+        assert len(sizes) == expected and sizes[:4] == [5] * 4
+
+    def test_every_epoch_is_a_permutation_and_differs(self):
+        loader = DataLoader(indexed_data(), batch_size=4, shuffle=True, device="cpu")
+        epochs = [served_indices(loader) for _ in range(3)]
+        for order in epochs:
+            assert sorted(order) == list(range(23))
+        assert epochs[0] != epochs[1] != epochs[2]
+
+    def test_order_is_the_seeded_epoch_order(self):
+        loader = DataLoader(indexed_data(), batch_size=4, shuffle=True, seed=9, device="cpu")
+        loader.set_epoch(5)
+        assert served_indices(loader) == epoch_order(23, epoch=5, seed=9, shuffle=True).tolist()
+
+    def test_same_seed_same_order_and_torch_manual_seed_decides_it(self):
+        def orders(**kwargs):
+            return served_indices(DataLoader(indexed_data(), batch_size=4, shuffle=True, device="cpu", **kwargs))
+
+        assert orders(seed=3) == orders(seed=3)
+        torch.manual_seed(0)
+        first = orders()
+        torch.manual_seed(0)
+        assert orders() == first
+        assert orders(generator=torch.Generator().manual_seed(1)) == orders(generator=torch.Generator().manual_seed(1))
+
+    def test_set_epoch_replays_an_epoch(self):
+        loader = DataLoader(indexed_data(), batch_size=4, shuffle=True, device="cpu")
+        loader.set_epoch(2)
+        first = served_indices(loader)
+        assert served_indices(loader) != first  # the epoch advanced on its own
+        loader.set_epoch(2)
+        assert served_indices(loader) == first
+
+    def test_sampler(self):
+        loader = DataLoader(indexed_data(), batch_size=2, sampler=[5, 0, 22, 5, 1], device="cpu")
+        assert served_indices(loader) == [5, 0, 22, 5, 1]
+        assert len(loader) == 3
+
+    def test_bad_arguments(self, tmp_path):
+        with pytest.raises(ValueError, match="mutually exclusive"):
+            DataLoader(indexed_data(), sampler=[0], shuffle=True)
+        with pytest.raises(ValueError, match="batch_size"):
+            DataLoader(indexed_data(), batch_size=0)
+        with pytest.raises(ValueError, match="prefetch"):
+            DataLoader(indexed_data(), prefetch=0)
+        with pytest.raises(TypeError, match="MemmapImageDataset"):
+            DataLoader([(torch.zeros(3, 2, 2), 0)])
+
+    def test_default_device_without_cuda(self):
+        expected = "cuda" if torch.cuda.is_available() else "cpu"
+        assert DataLoader(indexed_data()).device.type == expected
+
+    def test_errors_in_the_gather_reach_the_consumer(self):
+        loader = DataLoader(indexed_data(), batch_size=2, sampler=[0, 1, 99], device="cpu")
+        iterator = iter(loader)
+        next(iterator)
+        with pytest.raises(IndexError):
+            next(iterator)
+        assert not gather_threads()
+
+
+class TestBuffers:
+    def test_batches_kept_by_the_user_stay_intact(self):
+        data = indexed_data(40)
+        loader = DataLoader(data, batch_size=3, shuffle=True, prefetch=1, device="cpu")
+        kept = list(loader)  # every batch kept: their buffers must never be refilled
+        views = [images[0] for images, _ in DataLoader(data, batch_size=3, prefetch=1, device="cpu")]
+        for images, labels in kept:
+            assert torch.equal(images, data.images[labels])
+        assert torch.equal(torch.stack(views), data.images[0::3])
+
+    def test_buffers_are_reused_when_batches_are_dropped(self):
+        loader = DataLoader(indexed_data(60), batch_size=3, prefetch=2, device="cpu")
+        for _ in range(2):
+            pointers = {images.data_ptr() for images, labels in loader}
+        assert len(pointers) <= loader.prefetch + 2  # bounded: the ring, not one buffer per batch
+
+    def test_a_new_buffer_when_the_user_still_holds_the_old_one(self):
+        loader = DataLoader(indexed_data(12), batch_size=3, prefetch=1, device="cpu")
+        kept = []
+        for images, _ in loader:
+            kept.append(images.numpy())  # a numpy view also holds the buffer
+        assert len({array.ctypes.data for array in kept}) == 4
+        for array, start in zip(kept, range(0, 12, 3)):
+            assert (torch.from_numpy(array) == indexed_data(12).images[start : start + 3]).all()
+
+
+class TestShutdown:
+    def test_no_threads_left_after_epochs(self):
+        loader = DataLoader(indexed_data(), batch_size=2, prefetch=1, device="cpu")
+        for _ in range(3):
+            alive = [bool(gather_threads()) for _ in loader]
+            assert alive[0]  # 12 batches, 1 ahead: the gatherers are still at work after the first
+            assert not gather_threads()
+
+    def test_break(self):
+        loader = DataLoader(indexed_data(), batch_size=2, prefetch=1, device="cpu")
+        for _ in loader:
+            assert gather_threads()
+            break
+        assert not gather_threads()
+
+    def test_exception_in_the_loop_body(self):
+        loader = DataLoader(indexed_data(), batch_size=2, device="cpu")
+        with pytest.raises(KeyError):
+            for _ in loader:
+                raise KeyError("boom")
+        gc.collect()
+        assert not gather_threads()
+
+    def test_garbage_collection_of_a_half_read_iterator(self):
+        iterator = iter(DataLoader(indexed_data(), batch_size=2, device="cpu"))
+        next(iterator)
+        del iterator
+        gc.collect()
+        assert not gather_threads()
+
+    def test_a_new_iteration_closes_the_previous_one(self):
+        loader = DataLoader(indexed_data(), batch_size=2, device="cpu")
+        first = iter(loader)
+        next(first)
+        second = iter(loader)
+        with pytest.raises(StopIteration):
+            next(first)
+        assert len(list(second)) == 12
+
+
+class TestResume:
+    def test_resume_serves_exactly_the_remaining_batches_without_reading_the_others(self, monkeypatch):
+        data = indexed_data(23)
+        loader = DataLoader(data, batch_size=4, shuffle=True, device="cpu")
+        loader.set_epoch(3)
+        iterator = iter(loader)
+        before = [labels.tolist() for _, (_, labels) in zip(range(2), iterator)]
+        state = loader.state_dict()
+        rest = [labels.tolist() for _, labels in iterator]
+        assert state == {"epoch": 3, "batches_served": 2, "seed": loader.seed}
+
+        fills = []
+        original = loader_module._Pipeline._fill
+        monkeypatch.setattr(
+            loader_module._Pipeline,
+            "_fill",
+            lambda self, slot, indices: fills.append(indices.tolist()) or original(self, slot, indices),
+        )
+        restarted = DataLoader(data, batch_size=4, shuffle=True, device="cpu")  # another seed until loaded
+        restarted.load_state_dict(state)
+        restarted.set_epoch(3)  # what a training loop does at the top of the epoch
+        iterator = iter(restarted)
+        assert len(iterator) == len(rest)
+        assert [labels.tolist() for _, labels in iterator] == rest
+        assert fills == rest  # the served batches were never gathered again
+        assert sorted(sum(before + rest, [])) == list(range(23))
+        assert restarted.state_dict() == {"epoch": 4, "batches_served": 0, "seed": loader.seed}
+
+    def test_set_epoch_to_another_epoch_discards_the_resume(self):
+        loader = DataLoader(indexed_data(), batch_size=4, shuffle=True, seed=1, device="cpu")
+        loader.load_state_dict({"epoch": 0, "batches_served": 5, "seed": 1})
+        loader.set_epoch(1)
+        assert len(served_indices(loader)) == 23
+
+
+def test_distributed_shards_with_torchrun(built_dataset, tmp_path):
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        str(Path(__file__).with_name("distributed_shards.py")), str(built_dataset), str(tmp_path),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for epoch in ("0", "1"):
+        shards = [set(rank["served"][epoch]["indices"]) for rank in ranks]
+        assert all(
+            rank["world_size"] == 2 and rank["served"][epoch]["length"] == 4 for rank in ranks
+        )  # 10 images, batch 3
+        assert not shards[0] & shards[1]
+        assert shards[0] | shards[1] == set(range(20))
+    assert ranks[0]["served"]["0"]["indices"] != ranks[0]["served"]["1"]["indices"]
+
+
+@pytest.mark.cuda
+class TestCuda:
+    def test_batches_are_bit_exact_while_the_consumer_is_slow(self, built_dataset):
+        dataset = MemmapImageDataset(built_dataset)
+        loader = DataLoader(dataset, batch_size=3, shuffle=True, prefetch=2, device="cuda")
+        reference = dataset.data.images.cuda()
+        for _ in range(3):
+            for images, labels in loader:
+                assert images.is_cuda and labels.is_cuda
+                torch.cuda._sleep(20_000_000)  # slow GPU work queued before the check
+                assert torch.equal(images, reference[labels])
+
+    def test_consumer_on_its_own_stream(self, built_dataset):
+        dataset = MemmapImageDataset(built_dataset)
+        loader = DataLoader(dataset, batch_size=4, shuffle=True, device="cuda")
+        reference = dataset.data.images.cuda()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            checks = []
+            for images, labels in loader:
+                torch.cuda._sleep(5_000_000)
+                checks.append(torch.equal(images.float().to(torch.uint8), reference[labels]))
+        assert all(checks)
+
+    def test_reserved_memory_does_not_grow_across_epochs(self, built_dataset):
+        loader = DataLoader(MemmapImageDataset(built_dataset), batch_size=4, shuffle=True, device="cuda")
+        reserved = []
+        for _ in range(6):
+            for images, labels in loader:
+                (images.float().mean() + labels.sum()).item()
+            torch.cuda.synchronize()
+            reserved.append(torch.cuda.memory_reserved())
+        assert reserved[-1] <= reserved[1]
+
+    def test_pinned_host_buffers(self, built_dataset):
+        loader = DataLoader(MemmapImageDataset(built_dataset), batch_size=4, device="cuda")
+        next(iter(loader))
+        assert all(slot.images.is_pinned() and slot.labels.is_pinned() for slot in loader._ring.slots)
