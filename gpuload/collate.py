@@ -1,0 +1,56 @@
+"""``gpuload.Collate``: the collate function for the stock ``torch.utils.data.DataLoader``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.utils.data
+
+from .dataset import GatheredSamples
+
+__all__ = ["Collate"]
+
+
+class Collate:
+    """Batch samples of a :class:`MemmapImageDataset` and send them to ``device`` non-blocking.
+
+    The talk's recipe for the stock loader: ``DataLoader(ds, batch_size=64,
+    collate_fn=Collate("cuda"))``. The dataset's ``__getitems__`` already gathered the batch
+    with one copy per field, so no per-sample stacking happens here; on CUDA the batch is
+    pinned and copied with ``non_blocking=True``. Any other list of ``(image, label)`` pairs
+    is stacked first. Returns ``(images, labels)`` like :class:`gpuload.DataLoader`.
+
+    With a CUDA ``device`` it must run in the main process (``num_workers=0``): worker
+    processes cannot use CUDA, and it refuses to try.
+
+    Example:
+        >>> images = torch.zeros(3, 4, 4, dtype=torch.uint8)
+        >>> batch_images, labels = Collate("cpu")([(images, 1), (images, 0)])
+        >>> batch_images.shape, labels.tolist()
+        (torch.Size([2, 3, 4, 4]), [1, 0])
+    """
+
+    def __init__(self, device: str | torch.device | None = None) -> None:
+        self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+
+    def __call__(self, samples: Sequence[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(samples, GatheredSamples):
+            images, labels = samples.data.images, samples.data.labels
+            images, labels = (
+                torch.Tensor.as_subclass(images, torch.Tensor),
+                torch.Tensor.as_subclass(labels, torch.Tensor),
+            )
+        else:
+            images = torch.stack([image for image, _ in samples])
+            labels = torch.as_tensor([label for _, label in samples], dtype=torch.int64)
+        if self.device.type == "cpu":
+            return images, labels
+        if self.device.type == "cuda" and torch.utils.data.get_worker_info() is not None:
+            raise RuntimeError("Collate with a CUDA device must run in the main process: use num_workers=0")
+        return images.pin_memory().to(self.device, non_blocking=True), labels.pin_memory().to(
+            self.device, non_blocking=True
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.device)!r})"
