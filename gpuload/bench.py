@@ -1,0 +1,227 @@
+"""``gpuload bench``: loading throughput of gpuload against the stock ways and the machine's limit, in one run."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.utils.data
+from tqdm.auto import tqdm
+
+from .collate import Collate
+from .dataset import MemmapImageDataset
+from .decode import decode_image
+from .loader import DataLoader
+from .machine import default_workers, describe_machine, machine_line
+
+__all__ = ["run_bench", "format_bench"]
+
+
+def run_bench(
+    path: str | os.PathLike,
+    *,
+    batch_size: int = 64,
+    device: str | torch.device | None = None,
+    epochs: int = 3,
+    folder_batches: int = 10,
+    progress: bool = True,
+) -> dict:
+    """Measure shuffled-batch loading from the dataset at ``path``; returns the results as a dict.
+
+    Contenders, on the same dataset and batch size, shuffled, page cache warmed by an untimed
+    first epoch, each timed over ``epochs`` epochs of one loader, as a training loop runs them
+    (median, min and max):
+
+    - ``limit_gather`` and ``limit_gather_split``: the machine's limit, the better of two
+      parallel gathers from the memmap into a reused host buffer (see :class:`_GatherLimit`);
+    - ``limit_h2d`` (CUDA only): pinned host-to-device copies of one batch-sized buffer;
+    - ``gpuload``: :class:`gpuload.DataLoader` to ``device``;
+    - ``collate``: the stock ``torch.utils.data.DataLoader`` with :class:`gpuload.Collate`;
+    - ``image_folder``: ``ImageFolder`` + stock ``DataLoader`` decoding the source JPEGs on all
+      cores, when the sources are still there (``folder_batches`` batches, it is slow).
+    """
+    dataset = MemmapImageDataset(path)
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if len(dataset) < batch_size:
+        raise ValueError(f"the dataset has {len(dataset)} images, fewer than one batch of {batch_size}")
+    image_bytes = dataset.data.images[0].numel()
+    batches = len(dataset) // batch_size
+    contenders: dict[str, tuple[Callable[[], int], int]] = {
+        "limit_gather": (_GatherLimit(dataset, batch_size, split=False), epochs),
+        "limit_gather_split": (_GatherLimit(dataset, batch_size, split=True), epochs),
+        "gpuload": (
+            partial(_drain, DataLoader(dataset, batch_size, shuffle=True, drop_last=True, device=device)),
+            epochs,
+        ),
+        "collate": (
+            partial(
+                _drain,
+                torch.utils.data.DataLoader(
+                    dataset, batch_size, shuffle=True, drop_last=True, collate_fn=Collate(device)
+                ),
+            ),
+            epochs,
+        ),
+    }
+    if device.type == "cuda":
+        contenders["limit_h2d"] = (lambda: _h2d_limit(dataset, batch_size, device), epochs)
+    sources = [Path(source) for source, _ in dataset.samples]
+    if all(source.is_file() for source in sources[:: max(1, len(sources) // 16)]):
+        contenders["image_folder"] = (lambda: _folder(dataset, batch_size, folder_batches), 1)
+    else:
+        sources = []
+
+    with tqdm(
+        total=sum(count + 1 for _, count in contenders.values()), desc="bench", unit="pass", disable=not progress
+    ) as bar:
+        results = {}
+        for name, (run, count) in contenders.items():
+            bar.set_postfix_str(name)
+            _timed(run, device)  # warm-up: page cache, pinned buffers, CUDA context, thread pools
+            bar.update()
+            runs = []
+            for _ in range(count):
+                seconds, images = _timed(run, device)
+                runs.append(images / seconds)
+                bar.update()
+            results[name] = {
+                "images_per_second": statistics.median(runs),
+                "min": min(runs),
+                "max": max(runs),
+                "runs": runs,
+                "gigabytes_per_second": statistics.median(runs) * image_bytes / 1e9,
+            }
+    return {
+        "dataset": str(dataset.path),
+        "images": len(dataset),
+        "image_shape": list(dataset.image_shape),
+        "batch_size": batch_size,
+        "batches_per_epoch": batches,
+        "device": str(device),
+        "sources_present": bool(sources),
+        "machine": describe_machine(),
+        "machine_line": machine_line(),
+        "results": results,
+    }
+
+
+def format_bench(report: dict) -> str:
+    """The report of :func:`run_bench` as a table with each contender's fraction of the limit."""
+    c, h, w = report["image_shape"]
+    limit = max(
+        result["images_per_second"] for name, result in report["results"].items() if name.startswith("limit_gather")
+    )
+    lines = [
+        f"gpuload bench on {report['machine_line']}",
+        f"{report['images']} images of {c}x{h}x{w} uint8, batch {report['batch_size']}, shuffled, "
+        f"device {report['device']}, page cache warm",
+        f"{'contender':<44} {'images/s':>10} {'GB/s':>7} {'of limit':>9}",
+    ]
+    labels = {
+        "limit_gather": "limit: index_select memmap -> buffer, all threads",
+        "limit_gather_split": "limit: index_select, one share per thread",
+        "limit_h2d": "limit: pinned host-to-device copy",
+        "gpuload": "gpuload.DataLoader",
+        "collate": "torch DataLoader + gpuload.Collate",
+        "image_folder": "torch DataLoader + ImageFolder (JPEGs)",
+    }
+    for name, result in report["results"].items():
+        rate = result["images_per_second"]
+        lines.append(f"{labels[name]:<44} {rate:>10,.0f} {result['gigabytes_per_second']:>7.2f} {rate / limit:>9.0%}")
+    if "limit_h2d" in report["results"]:
+        h2d = report["results"]["limit_h2d"]["images_per_second"]
+        lines.append(
+            f"gpuload.DataLoader reaches {report['results']['gpuload']['images_per_second'] / h2d:.0%} of the host-to-device limit"
+        )
+    if not report["sources_present"]:
+        lines.append("(ImageFolder skipped: the source JPEGs are not there any more)")
+    return "\n".join(lines)
+
+
+def _timed(run: Callable[[], int], device: torch.device) -> tuple[float, int]:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    images = run()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started, images
+
+
+def _drain(loader: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> int:
+    images = 0
+    for batch, _ in loader:
+        images += len(batch)
+    return images
+
+
+class _GatherLimit:
+    """One shuffled epoch gathered from the memmap into a reused buffer, nothing else.
+
+    ``split=False``: one ``index_select`` per batch on all of torch's threads; ``split=True``:
+    the batch cut into one share per core, each gathered by its own thread.
+    """
+
+    def __init__(self, dataset: MemmapImageDataset, batch_size: int, *, split: bool) -> None:
+        self.source = torch.Tensor.as_subclass(dataset.data.images, torch.Tensor)
+        self.buffer = torch.empty((batch_size, *self.source.shape[1:]), dtype=self.source.dtype)
+        self.batch_size, self.split, self.workers = batch_size, split, default_workers()
+
+    def __call__(self) -> int:
+        order = torch.randperm(len(self.source))
+        batches = [order[i : i + self.batch_size] for i in range(0, len(order) - self.batch_size + 1, self.batch_size)]
+        if not self.split:
+            for indices in batches:
+                torch.index_select(self.source, 0, indices, out=self.buffer)
+            return len(batches) * self.batch_size
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with ThreadPoolExecutor(self.workers) as pool:
+                for indices in batches:
+                    shares = zip(indices.chunk(self.workers), self.buffer.chunk(self.workers))
+                    list(pool.map(lambda share: torch.index_select(self.source, 0, share[0], out=share[1]), shares))
+        finally:
+            torch.set_num_threads(threads)
+        return len(batches) * self.batch_size
+
+
+def _h2d_limit(dataset: MemmapImageDataset, batch_size: int, device: torch.device) -> int:
+    """Copies of one pinned batch-sized buffer to the device, back to back, as many as an epoch has batches."""
+    host = torch.empty((batch_size, *dataset.image_shape), dtype=torch.uint8, pin_memory=True)
+    target = torch.empty_like(host, device=device)
+    batches = len(dataset) // batch_size
+    for _ in range(batches):
+        target.copy_(host, non_blocking=True)
+    return batches * batch_size
+
+
+def _folder(dataset: MemmapImageDataset, batch_size: int, batches: int) -> int:
+    """ImageFolder over the sources, decoded to the dataset's size on all cores by worker processes."""
+    from torchvision.datasets import ImageFolder
+
+    size, resize = tuple(dataset.image_shape[1:]), dataset.manifest.resize
+    folder = ImageFolder(dataset.manifest.source, loader=_SourceDecoder(size, resize))
+    loader = torch.utils.data.DataLoader(folder, batch_size, shuffle=True, num_workers=default_workers())
+    images = 0
+    for number, (batch, _) in enumerate(loader):
+        images += len(batch)
+        if number + 1 == batches:
+            break
+    return images
+
+
+class _SourceDecoder:
+    """ImageFolder's ``loader``: a picklable call to :func:`gpuload.decode_image`."""
+
+    def __init__(self, size: tuple[int, int], resize: str) -> None:
+        self.size, self.resize = size, resize
+
+    def __call__(self, path: str) -> torch.Tensor:
+        return decode_image(path, self.size, self.resize)

@@ -1,0 +1,45 @@
+import shutil
+
+import pytest
+
+from gpuload.bench import format_bench, run_bench
+from gpuload.cli import main
+
+
+def test_all_contenders_measured_on_the_cpu(built_dataset):
+    report = run_bench(built_dataset, batch_size=4, device="cpu", epochs=2, folder_batches=2, progress=False)
+    results = report["results"]
+    assert set(results) == {"limit_gather", "limit_gather_split", "gpuload", "collate", "image_folder"}
+    for name, result in results.items():
+        assert len(result["runs"]) == (1 if name == "image_folder" else 2)
+        assert result["min"] <= result["images_per_second"] <= result["max"] and result["min"] > 0
+        assert result["gigabytes_per_second"] == pytest.approx(result["images_per_second"] * 3 * 48 * 64 / 1e9)
+    assert report["images"] == 20 and report["batches_per_epoch"] == 5 and report["sources_present"]
+    table = format_bench(report)
+    assert "gpuload.DataLoader" in table and "ImageFolder" in table and report["machine_line"] in table
+
+
+def test_without_sources_the_folder_contender_is_left_out(photo_copy, tmp_path):
+    from gpuload import build_memmap
+
+    built = build_memmap(photo_copy, tmp_path / "copy.memmap", progress=False)
+    shutil.rmtree(photo_copy)
+    report = run_bench(built, batch_size=4, device="cpu", epochs=1, progress=False)
+    assert "image_folder" not in report["results"] and not report["sources_present"]
+    assert "not there any more" in format_bench(report)
+
+
+def test_fewer_images_than_a_batch(built_dataset):
+    with pytest.raises(ValueError, match="fewer than one batch"):
+        run_bench(built_dataset, batch_size=64, device="cpu", progress=False)
+
+
+def test_cli_prints_the_table_and_writes_json(built_dataset, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert (
+        main(["bench", str(built_dataset), "--batch-size", "4", "--device", "cpu", "--epochs", "1", "--json", str(out)])
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "limit: index_select" in printed and "of limit" in printed
+    assert '"gpuload"' in out.read_text()
