@@ -3,23 +3,31 @@
 from importlib.metadata import version as _version
 
 from .build import build_memmap
+from .collate import Collate
 from .compress import CompressReport, compress_folder, find_ffmpeg
 from .dataset import GatheredSamples, ImageData, MemmapImageDataset
 from .decode import DecodeError, decode_image
+from .loader import DataLoader
 from .machine import default_workers, describe_machine, machine_line
 from .manifest import DatasetError
+from .normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from .sample import SAMPLE_CLASSES, make_sample_folder
 
 __version__ = _version("gpuload")
 
 __all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
     "SAMPLE_CLASSES",
+    "Collate",
     "CompressReport",
+    "DataLoader",
     "DatasetError",
     "DecodeError",
     "GatheredSamples",
     "ImageData",
     "MemmapImageDataset",
+    "Normalize",
     "build_memmap",
     "compress_folder",
     "decode_image",

@@ -96,7 +96,9 @@ def build_memmap(
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             (tmp / "_tensordict").mkdir(parents=True)
-            skipped = [{"path": index.samples[position][0], "reason": reason} for position, reason in unreadable.items()]
+            skipped = [
+                {"path": index.samples[position][0], "reason": reason} for position, reason in unreadable.items()
+            ]
             todo = [position for position in range(len(index.samples)) if position not in unreadable]
             kept, checksums = _write_images(tmp, index, todo, size, resize, pool, workers, skipped, strict, progress)
             _finish(tmp, src, index, size, resize, kept, checksums, skipped)
@@ -184,9 +186,10 @@ def _write_images(
             path = index.root / index.samples[position][0]
             pending.append((position, buffer, pool.submit(_decode_into, path, size, resize, buffer)))
 
-    with BlockWriter(tmp / "_tensordict" / "images.memmap", len(todo) * image_bytes) as writer, tqdm(
-        total=len(todo), unit="img", desc="build-memmap", disable=not progress, file=sys.stderr
-    ) as bar:
+    with (
+        BlockWriter(tmp / "_tensordict" / "images.memmap", len(todo) * image_bytes) as writer,
+        tqdm(total=len(todo), unit="img", desc="build-memmap", disable=not progress, file=sys.stderr) as bar,
+    ):
         for _ in range(window):
             submit_next()
         while pending:

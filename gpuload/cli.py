@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     parser = argparse.ArgumentParser(prog="gpuload", description="Get image datasets onto the GPU fast.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_compress, _add_build, _add_info, _add_verify, _add_demo):
+    for add in (_add_compress, _add_build, _add_info, _add_verify, _add_bench, _add_demo):
         add(subparsers)
     args = parser.parse_args(argv)
     try:
@@ -73,10 +73,14 @@ def _add_build(subparsers) -> None:
     parser = subparsers.add_parser("build-memmap", help="decode an ImageFolder into a memory-mapped dataset")
     parser.add_argument("src", type=Path, help="ImageFolder: one subfolder per class")
     parser.add_argument("--out", type=Path, default=None, help="dataset folder (default: <SRC>.memmap)")
-    parser.add_argument("--size", type=parse_size, default=None, help="HxW of the stored images (default: their common size)")
+    parser.add_argument(
+        "--size", type=parse_size, default=None, help="HxW of the stored images (default: their common size)"
+    )
     parser.add_argument("--resize", choices=RESIZE_MODES, default="crop", help="how other sizes fit (default: crop)")
     parser.add_argument("--workers", type=int, default=None, help="decoding threads (default: cores)")
-    parser.add_argument("--strict", action="store_true", help="fail on the first unreadable image instead of skipping it")
+    parser.add_argument(
+        "--strict", action="store_true", help="fail on the first unreadable image instead of skipping it"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
     parser.set_defaults(run=_run_build)
 
@@ -128,7 +132,9 @@ def _run_info(args) -> int:
 def _add_verify(subparsers) -> None:
     parser = subparsers.add_parser("verify", help="check a dataset's integrity (exit 1 on any problem)")
     parser.add_argument("dataset", type=Path)
-    parser.add_argument("--sources", type=int, default=0, metavar="N", help="also re-decode N random sources and compare")
+    parser.add_argument(
+        "--sources", type=int, default=0, metavar="N", help="also re-decode N random sources and compare"
+    )
     parser.set_defaults(run=_run_verify)
 
 
@@ -138,6 +144,28 @@ def _run_verify(args) -> int:
         print(f"problem: {problem}")
     print(f"{args.dataset}: {'OK' if not problems else f'{len(problems)} problems'}")
     return 1 if problems else 0
+
+
+def _add_bench(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "bench", help="measure loading throughput against the stock loaders and the machine's limit"
+    )
+    parser.add_argument("dataset", type=Path)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--epochs", type=int, default=3, help="timed epochs per contender (default: 3)")
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the results here")
+    parser.set_defaults(run=_run_bench)
+
+
+def _run_bench(args) -> int:
+    from .bench import format_bench, run_bench
+
+    report = run_bench(args.dataset, batch_size=args.batch_size, device=args.device, epochs=args.epochs)
+    print(format_bench(report))
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
 
 
 def _add_demo(subparsers) -> None:

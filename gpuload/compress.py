@@ -78,7 +78,9 @@ def find_ffmpeg() -> str:
         found = shutil.which("ffmpeg")
         if found:
             return found
-    raise FileNotFoundError("no ffmpeg found: pip install imageio-ffmpeg (it ships one), or install ffmpeg (apt-get install ffmpeg)")
+    raise FileNotFoundError(
+        "no ffmpeg found: pip install imageio-ffmpeg (it ships one), or install ffmpeg (apt-get install ffmpeg)"
+    )
 
 
 def compress_folder(
@@ -139,9 +141,10 @@ def compress_folder(
         else:
             todo.append((source, target))
 
-    with ThreadPoolExecutor(workers, thread_name_prefix="gpuload-ffmpeg") as pool, tqdm(
-        total=len(todo), unit="file", desc="compress", disable=not progress, file=sys.stderr
-    ) as bar:
+    with (
+        ThreadPoolExecutor(workers, thread_name_prefix="gpuload-ffmpeg") as pool,
+        tqdm(total=len(todo), unit="file", desc="compress", disable=not progress, file=sys.stderr) as bar,
+    ):
         futures = [(source, target, pool.submit(_encode, ffmpeg, source, target, quality)) for source, target in todo]
         try:
             for source, target, future in futures:

@@ -17,7 +17,16 @@ import numpy as np
 import torch
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
-__all__ = ["RESIZE_MODES", "DecodeError", "check_target", "copy_chw", "decode_image", "exif_orientation", "load_rgb", "read_size"]
+__all__ = [
+    "RESIZE_MODES",
+    "DecodeError",
+    "check_target",
+    "copy_chw",
+    "decode_image",
+    "exif_orientation",
+    "load_rgb",
+    "read_size",
+]
 
 Resize = Literal["crop", "pad", "stretch"]
 RESIZE_MODES: tuple[str, ...] = ("crop", "pad", "stretch")
@@ -133,9 +142,7 @@ def copy_chw(image: Image.Image, out: np.ndarray) -> None:
     if image.mode != "RGB":
         raise ValueError(f"copy_chw needs an RGB image, got mode {image.mode}")
     if out.shape != (3, image.height, image.width) or out.dtype != np.uint8:
-        raise ValueError(
-            f"out must be uint8 of shape (3, {image.height}, {image.width}), got {out.dtype} {out.shape}"
-        )
+        raise ValueError(f"out must be uint8 of shape (3, {image.height}, {image.width}), got {out.dtype} {out.shape}")
     try:
         rgbx = nanoarrow.c_array(image).view().child(0).buffer(1)  # Pillow stores RGB as RGBX
         pixels = np.frombuffer(rgbx, np.uint8).reshape(image.height, image.width, 4)

@@ -75,20 +75,29 @@ def make_sample_folder(
             _variant(photo, centre, size, rng).save(folder / f"{number:04d}.jpg", quality=quality)
 
     with ThreadPoolExecutor(default_workers()) as pool:
-        jobs = [pool.submit(write_class, i, name, centre) for i, (name, centre) in enumerate(list(SAMPLE_CLASSES.items())[:classes])]
+        jobs = [
+            pool.submit(write_class, i, name, centre)
+            for i, (name, centre) in enumerate(list(SAMPLE_CLASSES.items())[:classes])
+        ]
         for job in jobs:
             job.result()
     return dst
 
 
-def _variant(photo: Image.Image, centre: tuple[float, float], size: tuple[int, int], rng: np.random.Generator) -> Image.Image:
+def _variant(
+    photo: Image.Image, centre: tuple[float, float], size: tuple[int, int], rng: np.random.Generator
+) -> Image.Image:
     height, width = size
     aspect = width / height
     crop_height = photo.height * rng.uniform(0.3, 0.6)
     crop_width = min(crop_height * aspect, photo.width)
     crop_height = crop_width / aspect
-    x = np.clip(centre[0] * photo.width + rng.normal(0, 0.05) * photo.width - crop_width / 2, 0, photo.width - crop_width)
-    y = np.clip(centre[1] * photo.height + rng.normal(0, 0.05) * photo.height - crop_height / 2, 0, photo.height - crop_height)
+    x = np.clip(
+        centre[0] * photo.width + rng.normal(0, 0.05) * photo.width - crop_width / 2, 0, photo.width - crop_width
+    )
+    y = np.clip(
+        centre[1] * photo.height + rng.normal(0, 0.05) * photo.height - crop_height / 2, 0, photo.height - crop_height
+    )
     image = photo.resize((width, height), Image.Resampling.BICUBIC, box=(x, y, x + crop_width, y + crop_height))
     if rng.random() < 0.5:
         image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)

@@ -68,13 +68,10 @@ def scan_image_folder(root: str | os.PathLike) -> ImageFolderIndex:
 
 def _scan_flat_folder(root: Path) -> ImageFolderIndex:
     names = sorted(
-        entry.name
-        for entry in os.scandir(root)
-        if entry.is_file() and entry.name.lower().endswith(IMG_EXTENSIONS)
+        entry.name for entry in os.scandir(root) if entry.is_file() and entry.name.lower().endswith(IMG_EXTENSIONS)
     )
     if not names:
         raise FileNotFoundError(
-            f"{root} holds no image and no class folder; "
-            f"supported extensions are: {', '.join(IMG_EXTENSIONS)}"
+            f"{root} holds no image and no class folder; supported extensions are: {', '.join(IMG_EXTENSIONS)}"
         )
     return ImageFolderIndex(root=root, classes=[root.name], samples=[(name, 0) for name in names])

@@ -67,7 +67,9 @@ def verify_memmap(path: str | os.PathLike, *, sources: int = 0, seed: int = 0, p
     recorded = np.array([label for _, label in manifest.samples], dtype=np.int64)
     outside = np.flatnonzero((labels < 0) | (labels >= len(dataset.classes)))
     if outside.size:
-        problems.append(f"{outside.size} labels are outside 0..{len(dataset.classes) - 1} (first at index {outside[0]})")
+        problems.append(
+            f"{outside.size} labels are outside 0..{len(dataset.classes) - 1} (first at index {outside[0]})"
+        )
     differ = np.flatnonzero(labels != recorded)
     if differ.size:
         problems.append(f"{differ.size} labels differ from the manifest (first at index {differ[0]})")

@@ -68,7 +68,9 @@ class TestOutput:
     def test_images_of_several_sizes_need_a_size(self, photo_copy):
         write_odd_image(photo_copy / "face" / "other.jpg", "exif_rotated")  # displays as 48x64 ...
         make_sample_folder(photo_copy / "wide", images_per_class=1, size=(30, 90), classes=1)
-        with pytest.raises(ValueError, match=r"2 different sizes \(most common: 48x64 \(21 images\), 30x90 \(1 images\)\); pass size"):
+        with pytest.raises(
+            ValueError, match=r"2 different sizes \(most common: 48x64 \(21 images\), 30x90 \(1 images\)\); pass size"
+        ):
             build_memmap(photo_copy, progress=False)
         assert not (photo_copy.parent / "photos.memmap").exists()
 

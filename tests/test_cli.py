@@ -15,7 +15,9 @@ def run(capsys, *argv) -> tuple[int, str, str]:
 class TestBuildMemmap:
     def test_builds_and_prints_a_summary(self, capsys, photo_copy):
         write_bad_file(photo_copy / "face", "empty.jpg")
-        code, out, _ = run(capsys, "build-memmap", str(photo_copy), "--size", "24x32", "--resize", "stretch", "--workers", "1")
+        code, out, _ = run(
+            capsys, "build-memmap", str(photo_copy), "--size", "24x32", "--resize", "stretch", "--workers", "1"
+        )
         assert code == 0
         assert f"built {photo_copy}.memmap: 20 images of 3x24x32" in out
         assert "1 skipped" in out and "skipped: face/empty.jpg: empty file (0 bytes)" in out
@@ -23,7 +25,10 @@ class TestBuildMemmap:
     def test_known_errors_are_one_line_with_exit_code_2(self, capsys, tmp_path):
         code, out, err = run(capsys, "build-memmap", str(tmp_path / "nope"))
         assert code == 2 and out == ""
-        assert err == f"gpuload: error: {tmp_path / 'nope'} does not exist; pass a folder of images (one subfolder per class)\n"
+        assert (
+            err
+            == f"gpuload: error: {tmp_path / 'nope'} does not exist; pass a folder of images (one subfolder per class)\n"
+        )
 
     def test_existing_out(self, capsys, photo_folder, tmp_path):
         (tmp_path / "out").mkdir()

@@ -22,7 +22,10 @@ class TestCompress:
         sizes_after = sum(path.stat().st_size for path in (tmp_path / "q").rglob("*.jpg"))
         assert (report.bytes_before, report.bytes_after) == (sizes_before, sizes_after)
         assert sizes_after < sizes_before
-        with Image.open(tmp_path / "q" / "face" / "0000.jpg") as out, Image.open(photo_folder / "face" / "0000.jpg") as src:
+        with (
+            Image.open(tmp_path / "q" / "face" / "0000.jpg") as out,
+            Image.open(photo_folder / "face" / "0000.jpg") as src,
+        ):
             assert out.format == "JPEG" and out.size == src.size
             difference = np.abs(np.asarray(out, np.float32) - np.asarray(src.convert("RGB"), np.float32)).mean()
             assert difference < 8  # same picture, a little lossier
@@ -106,7 +109,9 @@ class TestArguments:
 
 
 def test_summary_line():
-    report = CompressReport(done=3, skipped=1, failed=[("a", "b")], bytes_before=4_000_000, bytes_after=1_000_000, seconds=2)
+    report = CompressReport(
+        done=3, skipped=1, failed=[("a", "b")], bytes_before=4_000_000, bytes_after=1_000_000, seconds=2
+    )
     assert report.summary() == "3 done, 1 skipped, 1 failed: 4.0 MB -> 1.0 MB (4.0x smaller) in 2.0 s"
 
 

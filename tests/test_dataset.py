@@ -68,7 +68,9 @@ class TestReadOnly:
         dataset.data.labels[:] = 3
         assert images_file.read_bytes() == before
         reopened = MemmapImageDataset(fresh_dataset).data.images[0]
-        assert torch.equal(reopened, torch.frombuffer(bytearray(before[: 3 * 48 * 64]), dtype=torch.uint8).view(3, 48, 64))
+        assert torch.equal(
+            reopened, torch.frombuffer(bytearray(before[: 3 * 48 * 64]), dtype=torch.uint8).view(3, 48, 64)
+        )
 
     def test_items_are_copies(self, built_dataset):
         dataset = MemmapImageDataset(built_dataset)
@@ -134,7 +136,10 @@ class TestDamagedFolders:
         manifest = json.loads((copy / "manifest.json").read_text())
         manifest["image_shape"] = [3, 64, 48]
         (copy / "manifest.json").write_text(json.dumps(manifest))
-        with pytest.raises(DatasetError, match="images is torch.uint8 \\[20, 3, 48, 64\\], the manifest says torch.uint8 \\[20, 3, 64, 48\\]"):
+        with pytest.raises(
+            DatasetError,
+            match="images is torch.uint8 \\[20, 3, 48, 64\\], the manifest says torch.uint8 \\[20, 3, 64, 48\\]",
+        ):
             MemmapImageDataset(copy)
 
     def test_not_a_folder(self, tmp_path):

@@ -46,7 +46,10 @@ def test_inconsistent_manifests_are_refused(tmp_path, changes, message):
         ("{not json", "is not valid JSON"),
         ('{"format": "something.else"}', "is not a gpuload manifest"),
         (json.dumps({"format": "gpuload.memmap", "format_version": FORMAT_VERSION + 1}), "upgrade gpuload or rebuild"),
-        (json.dumps({"format": "gpuload.memmap", "format_version": FORMAT_VERSION, "colour": 1}), "missing or unknown fields"),
+        (
+            json.dumps({"format": "gpuload.memmap", "format_version": FORMAT_VERSION, "colour": 1}),
+            "missing or unknown fields",
+        ),
     ],
 )
 def test_foreign_or_damaged_files_are_refused(tmp_path, text, message):

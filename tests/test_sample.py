@@ -8,7 +8,9 @@ from gpuload import SAMPLE_CLASSES, make_sample_folder
 
 
 def digests(root):
-    return {path.relative_to(root): hashlib.sha256(path.read_bytes()).hexdigest() for path in sorted(root.rglob("*.jpg"))}
+    return {
+        path.relative_to(root): hashlib.sha256(path.read_bytes()).hexdigest() for path in sorted(root.rglob("*.jpg"))
+    }
 
 
 def test_writes_distinct_photos_per_class(tmp_path):
@@ -37,7 +39,11 @@ def test_refuses_a_folder_with_files(tmp_path):
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"classes": 0}, "classes must be between 1 and 5"), ({"images_per_class": 0}, "at least 1"), ({"size": (0, 4)}, "positive")],
+    [
+        ({"classes": 0}, "classes must be between 1 and 5"),
+        ({"images_per_class": 0}, "at least 1"),
+        ({"size": (0, 4)}, "positive"),
+    ],
 )
 def test_bad_arguments(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
