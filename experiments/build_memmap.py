@@ -83,7 +83,9 @@ def measure(count: int, repeats: int, workdir: Path) -> dict:
         path.read_bytes()
     workers = gpuload.default_workers()
     out = workdir / "out.memmap"
-    runs: dict[str, list[float]] = {name: [] for name in ("pillow_limit", "decode_jpeg_limit", "gpuload", "talk_recipe")}
+    runs: dict[str, list[float]] = {
+        name: [] for name in ("pillow_limit", "decode_jpeg_limit", "gpuload", "talk_recipe")
+    }
     memory: dict[str, list[int]] = {"gpuload": [], "talk_recipe": []}
     builds = {
         "gpuload": lambda: gpuload.build_memmap(src, out, size=(480, 640), progress=False),
@@ -100,7 +102,10 @@ def measure(count: int, repeats: int, workdir: Path) -> dict:
             runs[name].append(len(files) / seconds)
             memory[name].append(watch.peak_bytes)
             shutil.rmtree(out, ignore_errors=True)
-        print(f"  N={len(files)} repeat {repeat + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in runs.items()), flush=True)
+        print(
+            f"  N={len(files)} repeat {repeat + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in runs.items()),
+            flush=True,
+        )
     return {
         "images": len(files),
         "mean_file_bytes": sum(path.stat().st_size for path in files) / len(files),
@@ -125,7 +130,9 @@ def main(argv: list[str] | None = None) -> None:
         for name, rate in rates.items():
             peak = result["peak_unreclaimable_bytes"].get(name)
             peak_text = f"{peak / 2**20:,.0f} MiB" if peak is not None else ""
-            print(f"{result['images']:>6} {name:<18} {rate['median']:>9.0f} {rate['min']:>5.0f}-{rate['max']:<5.0f} {peak_text:>19}")
+            print(
+                f"{result['images']:>6} {name:<18} {rate['median']:>9.0f} {rate['min']:>5.0f}-{rate['max']:<5.0f} {peak_text:>19}"
+            )
         ours = rates["gpuload"]["median"]
         print(
             f"{'':>6} gpuload = {ours / rates['talk_recipe']['median']:.2f}x the talk's recipe, "
