@@ -264,12 +264,18 @@ class _Pipeline:
 
     def produce(self) -> None:
         while (claim := self._claim()) is not None:
-            number, slot = claim
-            try:
-                item = self._fill(slot, self.batches[number])
-            except BaseException as error:  # raised in the consumer when it reaches this batch
-                item = _Failed(error)
-            self._publish(number, item)
+            self._fill_and_publish(*claim)
+
+    def _fill_and_publish(self, number: int, slot: _Slot) -> None:
+        # A function of its own so that no local keeps a view of the batch once it is published:
+        # on the CPU a view left behind would make its slot look held by the user.
+        try:
+            item = self._fill(slot, self.batches[number])
+        except BaseException as error:  # raised in the consumer when it reaches this batch
+            item = _Failed(error)
+        with self.condition:
+            self.ready[number] = item
+            self.condition.notify_all()
 
     def _claim(self) -> tuple[int, _Slot] | None:
         with self.condition:
@@ -296,11 +302,6 @@ class _Pipeline:
             slot.event = torch.cuda.Event()
             slot.event.record(stream)
         return slot, images, labels, slot.event
-
-    def _publish(self, number: int, item: Any) -> None:
-        with self.condition:
-            self.ready[number] = item
-            self.condition.notify_all()
 
     def take(self, number: int) -> tuple:
         with self.condition:
