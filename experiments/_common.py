@@ -12,7 +12,7 @@ from pathlib import Path
 import gpuload
 
 ROOT = Path(__file__).resolve().parent.parent
-ASSETS = ROOT / "assets"
+ASSETS = Path(os.environ.get("GPULOAD_ASSETS", ROOT / "assets"))  # the CI smoke test writes elsewhere
 RESULTS = ASSETS / "results"
 
 
@@ -127,3 +127,67 @@ def elapsed(function, *args, **kwargs) -> float:
     started = time.perf_counter()
     function(*args, **kwargs)
     return time.perf_counter() - started
+
+
+def read_result(name: str) -> dict:
+    """The JSON that :func:`write_result` wrote for ``name`` (for ``--plot-only``)."""
+    path = RESULTS / f"{name}.json"
+    if not path.is_file():
+        raise SystemExit(f"{path} does not exist: run the experiment first")
+    return json.loads(path.read_text())
+
+
+def device_name(device) -> str:
+    """``"cpu (AMD EPYC, 2 cores)"`` or ``"cuda (NVIDIA H100 80GB HBM3)"``: what produced a plot."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    machine = gpuload.describe_machine()
+    return f"cpu ({machine['cpu']}, {machine['cores']} cores)"
+
+
+def figure(rows: int = 1, columns: int = 1, **kwargs):
+    """A matplotlib figure at slide size (1280x720 px) with readable fonts."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"font.size": 13, "axes.titlesize": 14, "axes.labelsize": 13, "legend.fontsize": 11})
+    return plt.subplots(rows, columns, figsize=(12.8, 7.2), dpi=100, squeeze=False, **kwargs)
+
+
+def save_figure(fig, name: str, result: dict) -> Path:
+    """Add the machine footnote, save ``assets/<name>.png`` and close the figure."""
+    import matplotlib.pyplot as plt
+
+    machine = result["machine"]
+    note = (
+        f"{machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; torch {machine['torch']}, "
+        f"CUDA {machine['cuda'] or '-'}; {machine['date'][:10]}; medians, bars/bands: min-max"
+    )
+    fig.text(0.01, 0.01, note, fontsize=10, color="0.35")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    ASSETS.mkdir(parents=True, exist_ok=True)
+    path = ASSETS / f"{name}.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def parse_sizes(texts: list[str]) -> list[tuple[int, int]]:
+    """``["640x480"]`` (width x height, as photos are named) -> ``[(480, 640)]`` (height, width)."""
+    sizes = []
+    for text in texts:
+        width, height = (int(part) for part in text.lower().split("x"))
+        sizes.append((height, width))
+    return sizes
+
+
+def synchronize(device) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)

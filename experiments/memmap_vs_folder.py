@@ -1,0 +1,156 @@
+"""Loading shuffled batches onto a device: ImageFolder, the talk's tensorclass recipe, and ``gpuload.DataLoader``.
+
+For each device, image size and batch size, on the same compressed photos (ffmpeg -q:v 3):
+
+- ``image_folder``: ``ImageFolder`` + ``torch.utils.data.DataLoader``, PIL decode and ``PILToTensor``
+  in worker processes (all cores), batches moved to the device;
+- ``talk_recipe``: the memmap dataset + stock ``DataLoader`` with ``gpuload.Collate(device)``;
+- ``gpuload``: ``gpuload.DataLoader(device=...)``.
+
+Page cache warm (one untimed epoch per contender), images/s as the median (min-max) of timed
+epochs, device synchronised at the end of each epoch, contenders in the same run.
+
+    python -m experiments.memmap_vs_folder --image-sizes 384x384 640x480 --batch-sizes 16 64 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torchvision.datasets import ImageFolder
+from torchvision.transforms import PILToTensor
+
+import gpuload
+
+from ._common import (
+    device_name,
+    figure,
+    parse_sizes,
+    photo_folders,
+    read_result,
+    save_figure,
+    synchronize,
+    write_result,
+)
+
+CONTENDERS = ("image_folder", "talk_recipe", "gpuload")
+
+
+def loaders(folder: Path, dataset: gpuload.MemmapImageDataset, batch_size: int, device: torch.device) -> dict:
+    workers = gpuload.default_workers()
+    folder_dataset = ImageFolder(str(folder), transform=PILToTensor())
+    return {
+        "image_folder": torch.utils.data.DataLoader(
+            folder_dataset,
+            batch_size,
+            shuffle=True,
+            drop_last=True,
+            num_workers=workers,
+            persistent_workers=True,
+            pin_memory=device.type == "cuda",
+        ),
+        "talk_recipe": torch.utils.data.DataLoader(
+            dataset, batch_size, shuffle=True, drop_last=True, collate_fn=gpuload.Collate(device)
+        ),
+        "gpuload": gpuload.DataLoader(dataset, batch_size, shuffle=True, drop_last=True, device=device),
+    }
+
+
+def epoch_rate(loader, device: torch.device) -> float:
+    synchronize(device)
+    started = time.perf_counter()
+    images = 0
+    for batch, labels in loader:
+        batch, labels = batch.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        images += len(batch)
+    synchronize(device)
+    return images / (time.perf_counter() - started)
+
+
+def plot(result: dict) -> None:
+    rows = result["rows"]
+    devices = sorted({row["device"] for row in rows})
+    sizes = sorted({(row["height"], row["width"]) for row in rows})
+    fig, axes = figure(len(devices), len(sizes))
+    labels = {
+        "image_folder": "ImageFolder + DataLoader",
+        "talk_recipe": "tensorclass + Collate",
+        "gpuload": "gpuload.DataLoader",
+    }
+    for row_axes, device in zip(axes, devices):
+        for axis, (height, width) in zip(row_axes, sizes):
+            for contender, style in zip(CONTENDERS, ("-o", "--s", "-^")):
+                line = [
+                    r
+                    for r in rows
+                    if (r["device"], r["height"], r["width"], r["contender"]) == (device, height, width, contender)
+                ]
+                batch = [r["batch_size"] for r in line]
+                axis.plot(batch, [r["images_per_second"]["median"] for r in line], style, label=labels[contender])
+                axis.fill_between(
+                    batch,
+                    [r["images_per_second"]["min"] for r in line],
+                    [r["images_per_second"]["max"] for r in line],
+                    alpha=0.2,
+                )
+            axis.set_xscale("log", base=2)
+            axis.set_yscale("log")
+            axis.set_title(f"{width}x{height} to {result['device_names'][device]}")
+            axis.set_xlabel("batch size (images)")
+            axis.set_ylabel("images/s")
+            axis.grid(True, which="both", alpha=0.3)
+            axis.legend()
+    fig.suptitle(f"Shuffled batches to the device: {result['images']} photos, page cache warm")
+    print(f"wrote {save_figure(fig, 'memmap_vs_folder', result)}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", nargs="+", default=["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+    parser.add_argument("--image-sizes", nargs="+", default=["384x384", "640x480"], help="WIDTHxHEIGHT")
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[16, 64, 256])
+    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "gpuload-experiments")
+    parser.add_argument("--quick", action="store_true", help="few small images (a smoke test)")
+    parser.add_argument("--plot-only", action="store_true")
+    args = parser.parse_args(argv)
+    if args.plot_only:
+        return plot(read_result("memmap_vs_folder"))
+    if args.quick:
+        args.image_sizes, args.batch_sizes, args.images, args.epochs = ["160x120"], [8, 32], 200, 2
+    rows = []
+    for size in parse_sizes(args.image_sizes):
+        _, folder = photo_folders(args.workdir, args.images, size)
+        out = folder.with_suffix(".memmap")
+        if not out.exists():
+            gpuload.build_memmap(folder, out, progress=False)
+        dataset = gpuload.MemmapImageDataset(out)
+        for device in map(torch.device, args.devices):
+            for batch_size in args.batch_sizes:
+                for contender, loader in loaders(folder, dataset, batch_size, device).items():
+                    epoch_rate(loader, device)  # warm-up
+                    rates = [epoch_rate(loader, device) for _ in range(args.epochs)]
+                    spread = {"median": statistics.median(rates), "min": min(rates), "max": max(rates), "runs": rates}
+                    rows.append(
+                        {"device": str(device), "height": size[0], "width": size[1], "batch_size": batch_size}
+                        | {"contender": contender, "images_per_second": spread}
+                    )
+                    print(
+                        f"  {device} {size[1]}x{size[0]} B={batch_size:<4} {contender:<13} {spread['median']:9.0f} images/s"
+                    )
+    names = {device: device_name(device) for device in args.devices}
+    path = write_result(
+        "memmap_vs_folder", {"images": len(dataset), "device_names": names, "quick": args.quick, "rows": rows}
+    )
+    print(f"wrote {path}")
+    plot(read_result("memmap_vs_folder"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""ResNet-18 AMP training steps fed cuda-first, half-first, or through ``gpuload.Normalize`` in the model.
+
+For each image size and batch size, the same sample photos (a gpuload memmap) train a ResNet-18 with
+``torch.autocast`` + ``GradScaler`` and SGD, three ways:
+
+- ``cuda_first``: host uint8 batch -> ``.to(device)`` -> ``.half()`` -> normalise -> model;
+- ``half_first``: host uint8 batch -> ``.half()`` -> ``.to(device)`` -> normalise -> model;
+- ``normalize_in_model``: ``gpuload.DataLoader`` delivers uint8 on the device, and
+  ``nn.Sequential(gpuload.Normalize(mean, std), resnet18())`` casts and normalises.
+
+``torch.profiler`` runs with a schedule (wait, warmup, active) and ``record_function`` ranges around
+data, transfer, cast, forward, backward and optimizer; the Chrome trace of the largest
+configuration and each variant's key-averages table are kept. Step time is wall time with the
+device synchronised, median (min-max) over the timed steps, warm-up steps excluded.
+
+    python -m experiments.train_order --image-sizes 384x384 640x480 --batch-sizes 16 32 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torchvision.models import resnet18
+
+import gpuload
+
+from ._common import (
+    ASSETS,
+    device_name,
+    figure,
+    parse_sizes,
+    photo_folders,
+    read_result,
+    save_figure,
+    synchronize,
+    write_result,
+)
+
+VARIANTS = ("cuda_first", "half_first", "normalize_in_model")
+WAIT, WARMUP, ACTIVE = 1, 2, 5
+
+
+def _dataset(workdir: Path, size: tuple[int, int], count: int) -> gpuload.MemmapImageDataset:
+    _, compressed = photo_folders(workdir, count, size)
+    out = compressed.with_suffix(".memmap")
+    if not out.exists():
+        gpuload.build_memmap(compressed, out, progress=False)
+    return gpuload.MemmapImageDataset(out)
+
+
+def run_variant(variant: str, dataset, batch_size: int, device: torch.device, trace: Path | None) -> dict:
+    torch.manual_seed(0)
+    amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+    normalize = gpuload.Normalize(gpuload.IMAGENET_MEAN, gpuload.IMAGENET_STD).to(device)
+    model = resnet18(num_classes=len(dataset.classes))
+    if variant == "normalize_in_model":
+        model = nn.Sequential(normalize, model)
+    else:
+        normalize = normalize.half()  # the talk's recipe normalises the half batch outside the model
+    model = model.to(device).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda")
+    loader_device = device if variant == "normalize_in_model" else "cpu"
+    loader = gpuload.DataLoader(dataset, batch_size, shuffle=True, drop_last=True, seed=0, device=loader_device)
+    steps_needed = WAIT + WARMUP + ACTIVE
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    step_seconds = []
+    with profile(activities=activities, schedule=schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE)) as profiler:
+        step = 0
+        while step < steps_needed:
+            iterator = iter(loader)
+            while step < steps_needed:
+                synchronize(device)
+                started = time.perf_counter()
+                with record_function("data"):
+                    batch = next(iterator, None)
+                if batch is None:
+                    break
+                images, labels = batch
+                if variant == "cuda_first":
+                    with record_function("transfer"):
+                        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+                    with record_function("cast"):
+                        images = normalize(images.half())
+                elif variant == "half_first":
+                    with record_function("cast"):
+                        images = images.half()
+                    with record_function("transfer"):
+                        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+                    with record_function("cast"):
+                        images = normalize(images)
+                with torch.autocast(device.type, dtype=amp_dtype):
+                    with record_function("forward"):
+                        loss = nn.functional.cross_entropy(model(images), labels)
+                with record_function("backward"):
+                    scaler.scale(loss).backward()
+                with record_function("optimizer"):
+                    scaler.step(optimizer)
+                    scaler.update()
+                    optimizer.zero_grad(set_to_none=True)
+                synchronize(device)
+                if step >= WAIT + WARMUP:
+                    step_seconds.append(time.perf_counter() - started)
+                profiler.step()
+                step += 1
+    if trace is not None:
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        profiler.export_chrome_trace(str(trace))
+    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    averages = profiler.key_averages()
+    ranges = {
+        name: next((event.cpu_time_total / ACTIVE / 1e3 for event in averages if event.key == name), None)
+        for name in ("data", "transfer", "cast", "forward", "backward", "optimizer")
+    }
+    return {
+        "step_seconds": {
+            "median": statistics.median(step_seconds),
+            "min": min(step_seconds),
+            "max": max(step_seconds),
+            "runs": step_seconds,
+        },
+        "range_ms_per_step": ranges,
+        "key_averages": averages.table(sort_by=sort, row_limit=15),
+    }
+
+
+def plot(result: dict) -> None:
+    rows = result["rows"]
+    sizes = sorted({(row["height"], row["width"]) for row in rows})
+    fig, axes = figure(1, len(sizes))
+    labels = {
+        "cuda_first": "x.cuda().half()",
+        "half_first": "x.half().cuda()",
+        "normalize_in_model": "Normalize in model",
+    }
+    for axis, (height, width) in zip(axes[0], sizes):
+        for variant, style in zip(VARIANTS, ("-o", "--s", "-.^")):
+            line = [r for r in rows if (r["height"], r["width"], r["variant"]) == (height, width, variant)]
+            batch = [r["batch_size"] for r in line]
+            per_image = [r["step_seconds"]["median"] / r["batch_size"] * 1e3 for r in line]
+            low = [r["step_seconds"]["min"] / r["batch_size"] * 1e3 for r in line]
+            high = [r["step_seconds"]["max"] / r["batch_size"] * 1e3 for r in line]
+            axis.plot(batch, per_image, style, label=labels[variant])
+            axis.fill_between(batch, low, high, alpha=0.2)
+        axis.set_xscale("log", base=2)
+        axis.set_title(f"{width}x{height}")
+        axis.set_xlabel("batch size (images)")
+        axis.set_ylabel("training step time per image (ms)")
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend()
+    fig.suptitle(f"ResNet-18 AMP training step, data fed three ways, on {result['device_name']}")
+    print(f"wrote {save_figure(fig, 'train_order', result)}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--image-sizes", nargs="+", default=["384x384", "640x480"], help="WIDTHxHEIGHT")
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[16, 32, 64])
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "gpuload-experiments")
+    parser.add_argument("--quick", action="store_true", help="small sizes, few steps (a smoke test)")
+    parser.add_argument("--plot-only", action="store_true")
+    args = parser.parse_args(argv)
+    if args.plot_only:
+        return plot(read_result("train_order"))
+    if args.quick:
+        args.image_sizes, args.batch_sizes = ["64x48"], [2, 4]
+    device = torch.device(args.device)
+    sizes = parse_sizes(args.image_sizes)
+    rows = []
+    for size in sizes:
+        dataset = _dataset(args.workdir, size, max(args.batch_sizes) * (WAIT + WARMUP + ACTIVE))
+        for batch_size in args.batch_sizes:
+            for variant in VARIANTS:
+                largest = size == sizes[-1] and batch_size == args.batch_sizes[-1]
+                trace = ASSETS / "traces" / f"train_order_{variant}.json.gz" if largest else None  # Perfetto opens .gz
+                row = run_variant(variant, dataset, batch_size, device, trace)
+                rows.append({"height": size[0], "width": size[1], "batch_size": batch_size, "variant": variant, **row})
+                print(
+                    f"  {size[1]}x{size[0]} B={batch_size:<3} {variant:<20} {row['step_seconds']['median'] * 1e3:8.1f} ms/step"
+                )
+    path = write_result(
+        "train_order", {"device": str(device), "device_name": device_name(device), "quick": args.quick, "rows": rows}
+    )
+    print(f"wrote {path}")
+    plot(read_result("train_order"))
+
+
+if __name__ == "__main__":
+    main()
