@@ -177,6 +177,34 @@ def save_figure(fig, name: str, result: dict) -> Path:
     return path
 
 
+def plot_spread(
+    axis, line: list[dict], key: str, style: str, label: str, *, scale: float = 1.0, per_image: bool = False
+) -> None:
+    """Plot the medians of ``row[key]`` (a :func:`median_spread`) over batch size, with the min-max band.
+
+    ``scale`` converts units (``1e3``: seconds to ms); ``per_image`` divides by each row's batch size.
+    """
+    batch = [row["batch_size"] for row in line]
+
+    def values(statistic: str) -> list[float]:
+        return [row[key][statistic] * scale / (row["batch_size"] if per_image else 1) for row in line]
+
+    axis.plot(batch, values("median"), style, label=label)
+    axis.fill_between(batch, values("min"), values("max"), alpha=0.2)
+
+
+def style_batch_axis(axis, title: str, ylabel: str, *, log_y: bool = True, legend_title: str | None = None) -> None:
+    """Title, labels, log2 batch-size axis (and log y), grid and legend of a panel over batch size."""
+    axis.set_xscale("log", base=2)
+    if log_y:
+        axis.set_yscale("log")
+    axis.set_title(title)
+    axis.set_xlabel("batch size (images)")
+    axis.set_ylabel(ylabel)
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend(title=legend_title)
+
+
 def parse_sizes(texts: list[str]) -> list[tuple[int, int]]:
     """``["640x480"]`` (width x height, as photos are named) -> ``[(480, 640)]`` (height, width)."""
     sizes = []

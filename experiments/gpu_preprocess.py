@@ -21,7 +21,18 @@ from torch.utils.benchmark import Compare, Timer
 
 import gpuload
 
-from ._common import device_name, figure, parse_sizes, read_result, save_figure, synchronize, write_result
+from ._common import (
+    device_name,
+    figure,
+    median_spread,
+    parse_sizes,
+    plot_spread,
+    read_result,
+    save_figure,
+    style_batch_axis,
+    synchronize,
+    write_result,
+)
 
 OUTPUT = (224, 224)
 
@@ -61,18 +72,9 @@ def plot(result: dict) -> None:
     for axis, (height, width) in zip(axes[0], sizes):
         for mode in result["modes"]:
             line = [r for r in rows if (r["height"], r["width"], r["mode"]) == (height, width, mode)]
-            batch = [r["batch_size"] for r in line]
-            axis.plot(batch, [r["seconds"]["median"] * 1e3 for r in line], "-o", label=mode)
-            axis.fill_between(
-                batch, [r["seconds"]["min"] * 1e3 for r in line], [r["seconds"]["max"] * 1e3 for r in line], alpha=0.2
-            )
-        axis.set_xscale("log", base=2)
-        axis.set_yscale("log")
-        axis.set_title(f"{width}x{height} uint8 -> {OUTPUT[1]}x{OUTPUT[0]} {result['dtype']}")
-        axis.set_xlabel("batch size (images)")
-        axis.set_ylabel("time per batch (ms)")
-        axis.grid(True, which="both", alpha=0.3)
-        axis.legend(title="torch.compile mode")
+            plot_spread(axis, line, "seconds", "-o", mode, scale=1e3)
+        title = f"{width}x{height} uint8 -> {OUTPUT[1]}x{OUTPUT[0]} {result['dtype']}"
+        style_batch_axis(axis, title, "time per batch (ms)", legend_title="torch.compile mode")
     fig.suptitle(f"Crop + flip + normalise on {result['device_name']}: eager against torch.compile")
     print(f"wrote {save_figure(fig, 'gpu_preprocess', result)}")
 
@@ -122,7 +124,6 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 measurement = timer.blocked_autorange(min_run_time=args.min_run_time)
                 measurements.append(measurement)
-                times = measurement.times
                 rows.append(
                     {
                         "mode": mode,
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
                         "batch_size": batch_size,
                         "first_call_seconds": first_call,
                     }
-                    | {"seconds": {"median": measurement.median, "min": min(times), "max": max(times), "runs": times}}
+                    | {"seconds": median_spread(measurement.times)}
                 )
     compare = Compare(measurements)
     compare.print()

@@ -25,7 +25,7 @@ from torchvision.transforms import PILToTensor
 
 import gpuload
 
-from ._common import ASSETS, figure, photo_folders, read_result, save_figure, write_result
+from ._common import ASSETS, figure, median_spread, photo_folders, read_result, save_figure, write_result
 
 
 def psnr(originals: list[Path], copies: list[Path]) -> float:
@@ -50,7 +50,7 @@ def folder_rate(folder: Path, batch_size: int, repeats: int) -> dict:
         images = sum(len(batch) for batch, _ in loader)
         if epoch:  # the first epoch warms the page cache and starts the workers
             rates.append(images / (time.perf_counter() - started))
-    return {"median": statistics.median(rates), "min": min(rates), "max": max(rates), "runs": rates}
+    return median_spread(rates)
 
 
 def plot(result: dict) -> None:

@@ -16,7 +16,6 @@ epochs, device synchronised at the end of each epoch, contenders in the same run
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -30,10 +29,13 @@ import gpuload
 from ._common import (
     device_name,
     figure,
+    median_spread,
     parse_sizes,
     photo_folders,
+    plot_spread,
     read_result,
     save_figure,
+    style_batch_axis,
     synchronize,
     write_result,
 )
@@ -90,21 +92,8 @@ def plot(result: dict) -> None:
                     for r in rows
                     if (r["device"], r["height"], r["width"], r["contender"]) == (device, height, width, contender)
                 ]
-                batch = [r["batch_size"] for r in line]
-                axis.plot(batch, [r["images_per_second"]["median"] for r in line], style, label=labels[contender])
-                axis.fill_between(
-                    batch,
-                    [r["images_per_second"]["min"] for r in line],
-                    [r["images_per_second"]["max"] for r in line],
-                    alpha=0.2,
-                )
-            axis.set_xscale("log", base=2)
-            axis.set_yscale("log")
-            axis.set_title(f"{width}x{height} to {result['device_names'][device]}")
-            axis.set_xlabel("batch size (images)")
-            axis.set_ylabel("images/s")
-            axis.grid(True, which="both", alpha=0.3)
-            axis.legend()
+                plot_spread(axis, line, "images_per_second", style, labels[contender])
+            style_batch_axis(axis, f"{width}x{height} to {result['device_names'][device]}", "images/s")
     fig.suptitle(f"Shuffled batches to the device: {result['images']} photos, page cache warm")
     print(f"wrote {save_figure(fig, 'memmap_vs_folder', result)}")
 
@@ -136,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
                 for contender, loader in loaders(folder, dataset, batch_size, device).items():
                     epoch_rate(loader, device)  # warm-up
                     rates = [epoch_rate(loader, device) for _ in range(args.epochs)]
-                    spread = {"median": statistics.median(rates), "min": min(rates), "max": max(rates), "runs": rates}
+                    spread = median_spread(rates)
                     rows.append(
                         {"device": str(device), "height": size[0], "width": size[1], "batch_size": batch_size}
                         | {"contender": contender, "images_per_second": spread}

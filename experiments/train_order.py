@@ -19,7 +19,6 @@ device synchronised, median (min-max) over the timed steps, warm-up steps exclud
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -35,10 +34,13 @@ from ._common import (
     ASSETS,
     device_name,
     figure,
+    median_spread,
     parse_sizes,
     photo_folders,
+    plot_spread,
     read_result,
     save_figure,
+    style_batch_axis,
     synchronize,
     write_result,
 )
@@ -120,12 +122,7 @@ def run_variant(variant: str, dataset, batch_size: int, device: torch.device, tr
         for name in ("data", "transfer", "cast", "forward", "backward", "optimizer")
     }
     return {
-        "step_seconds": {
-            "median": statistics.median(step_seconds),
-            "min": min(step_seconds),
-            "max": max(step_seconds),
-            "runs": step_seconds,
-        },
+        "step_seconds": median_spread(step_seconds),
         "range_ms_per_step": ranges,
         "key_averages": averages.table(sort_by=sort, row_limit=15),
     }
@@ -143,18 +140,8 @@ def plot(result: dict) -> None:
     for axis, (height, width) in zip(axes[0], sizes):
         for variant, style in zip(VARIANTS, ("-o", "--s", "-.^")):
             line = [r for r in rows if (r["height"], r["width"], r["variant"]) == (height, width, variant)]
-            batch = [r["batch_size"] for r in line]
-            per_image = [r["step_seconds"]["median"] / r["batch_size"] * 1e3 for r in line]
-            low = [r["step_seconds"]["min"] / r["batch_size"] * 1e3 for r in line]
-            high = [r["step_seconds"]["max"] / r["batch_size"] * 1e3 for r in line]
-            axis.plot(batch, per_image, style, label=labels[variant])
-            axis.fill_between(batch, low, high, alpha=0.2)
-        axis.set_xscale("log", base=2)
-        axis.set_title(f"{width}x{height}")
-        axis.set_xlabel("batch size (images)")
-        axis.set_ylabel("training step time per image (ms)")
-        axis.grid(True, which="both", alpha=0.3)
-        axis.legend()
+            plot_spread(axis, line, "step_seconds", style, labels[variant], scale=1e3, per_image=True)
+        style_batch_axis(axis, f"{width}x{height}", "training step time per image (ms)", log_y=False)
     fig.suptitle(f"ResNet-18 AMP training step, data fed three ways, on {result['device_name']}")
     print(f"wrote {save_figure(fig, 'train_order', result)}")
 

@@ -16,7 +16,17 @@ import argparse
 import torch
 from torch.utils.benchmark import Timer
 
-from ._common import device_name, figure, parse_sizes, read_result, save_figure, write_result
+from ._common import (
+    device_name,
+    figure,
+    median_spread,
+    parse_sizes,
+    plot_spread,
+    read_result,
+    save_figure,
+    style_batch_axis,
+    write_result,
+)
 
 ORDERS = {
     "cuda_first": "x.to(device, non_blocking=pinned, copy=True).half()",
@@ -42,7 +52,6 @@ def measure(
                         num_threads=torch.get_num_threads(),
                     )
                     measurement = timer.blocked_autorange(min_run_time=min_run_time)
-                    times = measurement.times
                     rows.append(
                         {
                             "height": height,
@@ -50,12 +59,7 @@ def measure(
                             "batch_size": batch_size,
                             "memory": memory,
                             "order": order,
-                            "seconds": {
-                                "median": measurement.median,
-                                "min": min(times),
-                                "max": max(times),
-                                "runs": times,
-                            },
+                            "seconds": median_spread(measurement.times),
                         }
                     )
                     print(
@@ -78,20 +82,9 @@ def plot(result: dict) -> None:
                 ]
                 if not line:
                     continue
-                batch = [r["batch_size"] for r in line]
-                median = [r["seconds"]["median"] * 1e3 for r in line]
-                low = [r["seconds"]["min"] * 1e3 for r in line]
-                high = [r["seconds"]["max"] * 1e3 for r in line]
                 label = f"{'x.cuda().half()' if order == 'cuda_first' else 'x.half().cuda()'}, {memory}"
-                axis.plot(batch, median, style, label=label)
-                axis.fill_between(batch, low, high, alpha=0.2)
-        axis.set_xscale("log", base=2)
-        axis.set_yscale("log")
-        axis.set_title(f"{width}x{height}")
-        axis.set_xlabel("batch size (images)")
-        axis.set_ylabel("time per batch (ms)")
-        axis.grid(True, which="both", alpha=0.3)
-        axis.legend()
+                plot_spread(axis, line, "seconds", style, label, scale=1e3)
+        style_batch_axis(axis, f"{width}x{height}", "time per batch (ms)")
     fig.suptitle(f"Transfer then cast, or cast then transfer? uint8 batches on {result['device_name']}")
     print(f"wrote {save_figure(fig, 'transfer_order', result)}")
 
