@@ -159,14 +159,14 @@ def figure(rows: int = 1, columns: int = 1, **kwargs):
     return plt.subplots(rows, columns, figsize=(12.8, 7.2), dpi=100, squeeze=False, **kwargs)
 
 
-def save_figure(fig, name: str, result: dict) -> Path:
-    """Add the machine footnote, save ``assets/<name>.png`` and close the figure."""
+def save_figure(fig, name: str, result: dict, statistics: str = "medians, bars/bands: min-max") -> Path:
+    """Add the machine footnote (and what the marks show), save ``assets/<name>.png`` and close the figure."""
     import matplotlib.pyplot as plt
 
     machine = result["machine"]
     note = (
         f"{machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; torch {machine['torch']}, "
-        f"CUDA {machine['cuda'] or '-'}; {machine['date'][:10]}; medians, bars/bands: min-max"
+        f"CUDA {machine['cuda'] or '-'}; {machine['date'][:10]}; {statistics}"
     )
     fig.text(0.01, 0.01, note, fontsize=10, color="0.35")
     fig.tight_layout(rect=(0, 0.03, 1, 1))

@@ -44,8 +44,10 @@ from ._common import (
     synchronize,
     write_result,
 )
+from .trace_figure import plot_trace
 
 VARIANTS = ("cuda_first", "half_first", "normalize_in_model")
+TRACE = "traces/train_order_{variant}.json.gz"  # under assets/; Perfetto opens .gz
 WAIT, WARMUP, ACTIVE = 1, 2, 5
 
 
@@ -144,6 +146,13 @@ def plot(result: dict) -> None:
         style_batch_axis(axis, f"{width}x{height}", "training step time per image (ms)", log_y=False)
     fig.suptitle(f"ResNet-18 AMP training step, data fed three ways, on {result['device_name']}")
     print(f"wrote {save_figure(fig, 'train_order', result)}")
+    trace = ASSETS / TRACE.format(variant="cuda_first")
+    if trace.is_file():
+        last = rows[-1]  # the traced configuration is the last one run
+        caption = (
+            f"x.cuda().half(), {last['width']}x{last['height']}, batch {last['batch_size']}, {result['device_name']}"
+        )
+        print(f"wrote {plot_trace(trace, 'train_order_trace', result, caption)}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -167,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
         for batch_size in args.batch_sizes:
             for variant in VARIANTS:
                 largest = size == sizes[-1] and batch_size == args.batch_sizes[-1]
-                trace = ASSETS / "traces" / f"train_order_{variant}.json.gz" if largest else None  # Perfetto opens .gz
+                trace = ASSETS / TRACE.format(variant=variant) if largest else None
                 row = run_variant(variant, dataset, batch_size, device, trace)
                 rows.append({"height": size[0], "width": size[1], "batch_size": batch_size, "variant": variant, **row})
                 print(

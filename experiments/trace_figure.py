@@ -1,0 +1,128 @@
+"""Draw one profiler step of a Chrome trace (``profiler.export_chrome_trace``) as Perfetto shows it.
+
+A slide cannot embed Perfetto, so this renders the same picture from the trace file: one lane per
+thread (and per CUDA stream), nested ranges stacked below their parents, ``record_function`` ranges
+labelled. The top panel is a whole training step, the bottom one zooms on the data-to-model part
+(from the first ``record_function`` range to the start of ``forward``), which a whole step hides.
+
+    python -m experiments.trace_figure assets/traces/train_order_cuda_first.json.gz
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import zlib
+from pathlib import Path
+
+from ._common import figure, read_result, save_figure
+
+MAX_DEPTH = 4  # ProfilerStep > record_function range > op > sub-op; deeper levels are noise on a slide
+CHARACTER_WIDTH = 0.009  # of the axis width, for the 10 pt labels on a 1280 px wide figure
+GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
+
+
+def load_events(path: Path) -> list[dict]:
+    """The complete (``"ph": "X"``) events of a Chrome trace, ``.json`` or ``.json.gz``."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as file:
+        trace = json.load(file)
+    return [event for event in trace["traceEvents"] if event.get("ph") == "X" and "dur" in event]
+
+
+def last_step(events: list[dict]) -> tuple[float, float]:
+    """Start and end (µs) of the last ``ProfilerStep#N`` range."""
+    steps = [event for event in events if event["name"].startswith("ProfilerStep#")]
+    if not steps:
+        raise ValueError("the trace has no ProfilerStep range: was it recorded with a profiler schedule?")
+    step = max(steps, key=lambda event: event["ts"])
+    return step["ts"], step["ts"] + step["dur"]
+
+
+def lanes(events: list[dict], start: float, end: float) -> list[tuple[str, list[tuple[int, dict]]]]:
+    """``[(lane name, [(depth, event), ...]), ...]`` for the events inside ``[start, end]``: CPU
+    threads first, then CUDA streams, each nested by time containment."""
+    by_lane: dict[tuple[bool, str], list[dict]] = {}
+    for event in events:
+        if event["ts"] < start or event["ts"] + event["dur"] > end:
+            continue
+        on_gpu = event.get("cat") in GPU_CATEGORIES
+        name = f"CUDA stream {event['tid']}" if on_gpu else f"CPU thread {event['tid']}"
+        by_lane.setdefault((on_gpu, name), []).append(event)
+    result = []
+    for (_, name), members in sorted(by_lane.items(), key=lambda item: item[0]):
+        members.sort(key=lambda event: (event["ts"], -event["dur"]))
+        stack: list[float] = []  # end times of the open parents
+        nested = []
+        for event in members:
+            while stack and event["ts"] >= stack[-1]:
+                stack.pop()
+            if len(stack) < MAX_DEPTH:
+                nested.append((len(stack), event))
+            stack.append(event["ts"] + event["dur"])
+        result.append((name, nested))
+    return result
+
+
+def _colour(name: str):
+    import matplotlib
+
+    return matplotlib.colormaps["tab20"](zlib.crc32(name.encode()) % 20)
+
+
+def draw(axis, events: list[dict], start: float, end: float, title: str) -> None:
+    """Boxes of every event in ``[start, end]`` on ``axis``, time in ms from ``start``."""
+    span = end - start
+    row = 0
+    ticks, tick_labels = [], []
+    for lane, nested in lanes(events, start, end):
+        depth = max(depth for depth, _ in nested) + 1
+        ticks.append(row + depth / 2)
+        tick_labels.append(lane)
+        for level, event in nested:
+            left, width = (event["ts"] - start) / 1e3, event["dur"] / 1e3
+            axis.broken_barh(
+                [(left, width)], (row + level + 0.05, 0.9), color=_colour(event["name"]), edgecolor="white"
+            )
+            label = event["name"].removeprefix("aten::")
+            if len(label) * CHARACTER_WIDTH * span < event["dur"]:  # only labels that fit in their box
+                axis.text(
+                    left + width / 2, row + level + 0.5, label, ha="center", va="center", fontsize=10, clip_on=True
+                )
+        row += depth + 0.5
+    axis.set_xlim(0, span / 1e3)
+    axis.set_ylim(row, 0)
+    axis.set_yticks(ticks, tick_labels)
+    axis.set_xlabel("time since the start of the range (ms)")
+    axis.set_title(title)
+    axis.grid(True, axis="x", alpha=0.3)
+
+
+def plot_trace(trace: Path, name: str, result: dict, caption: str) -> Path:
+    """Save ``assets/<name>.png``: the last profiler step of ``trace`` and a zoom on its input pipeline."""
+    events = load_events(trace)
+    start, end = last_step(events)
+    inside = [event for event in events if start <= event["ts"] and event["ts"] + event["dur"] <= end]
+    forward = min((event["ts"] for event in inside if event["name"] == "forward"), default=end)
+    first_range = min(
+        (event["ts"] for event in inside if event.get("cat") == "user_annotation" and event["ts"] > start),
+        default=start,
+    )
+    fig, axes = figure(2, 1)
+    top, bottom = axes[:, 0]
+    draw(top, events, start, end, f"one training step ({caption})")
+    draw(bottom, events, first_range, forward, "zoom: data -> transfer -> cast, up to the start of forward")
+    return save_figure(fig, name, result, statistics="one profiler step, as recorded")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trace", type=Path)
+    parser.add_argument("--name", default="train_order_trace", help="the PNG's name in assets/")
+    args = parser.parse_args(argv)
+    print(f"wrote {plot_trace(args.trace, args.name, read_result('train_order'), args.trace.name)}")
+
+
+if __name__ == "__main__":
+    main()
