@@ -20,7 +20,16 @@ from .decode import decode_image
 from .loader import DataLoader
 from .machine import default_workers, describe_machine, machine_line
 
-__all__ = ["run_bench", "format_bench"]
+__all__ = ["BENCH_LABELS", "format_bench", "gather_limit", "run_bench"]
+
+BENCH_LABELS = {
+    "limit_gather": "limit: index_select memmap -> buffer, all threads",
+    "limit_gather_split": "limit: index_select, one share per thread",
+    "limit_h2d": "limit: pinned host-to-device copy",
+    "gpuload": "gpuload.DataLoader",
+    "collate": "torch DataLoader + gpuload.Collate",
+    "image_folder": "torch DataLoader + ImageFolder (JPEGs)",
+}
 
 
 def run_bench(
@@ -111,29 +120,28 @@ def run_bench(
     }
 
 
+def gather_limit(report: dict) -> float:
+    """The machine's gather limit of a :func:`run_bench` report: the better of the two parallel gathers."""
+    return max(
+        result["images_per_second"] for name, result in report["results"].items() if name.startswith("limit_gather")
+    )
+
+
 def format_bench(report: dict) -> str:
     """The report of :func:`run_bench` as a table with each contender's fraction of the limit."""
     c, h, w = report["image_shape"]
-    limit = max(
-        result["images_per_second"] for name, result in report["results"].items() if name.startswith("limit_gather")
-    )
+    limit = gather_limit(report)
     lines = [
         f"gpuload bench on {report['machine_line']}",
         f"{report['images']} images of {c}x{h}x{w} uint8, batch {report['batch_size']}, shuffled, "
         f"device {report['device']}, page cache warm",
         f"{'contender':<44} {'images/s':>10} {'GB/s':>7} {'of limit':>9}",
     ]
-    labels = {
-        "limit_gather": "limit: index_select memmap -> buffer, all threads",
-        "limit_gather_split": "limit: index_select, one share per thread",
-        "limit_h2d": "limit: pinned host-to-device copy",
-        "gpuload": "gpuload.DataLoader",
-        "collate": "torch DataLoader + gpuload.Collate",
-        "image_folder": "torch DataLoader + ImageFolder (JPEGs)",
-    }
     for name, result in report["results"].items():
         rate = result["images_per_second"]
-        lines.append(f"{labels[name]:<44} {rate:>10,.0f} {result['gigabytes_per_second']:>7.2f} {rate / limit:>9.0%}")
+        lines.append(
+            f"{BENCH_LABELS[name]:<44} {rate:>10,.0f} {result['gigabytes_per_second']:>7.2f} {rate / limit:>9.0%}"
+        )
     if "limit_h2d" in report["results"]:
         h2d = report["results"]["limit_h2d"]["images_per_second"]
         lines.append(
