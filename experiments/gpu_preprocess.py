@@ -104,9 +104,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"preprocess has {explanation.graph_break_count} graph breaks: {explanation.break_reasons}")
     rows, measurements = [], []
     for mode in modes:
-        function = (
-            preprocess if mode == "eager" else torch.compile(preprocess, mode=mode, fullgraph=True, dynamic=False)
-        )
+        function = preprocess
+        if mode != "eager":
+            function = torch.compile(preprocess, mode=mode, fullgraph=True, dynamic=False)
         for height, width in parse_sizes(args.image_sizes):
             for batch_size in args.batch_sizes:
                 arguments = inputs(batch_size, (height, width), device, dtype)

@@ -1,4 +1,6 @@
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 from conftest import write_bad_file
@@ -90,3 +92,25 @@ def test_module_entry_point(photo_folder):
 
     result = subprocess.run([sys.executable, "-m", "gpuload", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "build-memmap" in result.stdout
+
+
+def test_slides_check_and_write(capsys, tmp_path):
+    root = Path(__file__).resolve().parent.parent
+    assert main(["slides", "--repo", str(root), "--check"]) == 0
+    assert "is up to date" in capsys.readouterr().out
+    for folder in ("gpuload", "experiments", "tests"):
+        shutil.copytree(root / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__", "data"))
+    shutil.copytree(
+        root / "slides", tmp_path / "slides", ignore=shutil.ignore_patterns("node_modules", "dist", "export")
+    )
+    (tmp_path / "slides" / "slides.md").write_text("old talk")
+    assert main(["slides", "--repo", str(tmp_path), "--check"]) == 1
+    assert "stale" in capsys.readouterr().out
+    assert main(["slides", "--repo", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith("wrote ")
+    assert "there is no `assets/results/bench_cpu.json`" in (tmp_path / "slides" / "slides.md").read_text()
+
+
+def test_slides_outside_the_repository(capsys, tmp_path):
+    assert main(["slides", "--repo", str(tmp_path)]) == 2
+    assert "run this in the gpuload repository" in capsys.readouterr().err
