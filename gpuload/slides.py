@@ -281,6 +281,7 @@ def _bench(results: dict[str, dict], root: Path) -> dict[str, str]:
                 f"{report['images']} images of {width}x{height}, batch {report['batch_size']}, shuffled, "
                 f"page cache warm, to `{report['device']}`:",
                 _table(["way", "images/s", "GB/s", "of the gather limit"], rows),
+                *_h2d_share(report),
                 _source(report, name),
             ]
         )
@@ -301,6 +302,16 @@ def _bench(results: dict[str, dict], root: Path) -> dict[str, str]:
             f"on {machine_line(cpu['machine'])}."
         )
     return values
+
+
+def _h2d_share(report: dict) -> list[str]:
+    """On CUDA: how much of the pinned host-to-device limit the loader reaches."""
+    if "limit_h2d" not in report["results"]:
+        return []
+    share = _percent(
+        report["results"]["gpuload"]["images_per_second"], report["results"]["limit_h2d"]["images_per_second"]
+    )
+    return [f"`gpuload.DataLoader` reaches **{share}** of the pinned host-to-device limit."]
 
 
 def _bottlenecks(results: dict[str, dict], root: Path) -> dict[str, str]:

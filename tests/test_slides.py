@@ -280,3 +280,34 @@ def test_every_slide_renders_in_chromium(served_deck):
         browser.close()
     assert beyond is None, f"the browser shows more slides than the Markdown's {slides}"
     assert not problems, "\n".join(problems)
+
+
+def test_results_from_a_gpu_fill_the_gpu_slides(bare_repo):
+    """The CUDA paths of the generator, on the committed results dressed up as a GPU run."""
+    results = bare_repo / "assets" / "results"
+    shutil.copytree(ROOT / "assets" / "results", results, dirs_exist_ok=True)
+    gpu = {"gpu": "NVIDIA H100 80GB HBM3", "cuda": "13.0"}
+    for path in results.glob("*.json"):
+        result = json.loads(path.read_text())
+        result["machine"].update(gpu)
+        path.write_text(json.dumps(result))
+    bench = json.loads((results / "bench_cpu.json").read_text())
+    bench["device"] = "cuda"
+    bench["results"]["limit_h2d"] = dict(bench["results"]["gpuload"], images_per_second=20000.0)
+    (results / "bench_cuda.json").write_text(json.dumps(bench))
+    transfer = json.loads((results / "transfer_order.json").read_text())
+    transfer["rows"] += [dict(row, memory="pinned") for row in transfer["rows"]]
+    (results / "transfer_order.json").write_text(json.dumps(transfer))
+    memmap = json.loads((results / "memmap_vs_folder.json").read_text())
+    memmap["rows"] += [dict(row, device="cuda") for row in memmap["rows"]]
+    memmap["device_names"]["cuda"] = "cuda (NVIDIA H100 80GB HBM3)"
+    (results / "memmap_vs_folder.json").write_text(json.dumps(memmap))
+
+    deck = render_slides(bare_repo)
+    assert "Not measured yet" not in deck
+    assert "No GPU has run these experiments yet" not in deck
+    assert "NVIDIA H100 80GB HBM3 (CUDA 13.0)" in deck
+    share = f"{100 * bench['results']['gpuload']['images_per_second'] / 20000:.0f} %"
+    assert f"reaches **{share}** of the pinned host-to-device limit" in deck
+    assert "To cuda (NVIDIA H100 80GB HBM3), " in deck
+    assert ", pinned: " in deck  # the transfer example prefers pinned memory on a GPU
