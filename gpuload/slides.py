@@ -134,7 +134,7 @@ def render_slides(root: str | os.PathLike = ".") -> str:
     Raises:
         FileNotFoundError: ``root`` is not the gpuload repository (no template).
         ValueError: the template names a placeholder nobody fills, or leaves one unused, or a
-            result file is not valid JSON.
+            result file is not valid JSON or lacks what its slides read.
         SnippetError: a snippet's symbol or text is no longer in the source.
 
     Example:
@@ -150,7 +150,13 @@ def render_slides(root: str | os.PathLike = ".") -> str:
     results = _load_results(root / RESULTS)
     values = {name: snippet.markdown(root) for name, snippet in SNIPPETS.items()}
     for section in SECTIONS:
-        values.update(section(results, root))
+        try:
+            values.update(section(results, root))
+        except (KeyError, IndexError, TypeError) as error:
+            raise ValueError(
+                f"a result in {RESULTS} does not have the layout the {section.__name__.strip('_')} slides read "
+                f"({type(error).__name__}: {error}): rerun its experiment"
+            ) from None
     wanted, given = set(template.get_identifiers()), set(values)
     if wanted - given:
         raise ValueError(f"{TEMPLATE} names placeholders nothing fills: {sorted(wanted - given)}")

@@ -117,6 +117,13 @@ def test_invalid_result_json_names_the_file(bare_repo):
         render_slides(bare_repo)
 
 
+def test_a_result_without_the_expected_fields_is_named(bare_repo):
+    machine = _results("jpeg_quality")["machine"]
+    (bare_repo / "assets" / "results" / "jpeg_quality.json").write_text(json.dumps({"machine": machine}))
+    with pytest.raises(ValueError, match="the image_quality slides read .*rerun its experiment"):
+        render_slides(bare_repo)
+
+
 def test_write_slides_writes_once(bare_repo):
     assert write_slides(bare_repo, check=True)
     assert not (bare_repo / DECK).exists()  # check only compares
