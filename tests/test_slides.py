@@ -59,6 +59,14 @@ def test_numbers_come_from_the_results():
     assert f"{build['images_per_second']['gpuload']['median']:,.0f}" in deck
 
 
+def test_the_template_types_no_number_of_its_own():
+    """Numbers on the slides come from the results: the template's prose holds none (code aside)."""
+    prose = (ROOT / TEMPLATE).read_text().split("---", 2)[2]  # after the headmatter
+    for code_or_markup in (r"\$\{\w+\}", r"`[^`\n]*`", r"<[^>]+>"):
+        prose = re.sub(code_or_markup, "", prose)
+    assert re.findall(r"(?<![\w.])\d[\d.,]*", prose) == []
+
+
 def test_a_changed_result_changes_the_deck(bare_repo):
     shutil.copytree(ROOT / "assets" / "results", bare_repo / "assets" / "results", dirs_exist_ok=True)
     path = bare_repo / "assets" / "results" / "bench_cpu.json"
