@@ -249,6 +249,29 @@ def _on_cpu_only(result: dict) -> bool:
     return result.get("device", "cpu") == "cpu"
 
 
+def _grouped(rows: list[dict], by: str, *fields: str) -> dict[tuple, dict[str, dict]]:
+    """The rows of one configuration side by side: ``{(row[f] for f in fields): {row[by]: row}}``."""
+    groups: dict[tuple, dict[str, dict]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row[field] for field in fields), {})[row[by]] = row
+    return groups
+
+
+def _largest_batch_per_size(groups: dict[tuple, dict[str, dict]]) -> list[tuple[tuple, dict[str, dict]]]:
+    """For groups keyed ``(height, width, batch_size)``: the largest batch of each image size, by size."""
+    largest = {}
+    for key in groups:
+        if key[:2] not in largest or key[2] > largest[key[:2]][2]:
+            largest[key[:2]] = key
+    return [(key, groups[key]) for _, key in sorted(largest.items())]
+
+
+def _original_and_default(result: dict) -> tuple[dict, dict | None]:
+    """The jpeg_quality rows of the original photos and of ``-q:v 3`` (``None`` if not run)."""
+    original = next(row for row in result["rows"] if row["quality"] is None)
+    return original, next((row for row in result["rows"] if row["quality"] == 3), None)
+
+
 # --- sections, in the order of the talk ----------------------------------------------------------
 # Each returns the placeholders of its slides; a missing result fills them with what to run.
 
@@ -376,11 +399,9 @@ def _profiling(results: dict[str, dict], root: Path) -> dict[str, str]:
     if result is None:
         return {"trace_plot": plot, "trace_ranges": _missing("train_order")}
     last = result["rows"][-1]  # train_order traces its last configuration
-    traced = [
-        row
-        for row in result["rows"]
-        if (row["height"], row["width"], row["batch_size"]) == (last["height"], last["width"], last["batch_size"])
-    ]
+    traced = _grouped(result["rows"], "variant", "height", "width", "batch_size")[
+        (last["height"], last["width"], last["batch_size"])
+    ].values()
     names = ("data", "transfer", "cast", "forward", "backward", "optimizer")
     rows = [
         [f"`{row['variant']}`"]
@@ -422,9 +443,7 @@ def _data_type(results: dict[str, dict], root: Path) -> dict[str, str]:
                 + [f"{pixels * size / 1e6:,.0f} MB" for size in (1, 2, 4)]
             ],
         )
-        pairs = {}
-        for row in rows:
-            pairs.setdefault((row["height"], row["width"], row["batch_size"], row["memory"]), {})[row["order"]] = row
+        pairs = _grouped(rows, "order", "height", "width", "batch_size", "memory")
         ratios = [
             pair["half_first"]["seconds"]["median"] / pair["cuda_first"]["seconds"]["median"] for pair in pairs.values()
         ]
@@ -449,14 +468,10 @@ def _data_type(results: dict[str, dict], root: Path) -> dict[str, str]:
     if train is None:
         values.update(train_order_summary=_missing("train_order"), normalize_summary=_missing("train_order"))
         return values
+    configurations = _grouped(train["rows"], "variant", "height", "width", "batch_size")
     lines = []
-    for height, width in sorted({(row["height"], row["width"]) for row in train["rows"]}):
-        batch = max(row["batch_size"] for row in train["rows"] if (row["height"], row["width"]) == (height, width))
-        step = {
-            row["variant"]: row["step_seconds"]["median"]
-            for row in train["rows"]
-            if (row["height"], row["width"], row["batch_size"]) == (height, width, batch)
-        }
+    for (height, width, batch), variants in _largest_batch_per_size(configurations):
+        step = {variant: row["step_seconds"]["median"] for variant, row in variants.items()}
         lines.append(
             f"- {width}x{height}, batch {batch}: cuda-first {_ms(step['cuda_first'])}, "
             f"half-first {_ms(step['half_first'])}, Normalize in the model {_ms(step['normalize_in_model'])} per step"
@@ -473,16 +488,8 @@ def _data_type(results: dict[str, dict], root: Path) -> dict[str, str]:
         )
     values["train_order_summary"] = "\n".join(lines) + caveat + "\n\n" + _source(train, "train_order")
     ratios = [
-        row["step_seconds"]["median"]
-        / next(
-            other["step_seconds"]["median"]
-            for other in train["rows"]
-            if other["variant"] == "cuda_first"
-            and (other["height"], other["width"], other["batch_size"])
-            == (row["height"], row["width"], row["batch_size"])
-        )
-        for row in train["rows"]
-        if row["variant"] == "normalize_in_model"
+        variants["normalize_in_model"]["step_seconds"]["median"] / variants["cuda_first"]["step_seconds"]["median"]
+        for variants in configurations.values()
     ]
     values["normalize_summary"] = (
         f"In the training experiment, `nn.Sequential(Normalize, resnet18)` fed uint8 took "
@@ -504,8 +511,7 @@ def _image_quality(results: dict[str, dict], root: Path) -> dict[str, str]:
             "jpeg_quality_table": _missing("jpeg_quality"),
             "jpeg_quality_summary": _missing("jpeg_quality"),
         }
-    rows = result["rows"]
-    original = next(row for row in rows if row["quality"] is None)
+    original, default = _original_and_default(result)
     table_rows = [
         [
             row["name"],
@@ -514,7 +520,7 @@ def _image_quality(results: dict[str, dict], root: Path) -> dict[str, str]:
             "-" if row["psnr_db"] is None else f"{row['psnr_db']:.1f} dB",
             _count(row["images_per_second"]["median"]),
         ]
-        for row in rows
+        for row in result["rows"]
     ]
     height, width = result["image_size"]
     values["jpeg_quality_table"] = "\n\n".join(
@@ -525,7 +531,6 @@ def _image_quality(results: dict[str, dict], root: Path) -> dict[str, str]:
             _source(result, "jpeg_quality"),
         ]
     )
-    default = next((row for row in rows if row["quality"] == 3), None)
     if default is None:
         values["jpeg_quality_summary"] = "`-q:v 3` was not part of this run."
     else:
@@ -557,13 +562,10 @@ def _memmap(results: dict[str, dict], root: Path) -> dict[str, str]:
             )
             continue
         lines = []
-        for height, width in sorted({(row["height"], row["width"]) for row in rows}):
-            batch = max(row["batch_size"] for row in rows if (row["height"], row["width"]) == (height, width))
-            rate = {
-                row["contender"]: row["images_per_second"]["median"]
-                for row in rows
-                if (row["height"], row["width"], row["batch_size"]) == (height, width, batch)
-            }
+        for (height, width, batch), contenders in _largest_batch_per_size(
+            _grouped(rows, "contender", "height", "width", "batch_size")
+        ):
+            rate = {contender: row["images_per_second"]["median"] for contender, row in contenders.items()}
             lines.append(
                 f"- {width}x{height}, batch {batch}: ImageFolder {_count(rate['image_folder'])}, "
                 f"tensorclass + `Collate` {_count(rate['talk_recipe'])}, `gpuload.DataLoader` "
@@ -580,17 +582,13 @@ def _preprocessing(results: dict[str, dict], root: Path) -> dict[str, str]:
     result = results.get("gpu_preprocess")
     if result is None:
         return {"gpu_preprocess_plot": plot, "gpu_preprocess_summary": _missing("gpu_preprocess")}
-    eager = {(row["height"], row["width"], row["batch_size"]): row for row in result["rows"] if row["mode"] == "eager"}
+    configurations = _grouped(result["rows"], "mode", "height", "width", "batch_size").values()
     lines = []
     for mode in result["modes"]:
         if mode == "eager":
             continue
-        compiled = [row for row in result["rows"] if row["mode"] == mode]
-        speedups = [
-            eager[(row["height"], row["width"], row["batch_size"])]["seconds"]["median"] / row["seconds"]["median"]
-            for row in compiled
-        ]
-        compile_seconds = max(row["first_call_seconds"] for row in compiled)
+        speedups = [modes["eager"]["seconds"]["median"] / modes[mode]["seconds"]["median"] for modes in configurations]
+        compile_seconds = max(modes[mode]["first_call_seconds"] for modes in configurations)
         lines.append(
             f'- `mode="{mode}"`: {min(speedups):.1f}x to {max(speedups):.1f}x faster than eager '
             f"({len(speedups)} batch sizes); a first call, which compiles, took up to {compile_seconds:.1f} s"
@@ -630,24 +628,18 @@ def _closing(results: dict[str, dict], root: Path) -> dict[str, str]:
             f"{_mib(run['peak_unreclaimable_bytes']['gpuload'])} of memory against "
             f"{_mib(run['peak_unreclaimable_bytes']['talk_recipe'])}"
         )
-    quality = results.get("jpeg_quality")
-    default = next((row for row in quality["rows"] if row["quality"] == 3), None) if quality else None
+    original, default = _original_and_default(results["jpeg_quality"]) if "jpeg_quality" in results else (None, None)
     if default:
-        original = next(row for row in quality["rows"] if row["quality"] is None)
         lines.append(
             f"- `ffmpeg -q:v 3`: {_times(original['mean_file_bytes'] / default['mean_file_bytes'])} smaller files "
             f"at {default['psnr_db']:.1f} dB PSNR"
         )
     transfer = results.get("transfer_order")
     if transfer:
-        slower = {}
-        for row in transfer["rows"]:
-            slower.setdefault((row["height"], row["width"], row["batch_size"], row["memory"]), {})[row["order"]] = row[
-                "seconds"
-            ]["median"]
-        count = sum(pair["half_first"] > pair["cuda_first"] for pair in slower.values())
+        pairs = _grouped(transfer["rows"], "order", "height", "width", "batch_size", "memory").values()
+        count = sum(pair["half_first"]["seconds"]["median"] > pair["cuda_first"]["seconds"]["median"] for pair in pairs)
         lines.append(
-            f"- Copy uint8, cast on the device: casting first was slower in {count} of {len(slower)} "
+            f"- Copy uint8, cast on the device: casting first was slower in {count} of {len(pairs)} "
             f"configurations ({transfer['device_name']})"
         )
     gpu_runs = [name for name, result in results.items() if result["machine"].get("gpu")]
