@@ -13,6 +13,7 @@ from PIL import Image
 
 from gpuload import build_memmap, make_sample_folder
 from gpuload.sample import sample_photo
+from gpuload.slides import TEMPLATE
 
 SIZE = (48, 64)  # (height, width) of the small test photos
 
@@ -125,3 +126,15 @@ ODD_KINDS = {
     "sixteen_bit": "sixteen.png",
     "exif_rotated": "rotated.jpg",
 }
+
+
+@pytest.fixture
+def bare_repo(tmp_path: Path) -> Path:
+    """A copy of the repository's talk template and sources, with no results and no plots."""
+    root = Path(__file__).resolve().parent.parent
+    for folder in ("gpuload", "experiments", "tests"):
+        shutil.copytree(root / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__", "data"))
+    (tmp_path / "slides").mkdir()
+    shutil.copy(root / TEMPLATE, tmp_path / TEMPLATE)
+    (tmp_path / "assets" / "results").mkdir(parents=True)
+    return tmp_path

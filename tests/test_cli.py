@@ -1,5 +1,4 @@
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -94,21 +93,16 @@ def test_module_entry_point(photo_folder):
     assert result.returncode == 0 and "build-memmap" in result.stdout
 
 
-def test_slides_check_and_write(capsys, tmp_path):
+def test_slides_check_and_write(capsys, bare_repo):
     root = Path(__file__).resolve().parent.parent
     assert main(["slides", "--repo", str(root), "--check"]) == 0
     assert "is up to date" in capsys.readouterr().out
-    for folder in ("gpuload", "experiments", "tests"):
-        shutil.copytree(root / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__", "data"))
-    shutil.copytree(
-        root / "slides", tmp_path / "slides", ignore=shutil.ignore_patterns("node_modules", "dist", "export")
-    )
-    (tmp_path / "slides" / "slides.md").write_text("old talk")
-    assert main(["slides", "--repo", str(tmp_path), "--check"]) == 1
+    (bare_repo / "slides" / "slides.md").write_text("old talk")
+    assert main(["slides", "--repo", str(bare_repo), "--check"]) == 1
     assert "stale" in capsys.readouterr().out
-    assert main(["slides", "--repo", str(tmp_path)]) == 0
+    assert main(["slides", "--repo", str(bare_repo)]) == 0
     assert capsys.readouterr().out.startswith("wrote ")
-    assert "there is no `assets/results/bench_cpu.json`" in (tmp_path / "slides" / "slides.md").read_text()
+    assert "there is no `assets/results/bench_cpu.json`" in (bare_repo / "slides" / "slides.md").read_text()
 
 
 def test_slides_outside_the_repository(capsys, tmp_path):

@@ -27,17 +27,6 @@ def _results(name: str) -> dict:
     return json.loads((ROOT / "assets" / "results" / f"{name}.json").read_text())
 
 
-@pytest.fixture
-def bare_repo(tmp_path: Path) -> Path:
-    """A copy of the repository's template and sources, with no results and no plots."""
-    for folder in ("gpuload", "experiments", "tests"):
-        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__", "data"))
-    (tmp_path / "slides").mkdir()
-    shutil.copy(ROOT / TEMPLATE, tmp_path / TEMPLATE)
-    (tmp_path / "assets" / "results").mkdir(parents=True)
-    return tmp_path
-
-
 def test_rendering_is_deterministic_and_fills_every_placeholder():
     first, second = render_slides(ROOT), render_slides(ROOT)
     assert first == second
