@@ -2,15 +2,15 @@
 
 from importlib.metadata import version as _version
 
-from .build import build_memmap
-from .collate import Collate
-from .compress import CompressReport, compress_folder, find_ffmpeg
-from .dataset import GatheredSamples, ImageData, MemmapImageDataset
-from .decode import DecodeError, decode_image
-from .loader import DataLoader
+from .store.build import build_memmap
+from .loading.collate import Collate
+from .store.compress import CompressReport, compress_folder, find_ffmpeg
+from .store.dataset import GatheredSamples, ImageData, MemmapImageDataset
+from .store.decode import DecodeError, decode_image
+from .loading.loader import DataLoader
 from .machine import default_workers, describe_machine, machine_line
-from .manifest import DatasetError
-from .normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
+from .store.manifest import DatasetError
+from .transforms.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from .sample import SAMPLE_CLASSES, make_sample_folder
 
 __version__ = _version("gpuload")

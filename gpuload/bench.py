@@ -14,10 +14,10 @@ import torch
 import torch.utils.data
 from tqdm.auto import tqdm
 
-from .collate import Collate
-from .dataset import MemmapImageDataset
-from .decode import decode_image
-from .loader import DataLoader
+from .loading.collate import Collate
+from .store.dataset import MemmapImageDataset
+from .store.decode import decode_image
+from .loading.loader import DataLoader
 from .machine import default_workers, describe_machine, machine_line
 
 __all__ = ["BENCH_LABELS", "format_bench", "gather_limit", "run_bench"]

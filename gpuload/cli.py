@@ -12,11 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-from .build import build_memmap
-from .compress import compress_folder
-from .dataset import MemmapImageDataset
-from .decode import RESIZE_MODES
-from .verify import describe_memmap, verify_memmap
+from .store.build import build_memmap
+from .store.compress import compress_folder
+from .store.dataset import MemmapImageDataset
+from .store.decode import RESIZE_MODES
+from .store.verify import describe_memmap, verify_memmap
 
 __all__ = ["main", "parse_size"]
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import torch
 
-from .build import build_memmap
-from .compress import compress_folder
-from .dataset import MemmapImageDataset
-from .loader import DataLoader
+from .store.build import build_memmap
+from .store.compress import compress_folder
+from .store.dataset import MemmapImageDataset
+from .loading.loader import DataLoader
 from .machine import machine_line
 from .sample import SAMPLE_CLASSES, make_sample_folder
-from .verify import verify_memmap
+from .store.verify import verify_memmap
 
 __all__ = ["run_demo"]
 

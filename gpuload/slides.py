@@ -64,9 +64,9 @@ SNIPPETS = {
         steps=(('"cuda_first"',), ('"half_first"',)),
     ),
     "code_normalize_buffers": Snippet(
-        "gpuload/normalize.py", "Normalize.__init__", start="shape = (1, -1, 1, 1)", end='register_buffer("shift"'
+        "gpuload/transforms/normalize.py", "Normalize.__init__", start="shape = (1, -1, 1, 1)", end='register_buffer("shift"'
     ),
-    "code_normalize_forward": Snippet("gpuload/normalize.py", "Normalize.forward", steps=(("return torch.addcmul",),)),
+    "code_normalize_forward": Snippet("gpuload/transforms/normalize.py", "Normalize.forward", steps=(("return torch.addcmul",),)),
     "code_in_model": Snippet(
         "experiments/train_order.py",
         "run_variant",
@@ -80,29 +80,29 @@ SNIPPETS = {
         steps=(("torch.onnx.export",), ("tensor(uint8)",), ("assert_close",)),
     ),
     "code_ffmpeg": Snippet(
-        "gpuload/compress.py", "_encode", start="command = [", end="]  # fmt: skip", steps=(('"-q:v"',),)
+        "gpuload/store/compress.py", "_encode", start="command = [", end="]  # fmt: skip", steps=(('"-q:v"',),)
     ),
-    "code_tensorclass": Snippet("gpuload/dataset.py", "ImageData"),
+    "code_tensorclass": Snippet("gpuload/store/dataset.py", "ImageData"),
     "code_recipe_build": Snippet(
         "experiments/build_memmap.py",
         "talk_recipe",
         steps=(("ImageFolder(",), ("memmap_(",), ("data[position",)),
     ),
     "code_build_window": Snippet(
-        "gpuload/build.py",
+        "gpuload/store/build.py",
         "_write_images",
         start="window = 2 * workers + 2",
         end="pending.append(",
         steps=(("window",), ("free_buffers",)),
     ),
-    "code_collate": Snippet("gpuload/collate.py", "Collate.__call__", steps=(("GatheredSamples",), ("pin_memory",))),
+    "code_collate": Snippet("gpuload/loading/collate.py", "Collate.__call__", steps=(("GatheredSamples",), ("pin_memory",))),
     "code_gather": Snippet(
-        "gpuload/loader.py",
+        "gpuload/loading/loader.py",
         "_Pipeline._fill",
         steps=(("index_select",), ("torch.cuda.stream", "non_blocking"), ("Event", ".record(")),
     ),
     "code_consume": Snippet(
-        "gpuload/loader.py",
+        "gpuload/loading/loader.py",
         "_EpochIterator.__next__",
         start="if event is None:",
         end="self._pipeline.release(slot)",

@@ -30,7 +30,7 @@ class Snippet:
 
     Example:
         >>> root = Path(__file__).resolve().parent.parent
-        >>> snippet = Snippet("gpuload/normalize.py", "Normalize.forward", steps=(("return torch.addcmul",),))
+        >>> snippet = Snippet("gpuload/transforms/normalize.py", "Normalize.forward", steps=(("return torch.addcmul",),))
         >>> snippet.lines(root)[0]
         'def forward(self, images: torch.Tensor) -> torch.Tensor:'
         >>> snippet.markdown(root).splitlines()[2]

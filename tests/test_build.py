@@ -9,7 +9,7 @@ from tensordict import TensorDict
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
-import gpuload.build
+import gpuload.store.build
 from gpuload import DecodeError, ImageData, MemmapImageDataset, build_memmap, make_sample_folder
 
 
@@ -138,7 +138,7 @@ class TestBadInputs:
             build_memmap(photo_folder, photo_folder / "x.memmap", progress=False)
 
     def test_not_enough_disk_space_fails_before_decoding(self, photo_folder, tmp_path, monkeypatch):
-        monkeypatch.setattr(gpuload.build.shutil, "disk_usage", lambda path: _Usage())
+        monkeypatch.setattr(gpuload.store.build.shutil, "disk_usage", lambda path: _Usage())
         with pytest.raises(OSError, match="the dataset needs 0.00 GB .* but .* has 0.00 GB free"):
             build_memmap(photo_folder, tmp_path / "out.memmap", progress=False)
         assert not (tmp_path / "out.memmap").exists()
@@ -168,7 +168,7 @@ class TestCrashSafety:
     @pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
     def test_interrupted_build_leaves_nothing(self, photo_folder, tmp_path, monkeypatch, error):
         calls = []
-        real = gpuload.build._decode_into
+        real = gpuload.store.build._decode_into
 
         def failing(*args):
             calls.append(1)
@@ -176,7 +176,7 @@ class TestCrashSafety:
                 raise error("stop")
             return real(*args)
 
-        monkeypatch.setattr(gpuload.build, "_decode_into", failing)
+        monkeypatch.setattr(gpuload.store.build, "_decode_into", failing)
         with pytest.raises(error):
             build_memmap(photo_folder, tmp_path / "out.memmap", progress=False)
         assert not (tmp_path / "out.memmap").exists()

@@ -5,7 +5,7 @@ import pytest
 from conftest import ODD_KINDS, write_bad_file, write_odd_image
 from PIL import Image
 
-import gpuload.compress
+import gpuload.store.compress
 from gpuload import CompressReport, compress_folder, find_ffmpeg
 
 
@@ -103,7 +103,7 @@ class TestArguments:
             raise RuntimeError("no ffmpeg")
 
         monkeypatch.setattr(imageio_ffmpeg, "get_ffmpeg_exe", none)
-        monkeypatch.setattr(gpuload.compress.shutil, "which", lambda name: None)
+        monkeypatch.setattr(gpuload.store.compress.shutil, "which", lambda name: None)
         with pytest.raises(FileNotFoundError, match=r"pip install imageio-ffmpeg .*apt-get install ffmpeg"):
             find_ffmpeg()
 

@@ -4,7 +4,7 @@ import torch
 from conftest import BAD_FILES, ODD_KINDS, SIZE, photo, write_bad_file, write_odd_image
 from PIL import Image
 
-from gpuload.decode import DecodeError, check_target, copy_chw, decode_image, exif_orientation, load_rgb, read_size
+from gpuload.store.decode import DecodeError, check_target, copy_chw, decode_image, exif_orientation, load_rgb, read_size
 
 
 def mean_abs_diff(tensor: torch.Tensor, image: Image.Image) -> float:

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from gpuload import DataLoader, ImageData, MemmapImageDataset
-from gpuload import loader as loader_module
-from gpuload.order import epoch_order
+from gpuload.loading import loader as loader_module
+from gpuload.loading.order import epoch_order
 
 
 def indexed_data(count=23, size=(4, 5)) -> ImageData:

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from gpuload.manifest import FORMAT_VERSION, DatasetError, Manifest
+from gpuload.store.manifest import FORMAT_VERSION, DatasetError, Manifest
 
 
 def manifest(**changes) -> Manifest:

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from gpuload.order import distributed_rank, epoch_order
+from gpuload.loading.order import distributed_rank, epoch_order
 
 
 class _Sized:

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 from torchvision.datasets import ImageFolder
 
-from gpuload.scan import scan_image_folder
+from gpuload.store.scan import scan_image_folder
 
 
 def test_matches_imagefolder(photo_copy):

@@ -87,7 +87,7 @@ def test_the_code_on_the_slides_is_the_source():
     deck = render_slides(ROOT)
     for snippet in SNIPPETS.values():
         assert "\n".join(snippet.lines(ROOT)) in deck
-    source = (ROOT / "gpuload" / "normalize.py").read_text()
+    source = (ROOT / "gpuload" / "transforms" / "normalize.py").read_text()
     assert "return torch.addcmul(self.shift, images, self.scale)" in source
     assert "```python {all|6|all}\ndef forward(self, images: torch.Tensor) -> torch.Tensor:" in deck
 

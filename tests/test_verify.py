@@ -6,7 +6,7 @@ import pytest
 from conftest import photo
 
 from gpuload import build_memmap
-from gpuload.verify import describe_memmap, verify_memmap
+from gpuload.store.verify import describe_memmap, verify_memmap
 
 
 @pytest.fixture

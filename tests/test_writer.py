@@ -4,8 +4,8 @@ import os
 import numpy as np
 import pytest
 
-import gpuload.writer
-from gpuload.writer import BlockWriter
+import gpuload.store.writer
+from gpuload.store.writer import BlockWriter
 
 
 def test_blocks_are_appended_and_the_file_cut_to_size(tmp_path):
@@ -30,7 +30,7 @@ def test_full_disk_fails_at_once_with_the_size(tmp_path, monkeypatch):
     def no_space(fd, offset, length):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(gpuload.writer.os, "posix_fallocate", no_space)
+    monkeypatch.setattr(gpuload.store.writer.os, "posix_fallocate", no_space)
     with pytest.raises(OSError, match="not enough disk space for 2.00 GB"):
         BlockWriter(tmp_path / "out.bin", capacity=2 * 10**9)
 
@@ -39,7 +39,7 @@ def test_filesystems_without_fallocate_still_work(tmp_path, monkeypatch):
     def unsupported(fd, offset, length):
         raise OSError(errno.EOPNOTSUPP, "Operation not supported")
 
-    monkeypatch.setattr(gpuload.writer.os, "posix_fallocate", unsupported)
+    monkeypatch.setattr(gpuload.store.writer.os, "posix_fallocate", unsupported)
     with BlockWriter(tmp_path / "out.bin", capacity=100) as writer:
         writer.write(np.ones(4, np.uint8))
     assert (tmp_path / "out.bin").read_bytes() == b"\x01" * 4
@@ -47,7 +47,7 @@ def test_filesystems_without_fallocate_still_work(tmp_path, monkeypatch):
 
 def test_short_writes_are_completed(tmp_path, monkeypatch):
     real = os.pwrite
-    monkeypatch.setattr(gpuload.writer.os, "pwrite", lambda fd, data, offset: real(fd, data[:3], offset))
+    monkeypatch.setattr(gpuload.store.writer.os, "pwrite", lambda fd, data, offset: real(fd, data[:3], offset))
     with BlockWriter(tmp_path / "out.bin", capacity=100) as writer:
         writer.write(np.arange(10, dtype=np.uint8))
     assert (tmp_path / "out.bin").read_bytes() == bytes(range(10))

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .dataset import ImageData, MemmapImageDataset
+from ..store.dataset import ImageData, MemmapImageDataset
 from .order import distributed_rank, epoch_order
 
 __all__ = ["DataLoader"]
@@ -31,7 +31,7 @@ class DataLoader:
     Yields ``(images, labels)``: uint8 ``[B, 3, H, W]`` and int64 ``[B]`` on ``device``. On the
     CPU the batch is yours to keep: its buffer is only reused once nothing references it.
 
-    Order: like ``DistributedSampler`` (see :func:`gpuload.order.epoch_order`): a permutation
+    Order: like ``DistributedSampler`` (see :func:`gpuload.loading.order.epoch_order`): a permutation
     seeded with ``seed + epoch``; ``set_epoch`` chooses the epoch, otherwise it advances by one
     at every new iteration. Under an initialised ``torch.distributed`` each rank gets its shard.
     ``state_dict``/``load_state_dict`` resume in the middle of an epoch.

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from .dataset import ImageData
 from .decode import DecodeError, Resize, check_target, copy_chw, load_rgb, read_size
-from .machine import default_workers
+from ..machine import default_workers
 from .manifest import Manifest
 from .scan import ImageFolderIndex, scan_image_folder
 from .writer import BlockWriter
@@ -52,7 +52,7 @@ def build_memmap(
         out: where to write; defaults to ``<src>.memmap`` beside ``src``.
         size: ``(height, width)`` of the stored images; by default the images' common size.
         resize: how images of another size are fitted: ``"crop"``, ``"pad"`` or ``"stretch"``
-            (see :func:`gpuload.decode.load_rgb`).
+            (see :func:`gpuload.store.decode.load_rgb`).
         workers: decoding threads; defaults to the number of cores.
         strict: raise on the first file that cannot be decoded instead of skipping it.
         overwrite: replace an existing ``out``.

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 import torch.utils.data
 
-from .dataset import GatheredSamples
+from ..store.dataset import GatheredSamples
 
 __all__ = ["Collate"]
 

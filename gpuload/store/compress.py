@@ -16,7 +16,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from .decode import exif_orientation
-from .machine import default_workers
+from ..machine import default_workers
 from .scan import IMG_EXTENSIONS
 
 __all__ = ["CompressReport", "compress_folder", "find_ffmpeg"]

@@ -1,0 +1,1 @@
+"""Loading: the order of an epoch, batches gathered into pinned memory and copied to the device."""

@@ -1,0 +1,1 @@
+"""The store: scan an image folder, decode, compress, and write and read memory-mapped datasets."""

@@ -1,0 +1,1 @@
+"""Transforms that run on the device, inside the model."""
