@@ -102,6 +102,19 @@ class TestBatches:
         expected = "cuda" if torch.cuda.is_available() else "cpu"
         assert DataLoader(indexed_data()).device.type == expected
 
+    @pytest.mark.parametrize("device", ["mps", "xpu", "meta", torch.device("xpu", 1)])
+    def test_devices_other_than_cpu_and_cuda_are_refused(self, device):
+        with pytest.raises(
+            ValueError, match=r"copies to 'cpu' or 'cuda' devices, got '(mps|xpu|meta|xpu:1)'; use device='cpu'"
+        ):
+            DataLoader(indexed_data(), device=device)
+
+    @pytest.mark.parametrize("device", ["cuda", "cuda:0", torch.device("cuda", 1)], ids=["any", "index0", "index1"])
+    def test_cuda_without_cuda_is_refused(self, device, monkeypatch):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        with pytest.raises(ValueError, match=r"CUDA is not available.*use device='cpu'"):
+            DataLoader(indexed_data(), device=device)
+
     def test_errors_in_the_gather_reach_the_consumer(self):
         loader = DataLoader(indexed_data(), batch_size=2, sampler=[0, 1, 99], device="cpu")
         iterator = iter(loader)

@@ -45,7 +45,8 @@ class DataLoader:
         generator: a ``torch.Generator`` to draw ``seed`` from when ``seed`` is ``None``.
         seed: the base seed of the permutations; drawn from ``generator`` or torch's global RNG
             when ``None``, so ``torch.manual_seed`` makes the order reproducible, as with torch.
-        device: where batches go; ``"cuda"`` when available, else ``"cpu"``.
+        device: where batches go, ``"cpu"`` or ``"cuda"``; ``"cuda"`` when available, else ``"cpu"``.
+            Other devices (``"mps"``, ``"xpu"``...) are refused: load to the CPU and move the batches.
         prefetch: batches prepared ahead of the consumer (host buffers: ``prefetch + 2``).
         threads: background threads gathering batches (default: 2; each gather also uses
             torch's intra-op threads, and two gatherers hide each other's hand-off gaps:
@@ -96,9 +97,7 @@ class DataLoader:
         if seed is None:
             seed = int(torch.randint(0, 2**62, (), generator=generator))
         self.seed = seed
-        self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = _resolve_device(device)
         self.prefetch = prefetch
         self.threads = threads
         self.epoch = 0
@@ -190,6 +189,23 @@ class DataLoader:
             f"{type(self).__name__}(images={len(self._labels)}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
             f"drop_last={self.drop_last}, device={str(self.device)!r}, prefetch={self.prefetch})"
         )
+
+
+def _resolve_device(device: str | torch.device | None) -> torch.device:
+    """``device`` with its CUDA index filled in; CUDA when available and ``device`` is ``None``."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"gpuload.DataLoader copies to 'cpu' or 'cuda' devices, got {str(device)!r}; "
+            "use device='cpu' and move batches yourself"
+        )
+    if device.type == "cpu":
+        return device
+    if not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r} was asked for but CUDA is not available here; use device='cpu'")
+    return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
 
 
 class _Slot:
