@@ -88,15 +88,54 @@ class TestBatches:
         assert served_indices(loader) == [5, 0, 22, 5, 1]
         assert len(loader) == 3
 
-    def test_bad_arguments(self, tmp_path):
-        with pytest.raises(ValueError, match="mutually exclusive"):
-            DataLoader(indexed_data(), sampler=[0], shuffle=True)
-        with pytest.raises(ValueError, match="batch_size"):
-            DataLoader(indexed_data(), batch_size=0)
-        with pytest.raises(ValueError, match="prefetch"):
-            DataLoader(indexed_data(), prefetch=0)
+    @pytest.mark.parametrize(
+        "arguments, error, message",
+        [
+            ({"sampler": [0], "shuffle": True}, ValueError, "sampler option is mutually exclusive with shuffle"),
+            ({"batch_size": 0}, ValueError, "batch_size must be at least 1, got 0"),
+            ({"batch_size": True}, TypeError, "batch_size must be an int, got bool: True"),
+            ({"batch_size": 4.0}, TypeError, "batch_size must be an int, got float: 4.0"),
+            ({"batch_size": "4"}, TypeError, "batch_size must be an int, got str: '4'"),
+            ({"prefetch": 0}, ValueError, "prefetch must be at least 1, got 0"),
+            ({"prefetch": 2.5}, TypeError, "prefetch must be an int, got float: 2.5"),
+            ({"threads": 0}, ValueError, "threads must be at least 1, got 0"),
+            ({"threads": False}, TypeError, "threads must be an int, got bool: False"),
+            ({"shuffle": 1}, TypeError, "shuffle must be True or False, got int: 1"),
+            ({"shuffle": None}, TypeError, "shuffle must be True or False, got NoneType: None"),
+            ({"drop_last": "yes"}, TypeError, "drop_last must be True or False, got str: 'yes'"),
+            ({"seed": 2**64 - 1}, ValueError, r"seed must be in \[0, 2\*\*63\), got 18446744073709551615"),
+            ({"seed": -1}, ValueError, r"seed must be in \[0, 2\*\*63\), got -1"),
+            ({"seed": 1.0}, TypeError, "seed must be an int, got float: 1.0"),
+            ({"generator": 3}, TypeError, "generator must be a torch.Generator or None, got int: 3"),
+            ({"sampler": 5}, TypeError, "sampler must be an iterable of indices, got int: 5"),
+        ],
+    )
+    def test_bad_arguments(self, arguments, error, message):
+        with pytest.raises(error, match=message):
+            DataLoader(indexed_data(), **arguments)
+
+    def test_not_a_dataset(self):
         with pytest.raises(TypeError, match="MemmapImageDataset"):
             DataLoader([(torch.zeros(3, 2, 2), 0)])
+
+    @pytest.mark.parametrize(
+        "name, value",
+        [
+            ("batch_size", 8),
+            ("drop_last", True),
+            ("sampler", [0, 1]),
+            ("dataset", indexed_data(4)),
+            ("device", "cpu"),  # the host buffers are made for the device and the prefetch depth
+            ("prefetch", 5),
+        ],
+    )
+    def test_settings_that_shape_the_batches_are_fixed_after_construction(self, name, value):
+        loader = DataLoader(indexed_data(), batch_size=4, device="cpu")
+        with pytest.raises(ValueError, match=f"{name} attribute should not be set after DataLoader is initialized"):
+            setattr(loader, name, value)
+        assert len(list(loader)) == 6  # unchanged
+        loader.shuffle = True  # what torch's DataLoader allows stays allowed
+        assert loader.shuffle
 
     def test_default_device_without_cuda(self):
         expected = "cuda" if torch.cuda.is_available() else "cpu"

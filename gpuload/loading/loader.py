@@ -16,6 +16,9 @@ from .order import distributed_rank, epoch_order
 
 __all__ = ["DataLoader"]
 
+# As torch's DataLoader: what shapes the batches is fixed once made (here also the buffers' device and count).
+_FIXED = frozenset({"dataset", "batch_size", "sampler", "drop_last", "device", "prefetch"})
+
 
 class DataLoader:
     """A drop-in ``torch.utils.data.DataLoader`` for :class:`MemmapImageDataset`.
@@ -52,6 +55,12 @@ class DataLoader:
             torch's intra-op threads, and two gatherers hide each other's hand-off gaps:
             measured on 2 cores, 98% of a bare ``index_select`` loop against 87% with one).
 
+    Raises:
+        TypeError: an argument of the wrong type (``batch_size=4.0``, ``shuffle=None``...).
+        ValueError: an argument out of range, ``sampler`` with ``shuffle``, a device other than
+            ``"cpu"`` and ``"cuda"``, or ``"cuda"`` without CUDA. Setting ``dataset``, ``batch_size``,
+            ``sampler``, ``drop_last``, ``device`` or ``prefetch`` after construction, as torch's DataLoader.
+
     Example:
         >>> import tempfile
         >>> from pathlib import Path
@@ -77,10 +86,23 @@ class DataLoader:
         prefetch: int = 3,
         threads: int = 2,
     ) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        if prefetch < 1 or threads < 1:
-            raise ValueError(f"prefetch and threads must be at least 1, got {prefetch} and {threads}")
+        for name, value in (("batch_size", batch_size), ("prefetch", prefetch), ("threads", threads)):
+            _check_int(name, value)
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be True or False, got {type(value).__name__}: {value!r}")
+        if seed is not None:
+            _check_int("seed", seed)
+            if not 0 <= seed < 2**63:
+                raise ValueError(f"seed must be in [0, 2**63), got {seed}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(
+                f"generator must be a torch.Generator or None, got {type(generator).__name__}: {generator!r}"
+            )
+        if sampler is not None and not isinstance(sampler, Iterable):
+            raise TypeError(f"sampler must be an iterable of indices, got {type(sampler).__name__}: {sampler!r}")
         if sampler is not None and shuffle:
             raise ValueError("sampler option is mutually exclusive with shuffle")
         data = dataset.data if isinstance(dataset, MemmapImageDataset) else dataset
@@ -104,6 +126,12 @@ class DataLoader:
         self._resume: tuple[int, int] | None = None  # (epoch, batches already served)
         self._active: weakref.ref[_EpochIterator] | None = None
         self._ring: _Ring | None = None
+        self._initialized = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FIXED and getattr(self, "_initialized", False):
+            raise ValueError(f"{name} attribute should not be set after {type(self).__name__} is initialized")
+        super().__setattr__(name, value)
 
     # -- order -------------------------------------------------------------------------
 
@@ -189,6 +217,11 @@ class DataLoader:
             f"{type(self).__name__}(images={len(self._labels)}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
             f"drop_last={self.drop_last}, device={str(self.device)!r}, prefetch={self.prefetch})"
         )
+
+
+def _check_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
 
 
 def _resolve_device(device: str | torch.device | None) -> torch.device:
