@@ -1,3 +1,4 @@
+import contextlib
 import gc
 import json
 import os
@@ -5,9 +6,11 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
+from torch.utils.data import DistributedSampler
 
 from gpuload import DataLoader, ImageData, MemmapImageDataset
 from gpuload.loading import loader as loader_module
@@ -23,6 +26,13 @@ def indexed_data(count=23, size=(4, 5)) -> ImageData:
 
 def gather_threads() -> list[threading.Thread]:
     return [thread for thread in threading.enumerate() if thread.name.startswith("gpuload-gather")]
+
+
+@contextlib.contextmanager
+def as_rank(rank: int, world_size: int):
+    """Make the loader believe it runs as ``rank`` of ``world_size`` processes (no processes needed)."""
+    with mock.patch.object(loader_module, "distributed_rank", return_value=(rank, world_size)):
+        yield
 
 
 def served_indices(loader) -> list[int]:
@@ -82,6 +92,19 @@ class TestBatches:
         assert served_indices(loader) != first  # the epoch advanced on its own
         loader.set_epoch(2)
         assert served_indices(loader) == first
+
+    @pytest.mark.parametrize("length, world_size, batch_size", [(10, 3, 2), (23, 4, 5), (9, 2, 2)])
+    @pytest.mark.parametrize("drop_last", [False, True])
+    def test_shards_and_batches_are_torchs_with_a_distributed_sampler(self, length, world_size, batch_size, drop_last):
+        """As ``DataLoader(drop_last=..., sampler=DistributedSampler(drop_last=False))``: the shards
+        are always padded to the same length, and ``drop_last`` only drops each rank's last incomplete batch."""
+        for rank in range(world_size):
+            sampler = DistributedSampler(range(length), world_size, rank, shuffle=True, seed=3)
+            expected = torch.utils.data.DataLoader(range(length), batch_size, sampler=sampler, drop_last=drop_last)
+            with as_rank(rank, world_size):
+                loader = DataLoader(indexed_data(length), batch_size, True, drop_last=drop_last, seed=3, device="cpu")
+                assert [labels.tolist() for _, labels in loader] == [batch.tolist() for batch in expected]
+                assert len(loader) == len(expected)
 
     def test_sampler(self):
         loader = DataLoader(indexed_data(), batch_size=2, sampler=[5, 0, 22, 5, 1], device="cpu")

@@ -44,7 +44,8 @@ class DataLoader:
         batch_size: images per batch.
         shuffle: visit the images in a new random order every epoch.
         sampler: an iterable of indices to use instead (``shuffle`` must be ``False``).
-        drop_last: drop the last incomplete batch (and, distributed, the uneven tail).
+        drop_last: drop the last incomplete batch (distributed: each rank's, as torch's DataLoader
+            with a ``DistributedSampler``, whose shards are padded to the same length).
         generator: a ``torch.Generator`` to draw ``seed`` from when ``seed`` is ``None``.
         seed: the base seed of the permutations; drawn from ``generator`` or torch's global RNG
             when ``None``, so ``torch.manual_seed`` makes the order reproducible, as with torch.
@@ -146,7 +147,6 @@ class DataLoader:
             epoch=epoch,
             seed=self.seed,
             shuffle=self.shuffle,
-            drop_last=self.drop_last,
             rank=rank,
             world_size=world_size,
             sampler=self.sampler,
@@ -158,17 +158,8 @@ class DataLoader:
     def __len__(self) -> int:
         if self.sampler is not None and hasattr(self.sampler, "__len__"):
             return self._batches(len(self.sampler))
-        rank, world_size = distributed_rank()
-        shard = epoch_order(
-            len(self._labels),
-            epoch=0,
-            seed=0,
-            shuffle=False,
-            drop_last=self.drop_last,
-            rank=rank,
-            world_size=world_size,
-        )
-        return self._batches(len(shard))
+        _, world_size = distributed_rank()
+        return self._batches(math.ceil(len(self._labels) / world_size))  # a shard: see epoch_order
 
     # -- resume ------------------------------------------------------------------------
 

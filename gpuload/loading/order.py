@@ -24,7 +24,6 @@ def epoch_order(
     epoch: int,
     seed: int,
     shuffle: bool,
-    drop_last: bool = False,
     rank: int = 0,
     world_size: int = 1,
     sampler: Iterable[int] | None = None,
@@ -32,10 +31,10 @@ def epoch_order(
     """The int64 indices one rank visits in one epoch.
 
     Without a ``sampler``, the order is exactly ``DistributedSampler(dataset, world_size, rank,
-    shuffle, seed, drop_last).set_epoch(epoch)``'s: ``randperm(length)`` seeded with
-    ``seed + epoch`` (or ``arange``), padded by repeating its start (or, with ``drop_last``, cut)
-    to a multiple of ``world_size``, then every ``world_size``-th index from ``rank``. With one
-    rank that is a plain seeded permutation. A ``sampler`` (any iterable of indices; its
+    shuffle, seed).set_epoch(epoch)``'s (``drop_last=False``): ``randperm(length)`` seeded with
+    ``seed + epoch`` (or ``arange``), padded by repeating its start to a multiple of
+    ``world_size``, then every ``world_size``-th index from ``rank``. Every rank gets the same
+    number of indices and every index is visited. With one rank that is a plain seeded permutation. A ``sampler`` (any iterable of indices; its
     ``set_epoch`` is called when it has one) replaces all of this.
 
     Example:
@@ -57,11 +56,7 @@ def epoch_order(
         order = torch.arange(length)
     if world_size == 1:
         return order
-    if drop_last and length % world_size:
-        per_rank = math.ceil((length - world_size) / world_size)
-    else:
-        per_rank = math.ceil(length / world_size)
-    total = per_rank * world_size
+    total = math.ceil(length / world_size) * world_size
     if total > length:
         order = order.repeat(math.ceil(total / max(length, 1)))
     return order[:total][rank:total:world_size]
