@@ -3,6 +3,7 @@
 import json
 import sys
 
+import torch
 import torch.distributed as dist
 
 import gpuload
@@ -20,6 +21,12 @@ def main(dataset_path: str, out: str) -> None:
             "length": len(loader),
             "indices": [index_of[image.numpy().tobytes()] for images, _ in loader for image in images],
         }
+    torch.manual_seed(dist.get_rank())  # ranks seeded differently, no seed given: rank 0's draw decides
+    unseeded = gpuload.DataLoader(dataset, batch_size=3, shuffle=True, device="cpu")
+    served["unseeded"] = {
+        "length": len(unseeded),
+        "indices": [index_of[image.numpy().tobytes()] for images, _ in unseeded for image in images],
+    }
     with open(f"{out}/rank{dist.get_rank()}.json", "w") as file:
         json.dump({"world_size": dist.get_world_size(), "served": served}, file)
     dist.destroy_process_group()

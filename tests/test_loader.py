@@ -296,7 +296,7 @@ def test_distributed_shards_with_torchrun(built_dataset, tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
-    for epoch in ("0", "1"):
+    for epoch in ("0", "1", "unseeded"):  # unseeded: each rank called torch.manual_seed(rank)
         shards = [set(rank["served"][epoch]["indices"]) for rank in ranks]
         assert all(
             rank["world_size"] == 2 and rank["served"][epoch]["length"] == 4 for rank in ranks

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ..store.dataset import ImageData, MemmapImageDataset
 from .order import distributed_rank, epoch_order
@@ -49,6 +50,8 @@ class DataLoader:
         generator: a ``torch.Generator`` to draw ``seed`` from when ``seed`` is ``None``.
         seed: the base seed of the permutations; drawn from ``generator`` or torch's global RNG
             when ``None``, so ``torch.manual_seed`` makes the order reproducible, as with torch.
+            Under ``torch.distributed`` rank 0's draw is broadcast to all ranks (a collective
+            call in the constructor: every rank must construct its loader).
         device: where batches go, ``"cpu"`` or ``"cuda"``; ``"cuda"`` when available, else ``"cpu"``.
             Other devices (``"mps"``, ``"xpu"``...) are refused: load to the CPU and move the batches.
         prefetch: batches prepared ahead of the consumer (host buffers: ``prefetch + 2``).
@@ -117,9 +120,7 @@ class DataLoader:
         self.shuffle = shuffle
         self.sampler = sampler
         self.drop_last = drop_last
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, (), generator=generator))
-        self.seed = seed
+        self.seed = seed if seed is not None else _draw_seed(generator)
         self.device = _resolve_device(device)
         self.prefetch = prefetch
         self.threads = threads
@@ -208,6 +209,15 @@ class DataLoader:
             f"{type(self).__name__}(images={len(self._labels)}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
             f"drop_last={self.drop_last}, device={str(self.device)!r}, prefetch={self.prefetch})"
         )
+
+
+def _draw_seed(generator: torch.Generator | None) -> int:
+    """A seed from ``generator`` (or torch's global RNG); under ``torch.distributed``, rank 0's on every rank,
+    so that the ranks shard one permutation however each was seeded."""
+    seed = [int(torch.randint(0, 2**62, (), generator=generator))]
+    if dist.is_available() and dist.is_initialized():
+        dist.broadcast_object_list(seed, src=0)
+    return seed[0]
 
 
 def _check_int(name: str, value: object) -> None:
