@@ -1,6 +1,7 @@
 import contextlib
 import gc
 import json
+import math
 import os
 import subprocess
 import sys
@@ -10,6 +11,8 @@ from unittest import mock
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DistributedSampler
 
 from gpuload import DataLoader, ImageData, MemmapImageDataset
@@ -252,39 +255,166 @@ class TestShutdown:
         assert len(list(second)) == 12
 
 
+def state(epoch, position, *, batch_size=4, world_size=1, length=23, seed=1) -> dict[str, int]:
+    return {
+        "epoch": epoch,
+        "global_position": position,
+        "batch_size": batch_size,
+        "world_size": world_size,
+        "dataset_length": length,
+        "seed": seed,
+    }
+
+
+def labels_of(batches) -> list[list[int]]:
+    return [labels.tolist() for _, labels in batches]
+
+
 class TestResume:
     def test_resume_serves_exactly_the_remaining_batches_without_reading_the_others(self, monkeypatch):
         data = indexed_data(23)
         loader = DataLoader(data, batch_size=4, shuffle=True, device="cpu")
         loader.set_epoch(3)
         iterator = iter(loader)
-        before = [labels.tolist() for _, (_, labels) in zip(range(2), iterator)]
-        state = loader.state_dict()
-        rest = [labels.tolist() for _, labels in iterator]
-        assert state == {"epoch": 3, "batches_served": 2, "seed": loader.seed}
+        before = labels_of(batch for _, batch in zip(range(2), iterator))
+        saved = loader.state_dict()
+        rest = labels_of(iterator)
+        assert saved == state(3, 8, seed=loader.seed)
 
-        fills = []
-        original = loader_module._Pipeline._fill
+        gathered = []
+        index_select = torch.index_select
         monkeypatch.setattr(
-            loader_module._Pipeline,
-            "_fill",
-            lambda self, slot, indices: fills.append(indices.tolist()) or original(self, slot, indices),
+            torch,
+            "index_select",
+            lambda source, dim, index, **kwargs: (
+                (source.dim() == 1 and gathered.append(index.tolist())) or index_select(source, dim, index, **kwargs)
+            ),
         )
         restarted = DataLoader(data, batch_size=4, shuffle=True, device="cpu")  # another seed until loaded
-        restarted.load_state_dict(state)
+        restarted.load_state_dict(saved)
         restarted.set_epoch(3)  # what a training loop does at the top of the epoch
         iterator = iter(restarted)
         assert len(iterator) == len(rest)
-        assert [labels.tolist() for _, labels in iterator] == rest
-        assert fills == rest  # the served batches were never gathered again
+        assert labels_of(iterator) == rest
+        assert sorted(gathered) == sorted(rest)  # the served batches were never gathered again
         assert sorted(sum(before + rest, [])) == list(range(23))
-        assert restarted.state_dict() == {"epoch": 4, "batches_served": 0, "seed": loader.seed}
+        assert restarted.state_dict() == state(4, 0, seed=loader.seed)
+
+    def test_state_dict_after_a_break_is_the_exact_position(self):
+        loader = DataLoader(indexed_data(23), batch_size=4, shuffle=True, seed=1, device="cpu")
+        for number, _ in enumerate(loader):
+            if number == 2:
+                break
+        assert loader.state_dict() == state(0, 12)  # three batches were yielded
+        assert len(served_indices(loader)) == 23  # a new iteration is a new epoch, as before
+        assert loader.state_dict() == state(2, 0)
+
+    def test_state_dict_right_after_loading_is_the_loaded_state(self):
+        loader = DataLoader(indexed_data(23), batch_size=4, shuffle=True, seed=9, device="cpu")
+        loaded = state(5, 12, batch_size=3, world_size=2)
+        loader.load_state_dict(loaded)
+        assert loader.state_dict() == loaded
+        loader.set_epoch(5)
+        assert loader.state_dict()["global_position"] == 12
+        loader.set_epoch(6)  # another epoch: the resume is discarded
+        assert loader.state_dict() == state(6, 0)
+
+    def test_state_dict_is_plain_ints_that_survive_torch_save(self, tmp_path):
+        loader = DataLoader(indexed_data(23), batch_size=4, shuffle=True, seed=1, device="cpu")
+        iterator = iter(loader)
+        next(iterator)
+        saved = loader.state_dict()
+        assert all(type(value) is int for value in saved.values())
+        torch.save({"loader": saved}, tmp_path / "checkpoint.pt")
+        assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["loader"] == saved == state(0, 4)
+
+    def test_the_global_position_counts_every_rank(self):
+        states = []
+        for rank in range(3):
+            with as_rank(rank, 3):
+                loader = DataLoader(indexed_data(10), batch_size=2, shuffle=True, seed=1, device="cpu")
+                iterator = iter(loader)  # 10 samples, 3 ranks: 4 each (2 padding), 2 batches each
+                next(iterator)
+                states.append([loader.state_dict()["global_position"]])
+                next(iterator)
+                states[-1].append(loader.state_dict()["global_position"])
+        assert states == [[6, 10]] * 3  # 2 x 3, then 4 x 3 capped at the dataset's length
 
     def test_set_epoch_to_another_epoch_discards_the_resume(self):
         loader = DataLoader(indexed_data(), batch_size=4, shuffle=True, seed=1, device="cpu")
-        loader.load_state_dict({"epoch": 0, "batches_served": 5, "seed": 1})
+        loader.load_state_dict(state(0, 20))
         loader.set_epoch(1)
         assert len(served_indices(loader)) == 23
+
+    def test_a_sampler_resumes_on_the_same_world_size(self):
+        loader = DataLoader(indexed_data(), batch_size=2, sampler=[5, 0, 22, 5, 1], device="cpu")
+        loader.load_state_dict(state(0, 2, seed=loader.seed))
+        assert served_indices(loader) == [22, 5, 1]
+
+    def test_a_sampler_cannot_resume_on_another_world_size(self):
+        with as_rank(0, 2):
+            loader = DataLoader(indexed_data(), batch_size=2, sampler=[5, 0, 22], device="cpu")
+            with pytest.raises(
+                ValueError, match="saved with world size 4, this run has world size 2; a user-given sampler"
+            ):
+                loader.load_state_dict(state(0, 4, world_size=4))
+
+    def test_another_dataset_is_refused(self):
+        loader = DataLoader(indexed_data(10), device="cpu")
+        with pytest.raises(ValueError, match="state_dict is for a dataset of 23 images, this loader's has 10"):
+            loader.load_state_dict(state(0, 4, length=23))
+
+    @pytest.mark.parametrize("position", [-1, 24])
+    def test_a_position_outside_the_epoch_is_refused(self, position):
+        loader = DataLoader(indexed_data(23), device="cpu")
+        with pytest.raises(ValueError, match=f"global_position {position} is not in \\[0, 23\\]"):
+            loader.load_state_dict(state(0, position))
+
+    def test_an_older_state_dict_is_refused(self):
+        loader = DataLoader(indexed_data(23), device="cpu")
+        with pytest.raises(ValueError, match="lacks global_position, batch_size, world_size, dataset_length"):
+            loader.load_state_dict({"epoch": 0, "batches_served": 2, "seed": 1})
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        length=st.integers(1, 30),
+        world_size=st.integers(1, 4),
+        batch_size=st.integers(1, 6),
+        new_world_size=st.integers(1, 4),
+        new_batch_size=st.integers(1, 6),
+        shuffle=st.booleans(),
+        data=st.data(),
+    )
+    def test_interrupted_and_resumed_serves_every_sample_once(
+        self, length, world_size, batch_size, new_world_size, new_batch_size, shuffle, data
+    ):
+        """Ranks (simulated) stop after the same number of batches and save rank 0's state; the job
+        resumes on another (or the same) number of ranks with another (or the same) batch size."""
+        images = indexed_data(length)
+        stop = data.draw(st.integers(0, math.ceil(math.ceil(length / world_size) / batch_size)), label="stop")
+
+        def run(rank: int, world: int, batch: int, resume: dict | None, stop: int | None):
+            with as_rank(rank, world):
+                loader = DataLoader(images, batch, shuffle, seed=5, device="cpu", threads=1, prefetch=1)
+                if resume is not None:
+                    loader.load_state_dict(resume)
+                loader.set_epoch(2)
+                batches = loader if stop is None else (batch for _, batch in zip(range(stop), loader))
+                return labels_of(batches), loader.state_dict()
+
+        first = [run(rank, world_size, batch_size, None, stop) for rank in range(world_size)]
+        saved = first[0][1]
+        assert all(other == saved for _, other in first)  # every rank reports the same state
+        resumed = [run(rank, new_world_size, new_batch_size, saved, None)[0] for rank in range(new_world_size)]
+        served = sum((sum(batches, []) for batches, _ in first), []) + sum(sum(resumed, []), [])
+        assert set(served) == set(range(length))
+        position = saved["global_position"]
+        padding_before = sum(len(sum(batches, [])) for batches, _ in first) - position
+        assert 0 <= padding_before <= -length % world_size
+        assert len(served) == length + padding_before + (-(length - position) % new_world_size)
+        if (new_world_size, new_batch_size) == (world_size, batch_size):  # bit-identical to uninterrupted
+            uninterrupted = [run(rank, world_size, batch_size, None, None)[0] for rank in range(world_size)]
+            assert [batches + rest for (batches, _), rest in zip(first, resumed)] == uninterrupted
 
 
 def test_distributed_shards_with_torchrun(built_dataset, tmp_path):

@@ -7,6 +7,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ __all__ = ["DataLoader"]
 
 # As torch's DataLoader: what shapes the batches is fixed once made (here also the buffers' device and count).
 _FIXED = frozenset({"dataset", "batch_size", "sampler", "drop_last", "device", "prefetch"})
+_STATE_KEYS = ("epoch", "global_position", "batch_size", "world_size", "dataset_length", "seed")
 
 
 class DataLoader:
@@ -38,7 +40,8 @@ class DataLoader:
     Order: like ``DistributedSampler`` (see :func:`gpuload.loading.order.epoch_order`): a permutation
     seeded with ``seed + epoch``; ``set_epoch`` chooses the epoch, otherwise it advances by one
     at every new iteration. Under an initialised ``torch.distributed`` each rank gets its shard.
-    ``state_dict``/``load_state_dict`` resume in the middle of an epoch.
+    ``state_dict``/``load_state_dict`` resume in the middle of an epoch: each rank exactly where it
+    stopped, or, on another world size, with the rest of the epoch resharded over the new ranks.
 
     Args:
         dataset: a :class:`MemmapImageDataset`, or an :class:`ImageData` with ``images`` and ``labels``.
@@ -125,7 +128,8 @@ class DataLoader:
         self.prefetch = prefetch
         self.threads = threads
         self.epoch = 0
-        self._resume: tuple[int, int] | None = None  # (epoch, batches already served)
+        self._start = 0  # where the next iteration starts in self.epoch: a loaded state's global position
+        self._position = _Position(0, 0, batch_size, distributed_rank()[1])  # what state_dict reports
         self._active: weakref.ref[_EpochIterator] | None = None
         self._ring: _Ring | None = None
         self._initialized = True
@@ -138,20 +142,14 @@ class DataLoader:
     # -- order -------------------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """Use the order of ``epoch`` for the next iteration (as ``DistributedSampler.set_epoch``)."""
-        self.epoch = epoch
+        """Use the order of ``epoch`` for the next iteration (as ``DistributedSampler.set_epoch``).
 
-    def _order(self, epoch: int) -> torch.Tensor:
-        rank, world_size = distributed_rank()
-        return epoch_order(
-            len(self._labels),
-            epoch=epoch,
-            seed=self.seed,
-            shuffle=self.shuffle,
-            rank=rank,
-            world_size=world_size,
-            sampler=self.sampler,
-        )
+        A state loaded for another epoch is discarded.
+        """
+        if epoch != self.epoch:
+            self._start = 0
+        self.epoch = epoch
+        self._position = _Position(epoch, self._start, self.batch_size, distributed_rank()[1])
 
     def _batches(self, samples: int) -> int:
         return samples // self.batch_size if self.drop_last else math.ceil(samples / self.batch_size)
@@ -165,20 +163,57 @@ class DataLoader:
     # -- resume ------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, int]:
-        """Where the loader is: the epoch being served and how many of its batches were yielded."""
-        active = self._active() if self._active is not None else None
-        if active is not None and not active.finished:
-            return {"epoch": active.epoch, "batches_served": active.served, "seed": self.seed}
-        return {"epoch": self.epoch, "batches_served": 0, "seed": self.seed}
+        """Where the latest iteration got, as plain ints (``torch.save`` them with the model).
+
+        ``global_position`` counts the entries of the epoch's order that all ranks together
+        consumed: after ``b`` batches of ``batch_size`` on each of ``world_size`` ranks,
+        ``b * batch_size * world_size``, at most ``dataset_length``. After a finished epoch the
+        state is the next epoch at 0; after ``set_epoch`` or ``load_state_dict``, where the next
+        iteration will start.
+        """
+        position = self._position
+        epoch, at = (position.epoch + 1, 0) if position.finished else (position.epoch, position.global_position)
+        return {
+            "epoch": epoch,
+            "global_position": at,
+            "batch_size": position.batch_size,
+            "world_size": position.world_size,
+            "dataset_length": len(self._labels),
+            "seed": self.seed,
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue from ``state``: the next iteration over its epoch skips the batches already served.
+        """Continue from ``state``: the next iteration over its epoch serves what was not consumed.
 
-        The skipped batches are never read. A ``set_epoch`` to another epoch discards the resume.
+        On the world size that saved it, each rank continues its ``DistributedSampler`` shard
+        exactly where it stopped (bit-identical to an uninterrupted run, also with another batch
+        size); on another world size the rest of the epoch's order is resharded over the new ranks
+        (elastic resume, see :func:`~gpuload.loading.order.epoch_order`). What was consumed is never
+        read again. A ``set_epoch`` to another epoch discards the resume.
+
+        Raises:
+            ValueError: ``state`` lacks a key of :meth:`state_dict`, is for a dataset of another
+                length, or was saved on another world size while this loader has a ``sampler``
+                (whose order cannot be resharded).
         """
-        self.seed = int(state["seed"])
-        self.epoch = int(state["epoch"])
-        self._resume = (self.epoch, int(state["batches_served"])) if state["batches_served"] else None
+        missing = [key for key in _STATE_KEYS if key not in state]
+        if missing:
+            raise ValueError(f"state_dict lacks {', '.join(missing)}; pass what gpuload.DataLoader.state_dict returned")
+        length, position = len(self._labels), int(state["global_position"])
+        if state["dataset_length"] != length:
+            raise ValueError(
+                f"state_dict is for a dataset of {state['dataset_length']} images, this loader's has {length}"
+            )
+        _, world_size = distributed_rank()
+        if self.sampler is not None and state["world_size"] != world_size:
+            raise ValueError(
+                f"state_dict was saved with world size {state['world_size']}, this run has world size {world_size}; "
+                f"a user-given sampler cannot be resharded: resume on {state['world_size']} processes"
+            )
+        if self.sampler is None and not 0 <= position <= length:
+            raise ValueError(f"global_position {position} is not in [0, {length}]")
+        self.seed, self.epoch, self._start = int(state["seed"]), int(state["epoch"]), position
+        self._position = _Position(self.epoch, position, int(state["batch_size"]), int(state["world_size"]))
 
     # -- iteration ---------------------------------------------------------------------
 
@@ -186,21 +221,30 @@ class DataLoader:
         previous = self._active() if self._active is not None else None
         if previous is not None:
             previous.close()  # one live iteration per loader: its buffers are reused
-        epoch, skip = self.epoch, 0
-        if self._resume is not None:
-            if self._resume[0] == epoch:
-                skip = self._resume[1]
-            self._resume = None
-        self.epoch = epoch + 1
-        order = self._order(epoch)
+        rank, world_size = distributed_rank()
+        epoch, start = self.epoch, self._start
+        self.epoch, self._start = epoch + 1, 0
+        order = epoch_order(
+            len(self._labels),
+            epoch=epoch,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            rank=rank,
+            world_size=world_size,
+            start=start,
+            sampler=self.sampler,
+        )
         batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
         if self.drop_last and batches and len(batches[-1]) < self.batch_size:
             batches.pop()
+        # The end of the epoch's global order: the dataset, or the sampler's indices on all ranks.
+        end = len(self._labels) if self.sampler is None else start + len(order) * world_size
+        self._position = _Position(epoch, start, self.batch_size, world_size, end=end)
         if self._ring is None:
             # + 2: on the CPU the batch being used and the one before it (still bound to the
             # loop variable while the next is fetched) are views of their buffers.
             self._ring = _Ring(self._images.shape[1:], self.batch_size, self.prefetch + 2, self.device)
-        iterator = _EpochIterator(self, epoch, batches, skip)
+        iterator = _EpochIterator(self, batches, self._position)
         self._active = weakref.ref(iterator)
         return iterator
 
@@ -209,6 +253,22 @@ class DataLoader:
             f"{type(self).__name__}(images={len(self._labels)}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
             f"drop_last={self.drop_last}, device={str(self.device)!r}, prefetch={self.prefetch})"
         )
+
+
+@dataclass
+class _Position:
+    """How far into ``epoch`` an iteration got (see :meth:`DataLoader.state_dict`)."""
+
+    epoch: int
+    global_position: int  # entries of the epoch's order that all ranks together consumed
+    batch_size: int
+    world_size: int
+    end: int = 0  # the global position that ends the epoch (set while iterating)
+    finished: bool = False
+
+    def advance(self, samples: int) -> None:
+        """Count a batch of ``samples`` served on every rank."""
+        self.global_position = min(self.global_position + samples * self.world_size, self.end)
 
 
 def _draw_seed(generator: torch.Generator | None) -> int:
@@ -299,7 +359,6 @@ class _Pipeline:
         images: torch.Tensor,
         labels: torch.Tensor,
         batches: list[torch.Tensor],
-        start: int,
         ahead: int,
     ) -> None:
         self.ring, self.images, self.labels, self.batches, self.ahead = ring, images, labels, batches, ahead
@@ -308,7 +367,7 @@ class _Pipeline:
         self.free = deque(sorted(ring.slots, key=_Slot.referenced))
         self.ready: dict[int, Any] = {}
         self.condition = threading.Condition()
-        self.next_batch = start
+        self.next_batch = 0
         self.in_flight = 0  # claimed by a producer, not yet taken by the consumer
         self.stopped = False
 
@@ -378,16 +437,16 @@ class _Pipeline:
 class _EpochIterator:
     """One epoch of a :class:`DataLoader`; closing it (or dropping it) stops its threads."""
 
-    def __init__(self, loader: DataLoader, epoch: int, batches: list[torch.Tensor], skip: int) -> None:
-        self.epoch = epoch
-        self.served = skip
+    def __init__(self, loader: DataLoader, batches: list[torch.Tensor], position: _Position) -> None:
+        self.position = position
+        self.served = 0
         self.total = len(batches)
-        self.finished = False
-        self._pipeline = _Pipeline(loader._ring, loader._images, loader._labels, batches, skip, loader.prefetch)
+        self.closed = False
+        self._pipeline = _Pipeline(loader._ring, loader._images, loader._labels, batches, loader.prefetch)
         self._held: deque[_Slot] = deque()  # CPU: slots of the last two batches yielded
         self._threads = [
             threading.Thread(target=self._pipeline.produce, name=f"gpuload-gather-{i}", daemon=True)
-            for i in range(min(loader.threads, max(1, self.total - skip)))
+            for i in range(min(loader.threads, max(1, self.total)))
         ]
         for thread in self._threads:
             thread.start()
@@ -400,11 +459,14 @@ class _EpochIterator:
         return self.total - self.served
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if len(self._held) == 2:
-            self._pipeline.release(self._held.popleft())
-        if self.served >= self.total or self.finished:
+        if self.closed:
+            raise StopIteration
+        if self.served == self.total:
+            self.position.finished = True
             self.close()
             raise StopIteration
+        if len(self._held) == 2:
+            self._pipeline.release(self._held.popleft())
         try:
             slot, images, labels, event = self._pipeline.take(self.served)
         except BaseException:
@@ -419,11 +481,12 @@ class _EpochIterator:
             labels.record_stream(stream)
             self._pipeline.release(slot)  # refilled only after its event: the copy is done
         self.served += 1
+        self.position.advance(len(labels))
         return images, labels
 
     def close(self) -> None:
         """Stop the background threads now (also done on ``break``, on errors and by the garbage collector)."""
-        self.finished = True
+        self.closed = True
         self._finalizer()
 
 
