@@ -245,14 +245,53 @@ class TestShutdown:
         gc.collect()
         assert not gather_threads()
 
-    def test_a_new_iteration_closes_the_previous_one(self):
+
+class TestIterators:
+    def test_zip_of_a_loader_with_itself_yields_pairs_of_whole_epochs(self):
+        data = indexed_data(23)
+        loader = DataLoader(data, batch_size=4, shuffle=True, seed=2, device="cpu")
+        pairs = list(zip(loader, loader))
+        assert len(pairs) == 6
+        for side, epoch in ((0, 0), (1, 1)):  # each iter() advances the epoch, as before
+            assert (
+                torch.cat([pair[side][1] for pair in pairs]).tolist()
+                == epoch_order(23, epoch=epoch, seed=2, shuffle=True).tolist()
+            )
+            for images, labels in (pair[side] for pair in pairs):
+                assert torch.equal(images, data.images[labels])
+
+    def test_a_second_iterator_does_not_end_the_first(self):
         loader = DataLoader(indexed_data(), batch_size=2, device="cpu")
         first = iter(loader)
         next(first)
         second = iter(loader)
-        with pytest.raises(StopIteration):
-            next(first)
+        assert len(list(first)) == 11
         assert len(list(second)) == 12
+
+    def test_live_iterators_have_their_own_ring_and_sequential_epochs_share_one(self):
+        loader = DataLoader(indexed_data(60), batch_size=3, prefetch=2, device="cpu")
+        first, second = iter(loader), iter(loader)
+        assert first._pipeline.ring is not second._pipeline.ring
+        rings = [first._pipeline.ring, second._pipeline.ring]
+        assert len(list(first)) == len(list(second)) == 20
+        sequential = []
+        for _ in range(3):
+            iterator = iter(loader)
+            sequential.append(iterator._pipeline.ring)
+            assert len(list(iterator)) == 20
+        assert sequential[0] is sequential[1] is sequential[2]  # taken back from the pool: no new buffers
+        assert any(sequential[0] is ring for ring in rings)
+
+    def test_state_dict_describes_the_latest_iterator(self):
+        loader = DataLoader(indexed_data(23), batch_size=4, shuffle=True, seed=1, device="cpu")
+        first = iter(loader)
+        for _ in range(3):
+            next(first)
+        second = iter(loader)
+        next(second)
+        assert loader.state_dict() == state(1, 4)
+        next(first)
+        assert loader.state_dict() == state(1, 4)
 
 
 def state(epoch, position, *, batch_size=4, world_size=1, length=23, seed=1) -> dict[str, int]:
@@ -473,4 +512,4 @@ class TestCuda:
     def test_pinned_host_buffers(self, built_dataset):
         loader = DataLoader(MemmapImageDataset(built_dataset), batch_size=4, device="cuda")
         next(iter(loader))
-        assert all(slot.images.is_pinned() and slot.labels.is_pinned() for slot in loader._ring.slots)
+        assert all(slot.images.is_pinned() and slot.labels.is_pinned() for slot in loader._rings.take().slots)

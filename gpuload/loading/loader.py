@@ -6,8 +6,9 @@ import math
 import threading
 import weakref
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -130,8 +131,9 @@ class DataLoader:
         self.epoch = 0
         self._start = 0  # where the next iteration starts in self.epoch: a loaded state's global position
         self._position = _Position(0, 0, batch_size, distributed_rank()[1])  # what state_dict reports
-        self._active: weakref.ref[_EpochIterator] | None = None
-        self._ring: _Ring | None = None
+        # + 2 buffers: on the CPU the batch being used and the one before it (still bound to the
+        # loop variable while the next is fetched) are views of their buffers.
+        self._rings = _RingPool(partial(_Ring, self._images.shape[1:], batch_size, prefetch + 2, self.device))
         self._initialized = True
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -218,9 +220,6 @@ class DataLoader:
     # -- iteration ---------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        previous = self._active() if self._active is not None else None
-        if previous is not None:
-            previous.close()  # one live iteration per loader: its buffers are reused
         rank, world_size = distributed_rank()
         epoch, start = self.epoch, self._start
         self.epoch, self._start = epoch + 1, 0
@@ -240,13 +239,7 @@ class DataLoader:
         # The end of the epoch's global order: the dataset, or the sampler's indices on all ranks.
         end = len(self._labels) if self.sampler is None else start + len(order) * world_size
         self._position = _Position(epoch, start, self.batch_size, world_size, end=end)
-        if self._ring is None:
-            # + 2: on the CPU the batch being used and the one before it (still bound to the
-            # loop variable while the next is fetched) are views of their buffers.
-            self._ring = _Ring(self._images.shape[1:], self.batch_size, self.prefetch + 2, self.device)
-        iterator = _EpochIterator(self, batches, self._position)
-        self._active = weakref.ref(iterator)
-        return iterator
+        return _EpochIterator(self, batches, self._position)
 
     def __repr__(self) -> str:
         return (
@@ -339,6 +332,28 @@ class _Ring:
         self.stream = torch.cuda.Stream(device) if cuda else None
 
 
+class _RingPool:
+    """Rings of host buffers: one per live iterator, kept for the next iterations (a few of them),
+    so that sequential epochs reuse one ring instead of allocating pinned memory again."""
+
+    def __init__(self, make: Callable[[], _Ring], keep: int = 2) -> None:
+        self._make, self._keep = make, keep
+        self._free: list[_Ring] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> _Ring:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return self._make()
+
+    def give_back(self, ring: _Ring) -> None:
+        """Keep ``ring`` for another iterator: only once no producer can write into it any more."""
+        with self._lock:
+            if len(self._free) < self._keep:
+                self._free.append(ring)
+
+
 class _Failed:
     """A batch whose gather raised ``error``."""
 
@@ -360,8 +375,11 @@ class _Pipeline:
         labels: torch.Tensor,
         batches: list[torch.Tensor],
         ahead: int,
+        producers: int,
+        give_back: Callable[[_Ring], None],
     ) -> None:
         self.ring, self.images, self.labels, self.batches, self.ahead = ring, images, labels, batches, ahead
+        self.producers, self.give_back = producers, give_back  # the last producer to exit gives the ring back
         # Buffers the user may still hold (the last batch of the previous epoch is still bound
         # to the loop variable) go last: by their turn the user has let go of them.
         self.free = deque(sorted(ring.slots, key=_Slot.referenced))
@@ -372,8 +390,18 @@ class _Pipeline:
         self.stopped = False
 
     def produce(self) -> None:
-        while (claim := self._claim()) is not None:
-            self._fill_and_publish(*claim)
+        try:
+            while (claim := self._claim()) is not None:
+                self._fill_and_publish(*claim)
+        finally:
+            self._exit()
+
+    def _exit(self) -> None:
+        with self.condition:
+            self.producers -= 1
+            last = self.producers == 0
+        if last:
+            self.give_back(self.ring)
 
     def _fill_and_publish(self, number: int, slot: _Slot) -> None:
         # A function of its own so that no local keeps a view of the batch once it is published:
@@ -442,11 +470,20 @@ class _EpochIterator:
         self.served = 0
         self.total = len(batches)
         self.closed = False
-        self._pipeline = _Pipeline(loader._ring, loader._images, loader._labels, batches, loader.prefetch)
+        producers = min(loader.threads, max(1, self.total))
+        self._pipeline = _Pipeline(
+            loader._rings.take(),
+            loader._images,
+            loader._labels,
+            batches,
+            loader.prefetch,
+            producers,
+            loader._rings.give_back,
+        )
         self._held: deque[_Slot] = deque()  # CPU: slots of the last two batches yielded
         self._threads = [
             threading.Thread(target=self._pipeline.produce, name=f"gpuload-gather-{i}", daemon=True)
-            for i in range(min(loader.threads, max(1, self.total)))
+            for i in range(producers)
         ]
         for thread in self._threads:
             thread.start()
