@@ -63,6 +63,8 @@ def photo(size: tuple[int, int] = SIZE) -> Image.Image:
 
 BAD_FILES = {
     "truncated.jpg": "truncated or corrupt",
+    "truncated_eoi.jpg": "truncated or corrupt JPEG",  # cut, then the end marker: Pillow and ffmpeg accept it
+    "corrupt.jpg": "truncated or corrupt JPEG",  # garbled entropy-coded data: Pillow and ffmpeg accept it
     "empty.jpg": "empty file",
     "notes.jpg": "not an image",
     "garbage.png": "not an image",
@@ -73,9 +75,15 @@ def write_bad_file(folder: Path, name: str) -> Path:
     """Write one of ``BAD_FILES`` into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
-    if name == "truncated.jpg":
+    if name in ("truncated.jpg", "truncated_eoi.jpg", "corrupt.jpg"):
         photo().save(path, quality=95)
-        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        data = bytearray(path.read_bytes())
+        if name == "corrupt.jpg":
+            for position in range(len(data) // 2, len(data) // 2 + 40, 3):
+                data[position] = 0x5A  # no 0xFF: the markers stay intact, the coded data is wrong
+            path.write_bytes(bytes(data))
+        else:
+            path.write_bytes(bytes(data[: len(data) // 2]) + (b"\xff\xd9" if name == "truncated_eoi.jpg" else b""))
     elif name == "empty.jpg":
         path.touch()
     elif name == "notes.jpg":

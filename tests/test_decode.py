@@ -2,9 +2,23 @@ import numpy as np
 import pytest
 import torch
 from conftest import BAD_FILES, ODD_KINDS, SIZE, photo, write_bad_file, write_odd_image
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
-from gpuload.store.decode import DecodeError, check_target, copy_chw, decode_image, exif_orientation, load_rgb, read_size
+import gpuload.store.decode
+from gpuload import GpuloadError
+from gpuload.store.decode import (
+    RESIZE_MODES,
+    DecodeError,
+    _fit,
+    check_target,
+    copy_chw,
+    decode_image,
+    exif_orientation,
+    load_rgb,
+    read_size,
+)
 
 
 def mean_abs_diff(tensor: torch.Tensor, image: Image.Image) -> float:
@@ -32,7 +46,7 @@ class TestBadFiles:
             decode_image(path)
 
     def test_missing_file(self, tmp_path):
-        with pytest.raises(DecodeError, match="cannot open"):
+        with pytest.raises(DecodeError, match="cannot read"):
             decode_image(tmp_path / "nope.jpg")
 
     def test_decode_error_pickles(self, tmp_path):
@@ -40,6 +54,64 @@ class TestBadFiles:
 
         error = pickle.loads(pickle.dumps(DecodeError(tmp_path / "x.jpg", "empty file")))
         assert (error.path, error.reason) == (str(tmp_path / "x.jpg"), "empty file")
+
+
+class TestOnlyDamageIsDamage:
+    """Only what the decoders say about a file's bytes is a DecodeError; anything else propagates."""
+
+    def test_a_bug_after_decoding_propagates_with_its_type(self, tmp_path, monkeypatch):
+        photo().save(tmp_path / "a.jpg")
+        monkeypatch.setattr(gpuload.store.decode, "_fit", lambda *args: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            decode_image(tmp_path / "a.jpg", (10, 10))
+
+    @pytest.mark.parametrize("error", [MemoryError, KeyboardInterrupt, RuntimeError])
+    def test_errors_inside_the_decoder_that_are_not_damage_propagate(self, tmp_path, monkeypatch, error):
+        photo().save(tmp_path / "a.png")
+
+        def load(self):
+            raise error("not the file's fault")
+
+        monkeypatch.setattr(Image.Image, "load", load)
+        with pytest.raises(error):
+            decode_image(tmp_path / "a.png")
+
+    def test_decode_errors_are_gpuload_errors_not_value_errors(self, tmp_path):
+        with pytest.raises(GpuloadError) as caught:
+            decode_image(write_bad_file(tmp_path, "corrupt.jpg"))
+        assert not isinstance(caught.value, ValueError)
+
+    @pytest.mark.parametrize("name", ["truncated_eoi.jpg", "corrupt.jpg"])
+    def test_jpegs_that_pillow_accepts_with_grey_blocks_are_damaged(self, tmp_path, name):
+        path = write_bad_file(tmp_path, name)
+        Image.open(path).load()  # Pillow decodes it without a word
+        with pytest.raises(
+            DecodeError, match=r"truncated or corrupt JPEG \(libjpeg: (Corrupt JPEG data|Premature end)"
+        ):
+            decode_image(path, (24, 32))
+
+
+class TestOddSizes:
+    """Every valid image fits every target in every mode (a float rounding once made crop boxes negative)."""
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        image_size=st.tuples(st.integers(1, 4000), st.integers(1, 4000)),
+        target=st.sampled_from([(480, 640), (224, 224), (1, 1), (37, 1000), (1000, 37), (201, 382), (640, 480)]),
+        resize=st.sampled_from(RESIZE_MODES),
+    )
+    def test_fit_gives_the_target_size(self, image_size, target, resize):
+        out = _fit(Image.new("RGB", image_size, (200, 100, 50)), target, resize)
+        assert out.size == (target[1], target[0]) and out.mode == "RGB"
+        if resize != "pad":  # padding adds black borders; the rest keeps the one colour
+            assert out.getextrema() == ((200, 200), (100, 100), (50, 50))
+
+    @pytest.mark.parametrize("width, height", [(382, 201), (319, 505), (641, 479), (1, 1), (3000, 2)])
+    @pytest.mark.parametrize("resize", RESIZE_MODES)
+    def test_real_jpegs_of_odd_sizes_decode_at_the_target(self, tmp_path, width, height, resize):
+        path = tmp_path / "odd.jpg"
+        photo((height, width)).save(path, quality=90)
+        assert decode_image(path, (480, 640), resize).shape == (3, 480, 640)
 
 
 class TestModes:

@@ -1,0 +1,59 @@
+"""The errors gpuload raises on purpose, under one base class.
+
+Anything gpuload raises that is not a :class:`GpuloadError` (nor an ``OSError`` about a user's
+path) is a bug or an environment failure, and the command line shows its traceback. This module
+imports nothing heavy, so the command line can tell the two apart without importing torch.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["BusyError", "CompressError", "DatasetError", "DecodeError", "FileError", "GpuloadError", "UsageError"]
+
+
+class GpuloadError(Exception):
+    """Base class of every error gpuload raises about its input: the user can act on it.
+
+    Example:
+        >>> issubclass(DecodeError, GpuloadError) and issubclass(UsageError, ValueError)
+        True
+    """
+
+
+class UsageError(GpuloadError, ValueError):
+    """An argument or path that gpuload refuses before doing any work (a ``ValueError`` too)."""
+
+
+class BusyError(GpuloadError):
+    """Another gpuload run holds the lock of the same output."""
+
+
+class DatasetError(GpuloadError):
+    """A folder that is not a complete, consistent gpuload dataset."""
+
+
+class FileError(GpuloadError):
+    """A problem with one input file, named with its reason.
+
+    Attributes:
+        path: the file.
+        reason: what is wrong with it, in a few words.
+    """
+
+    def __init__(self, path: str | os.PathLike, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = str(path)
+        self.reason = reason
+
+    def __reduce__(self):
+        return type(self), (self.path, self.reason)
+
+
+class DecodeError(FileError):
+    """A file that cannot be turned into an RGB image: empty, unreadable, damaged, not an image."""
+
+
+class CompressError(FileError):
+    """A source that ``compress`` could not re-encode: damaged, refused by ffmpeg, or whose output
+    would replace a file that ``compress`` did not write."""
