@@ -1,9 +1,10 @@
+import threading
 from pathlib import Path
 
 import pytest
 from torchvision.datasets import ImageFolder
 
-from gpuload.store.scan import scan_image_folder
+from gpuload.store.scan import scan_image_folder, walk_images
 
 
 def test_matches_imagefolder(photo_copy):
@@ -55,3 +56,46 @@ def test_relative_root_is_made_absolute(photo_folder, monkeypatch):
     monkeypatch.chdir(photo_folder.parent)
     index = scan_image_folder(Path(photo_folder.name))
     assert index.root == photo_folder and index.root.is_absolute()
+
+
+def scan_with_timeout(function, *args, seconds: float = 30):
+    """Run ``function`` in a daemon thread; fail if it does not finish (the old walk never did)."""
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(value=function(*args)), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"{function.__name__} still running after {seconds} s"
+    return result["value"]
+
+
+class TestSymlinks:
+    @pytest.fixture
+    def looped(self, photo_copy):
+        """Two loops: a link to the root inside a class, and a link to a sibling class that links back."""
+        (photo_copy / "face" / "up").symlink_to(photo_copy)
+        (photo_copy / "collar" / "sideways").symlink_to(photo_copy / "face")
+        (photo_copy / "face" / "back").symlink_to(photo_copy / "collar")
+        return photo_copy
+
+    def test_each_real_folder_is_visited_once_and_the_loops_are_reported(self, looped):
+        with pytest.warns(UserWarning) as caught:
+            index = scan_with_timeout(scan_image_folder, looped)
+        assert len(index.samples) == 20 and len(set(index.samples)) == 20
+        assert sorted(link for link, _ in index.repeats) == ["collar/sideways", "face/back", "face/up"]
+        assert all("a folder already scanned (a symlink loop or a second link to it)" in str(w.message) for w in caught)
+
+    def test_a_link_to_a_new_folder_is_followed_like_imagefolder(self, photo_copy, tmp_path):
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        (outside / "extra.jpg").write_bytes((photo_copy / "face" / "0000.jpg").read_bytes())
+        (photo_copy / "face" / "more").symlink_to(outside)
+        index = scan_image_folder(photo_copy)
+        assert ("face/more/extra.jpg", index.class_to_idx["face"]) in index.samples
+        assert [(str(photo_copy / path), label) for path, label in index.samples] == ImageFolder(
+            str(photo_copy)
+        ).samples
+
+    def test_walk_images_visits_each_folder_once(self, looped):
+        with pytest.warns(UserWarning, match="already scanned"):
+            files, repeats = scan_with_timeout(walk_images, looped)
+        assert len(files) == 20 and len(repeats) == 3

@@ -1,14 +1,22 @@
-"""Find the images of a folder exactly as ``torchvision.datasets.ImageFolder`` does."""
+"""Find the images of a folder as ``torchvision.datasets.ImageFolder`` does, visiting each folder once.
+
+Folder symlinks are followed, as ImageFolder does, but a real folder (``st_dev``, ``st_ino``) is
+visited only the first time it is reached: a link back to a parent or to a sibling would
+otherwise make the walk list the same files again and again, for minutes, with growing memory.
+Each such repeat is reported with a warning naming the link.
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+__all__ = ["IMG_EXTENSIONS", "ImageFolderIndex", "scan_image_folder", "walk_images"]
 
-__all__ = ["IMG_EXTENSIONS", "ImageFolderIndex", "scan_image_folder"]
+# torchvision.datasets.folder.IMG_EXTENSIONS (without importing torchvision)
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 @dataclass(frozen=True)
@@ -19,11 +27,13 @@ class ImageFolderIndex:
         root: the folder that was scanned, absolute.
         classes: the class names, sorted; a class's index is its position.
         samples: ``(path relative to root, class index)`` per image, in ImageFolder's order.
+        repeats: ``(link, folder it leads to)`` per folder symlink that led to a folder already scanned.
     """
 
     root: Path
     classes: list[str]
     samples: list[tuple[str, int]]
+    repeats: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def class_to_idx(self) -> dict[str, int]:
@@ -56,22 +66,98 @@ def scan_image_folder(root: str | os.PathLike) -> ImageFolderIndex:
     if not root.is_dir():
         raise NotADirectoryError(f"{root} is not a folder; pass a folder of images (one subfolder per class)")
     try:
-        classes, class_to_idx = find_classes(root)
+        classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
     except PermissionError as error:
         raise PermissionError(f"cannot read {root}: {error.strerror}") from None
-    except FileNotFoundError:
-        return _scan_flat_folder(root)
-    found = make_dataset(str(root), class_to_idx, extensions=IMG_EXTENSIONS)
-    samples = [(Path(path).relative_to(root).as_posix(), label) for path, label in found]
-    return ImageFolderIndex(root=root, classes=classes, samples=samples)
-
-
-def _scan_flat_folder(root: Path) -> ImageFolderIndex:
-    names = sorted(
-        entry.name for entry in os.scandir(root) if entry.is_file() and entry.name.lower().endswith(IMG_EXTENSIONS)
-    )
-    if not names:
-        raise FileNotFoundError(
-            f"{root} holds no image and no class folder; supported extensions are: {', '.join(IMG_EXTENSIONS)}"
+    if not classes:
+        names = sorted(
+            entry.name for entry in os.scandir(root) if entry.is_file() and entry.name.lower().endswith(IMG_EXTENSIONS)
         )
-    return ImageFolderIndex(root=root, classes=[root.name], samples=[(name, 0) for name in names])
+        if not names:
+            raise FileNotFoundError(
+                f"{root} holds no image and no class folder; supported extensions are: {', '.join(IMG_EXTENSIONS)}"
+            )
+        return ImageFolderIndex(root=root, classes=[root.name], samples=[(name, 0) for name in names])
+    # The class folders belong to their classes: a link to one from elsewhere is a repeat.
+    seen = {_identity(root)} | {_identity(root / name) for name in classes}
+    samples, repeats = [], []
+    for label, name in enumerate(classes):
+        files, found_repeats = _walk(root, root / name, seen)
+        samples += [(path, label) for path in files]
+        repeats += found_repeats
+    empty = sorted(set(classes) - {classes[label] for _, label in samples})
+    if empty:
+        raise FileNotFoundError(
+            f"Found no valid file for the classes {', '.join(empty)}. "
+            f"Supported extensions are: {', '.join(IMG_EXTENSIONS)}"
+        )
+    _warn(repeats)
+    return ImageFolderIndex(root=root, classes=classes, samples=samples, repeats=repeats)
+
+
+def walk_images(root: Path) -> tuple[list[str], list[tuple[str, str]]]:
+    """The images under ``root`` (paths relative to it, in ImageFolder's order), each folder visited
+    once, and the ``(link, folder it leads to)`` of each folder symlink that led to a folder already seen.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> root = pathlib.Path(tempfile.mkdtemp())
+        >>> (root / "a").mkdir(); (root / "a" / "1.jpg").touch(); (root / "2.png").touch()
+        >>> walk_images(root)
+        (['2.png', 'a/1.jpg'], [])
+    """
+    files, repeats = _walk(root, root, {_identity(root)})
+    _warn(repeats)
+    return files, repeats
+
+
+def _walk(root: Path, top: Path, seen: set[tuple[int, int]]) -> tuple[list[str], list[tuple[str, str]]]:
+    """Images under ``top``, relative to ``root``, in torchvision's ``make_dataset`` order (folders
+    sorted by path, files by name). ``seen`` holds the folders visited or reserved (``top`` among
+    them): a subfolder in it is skipped and reported, a new one added."""
+    found: list[tuple[str, list[str]]] = []
+    repeats: list[tuple[str, str]] = []
+    stack = [top]
+    while stack:
+        folder = stack.pop()
+        try:
+            entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+        except OSError:  # unreadable or gone: skipped, as os.walk (and so ImageFolder) does
+            continue
+        names = [entry.name for entry in entries if entry.is_file() and entry.name.lower().endswith(IMG_EXTENSIONS)]
+        found.append((str(folder), names))
+        subfolders = []
+        for entry in entries:
+            if not entry.is_dir():
+                continue
+            identity = _identity(Path(entry.path))
+            if identity in seen:
+                repeats.append((_relative(Path(entry.path), root), str(Path(entry.path).resolve())))
+                continue
+            seen.add(identity)
+            subfolders.append(Path(entry.path))
+        stack += reversed(subfolders)
+    files = [
+        _relative(Path(folder) / name, root)
+        for folder, names in sorted(found, key=lambda item: item[0])
+        for name in names
+    ]
+    return files, repeats
+
+
+def _identity(folder: Path) -> tuple[int, int]:
+    stat = folder.stat()
+    return stat.st_dev, stat.st_ino
+
+
+def _relative(path: Path, root: Path) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def _warn(repeats: list[tuple[str, str]]) -> None:
+    for link, target in repeats:
+        warnings.warn(
+            f"{link} leads to {target}, a folder already scanned (a symlink loop or a second link to it); "
+            f"its images are listed once",
+            stacklevel=3,
+        )
