@@ -1,16 +1,33 @@
 import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
 import tracemalloc
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import BAD_FILES, ODD_KINDS, SIZE, write_bad_file, write_odd_image
-from tensordict import TensorDict
+from conftest import BAD_FILES, ODD_KINDS, SIZE, photo, write_bad_file, write_odd_image
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
 import gpuload.store.build
-from gpuload import DecodeError, ImageData, MemmapImageDataset, build_memmap, make_sample_folder
+import gpuload.store.decode
+from gpuload import (
+    BusyError,
+    DecodeError,
+    ImageData,
+    MemmapImageDataset,
+    UsageError,
+    build_memmap,
+    make_sample_folder,
+    verify_memmap,
+)
+
+PINNED = Path(__file__).parent / "data" / "tiny.memmap"
 
 
 def imagefolder_tensors(root: Path, transform) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,8 +62,20 @@ class TestOutput:
         assert len(dataset) == 20
         assert dataset.image_shape == (3, *SIZE)
 
-    def test_plain_tensordict_loads_it(self, built_dataset):
-        data = TensorDict.load_memmap(built_dataset)
+    def test_plain_tensordict_opens_it_in_a_process_without_gpuload(self, built_dataset):
+        code = textwrap.dedent(f"""
+            import sys, torch
+            from tensordict import TensorDict
+            data = TensorDict.load_memmap({str(built_dataset)!r})
+            assert "gpuload" not in sys.modules, "gpuload was imported"
+            print(type(data).__name__, data["images"].dtype, list(data["images"].shape), data["labels"].dtype)
+        """)
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.split() == ["TensorDict", "torch.uint8", "[20,", "3,", "48,", "64]", "torch.int64"]
+
+    def test_gpuload_still_hands_out_its_tensorclass(self, built_dataset):
+        data = MemmapImageDataset(built_dataset).data
         assert isinstance(data, ImageData)
         assert data.images.shape == (20, 3, *SIZE) and data.images.dtype == torch.uint8
         assert data.labels.shape == (20,) and data.labels.dtype == torch.int64
@@ -61,9 +90,9 @@ class TestOutput:
         assert manifest["skipped"] == []
         assert {"gpuload", "torch", "tensordict", "pillow", "python"} <= set(manifest["versions"])
 
-    def test_data_files_are_read_only(self, built_dataset):
-        for name in ("images.memmap", "labels.memmap"):
-            assert (built_dataset / "_tensordict" / name).stat().st_mode & 0o222 == 0
+    def test_files_are_read_only(self, built_dataset):
+        for name in ("images.memmap", "labels.memmap", "meta.json", "manifest.json"):
+            assert (built_dataset / name).stat().st_mode & 0o222 == 0
 
     def test_images_of_several_sizes_need_a_size(self, photo_copy):
         write_odd_image(photo_copy / "face" / "other.jpg", "exif_rotated")  # displays as 48x64 ...
@@ -73,6 +102,12 @@ class TestOutput:
         ):
             build_memmap(photo_copy, progress=False)
         assert not (photo_copy.parent / "photos.memmap").exists()
+
+    def test_images_smaller_than_the_target_in_one_side_are_kept(self, photo_copy):
+        for width, height in ((382, 201), (319, 505), (641, 479)):
+            photo((height, width)).save(photo_copy / "face" / f"odd-{width}x{height}.jpg", quality=90)
+        dataset = MemmapImageDataset(build_memmap(photo_copy, size=(480, 640), progress=False))
+        assert dataset.skipped == [] and len(dataset) == 23
 
     def test_odd_images_are_converted_not_skipped(self, photo_copy):
         for kind, name in ODD_KINDS.items():
@@ -110,7 +145,7 @@ class TestBadInputs:
     def test_no_decodable_image(self, tmp_path):
         for name in ("empty.jpg", "notes.jpg"):
             write_bad_file(tmp_path / "src" / "a", name)
-        with pytest.raises(ValueError, match="no image in .* could be decoded; first problem: empty file"):
+        with pytest.raises(DecodeError, match="src: no image could be decoded; first problem: empty file"):
             build_memmap(tmp_path / "src", size=SIZE, progress=False)
         assert not (tmp_path / "src.memmap").exists()
 
@@ -133,9 +168,15 @@ class TestBadInputs:
             build_memmap(photo_folder, tmp_path / "out.memmap", progress=False, **kwargs)
         assert not (tmp_path / "out.memmap").exists()
 
-    def test_out_inside_src_is_refused(self, photo_folder):
-        with pytest.raises(ValueError, match="must not be inside src"):
-            build_memmap(photo_folder, photo_folder / "x.memmap", progress=False)
+    @pytest.mark.parametrize("error", [ZeroDivisionError, MemoryError, KeyboardInterrupt])
+    def test_a_bug_while_decoding_stops_the_build_with_its_traceback(self, photo_folder, tmp_path, monkeypatch, error):
+        def broken(*args):
+            raise error("not the file's fault")
+
+        monkeypatch.setattr(gpuload.store.decode, "_fit", broken)
+        with pytest.raises(error):
+            build_memmap(photo_folder, tmp_path / "out.memmap", size=(10, 10), progress=False)
+        assert os.listdir(tmp_path) == [".out.memmap.lock"]
 
     def test_not_enough_disk_space_fails_before_decoding(self, photo_folder, tmp_path, monkeypatch):
         monkeypatch.setattr(gpuload.store.build.shutil, "disk_usage", lambda path: _Usage())
@@ -143,13 +184,50 @@ class TestBadInputs:
             build_memmap(photo_folder, tmp_path / "out.memmap", progress=False)
         assert not (tmp_path / "out.memmap").exists()
 
+    def test_stale_temporary_folders_are_removed_before_checking_free_space(self, photo_folder, tmp_path, monkeypatch):
+        stale = tmp_path / ".out.memmap.tmp-1"  # left by a build killed on a nearly full disk
+        stale.mkdir()
+        (stale / "images.memmap").write_bytes(b"\0" * 1000)
+        monkeypatch.setattr(
+            gpuload.store.build.shutil, "disk_usage", lambda path: _Usage(0 if stale.exists() else 10**9)
+        )
+        build_memmap(photo_folder, tmp_path / "out.memmap", progress=False)
+        assert not stale.exists()
+
 
 class _Usage:
-    total = used = free = 100
+    def __init__(self, free: int = 100) -> None:
+        self.total = self.used = 100
+        self.free = free
 
 
-class TestCrashSafety:
-    def test_existing_out_is_not_touched(self, photo_folder, tmp_path):
+class TestPathsAreCheckedResolved:
+    """No output may be the source, lie inside it, or contain it, however the paths are spelled."""
+
+    def test_out_inside_src_is_refused(self, photo_folder):
+        with pytest.raises(UsageError, match="is inside src"):
+            build_memmap(photo_folder, photo_folder / "x.memmap", progress=False)
+
+    @pytest.mark.parametrize("spelling", ["parent", "dotdot", "symlink"])
+    def test_out_containing_src_is_refused_with_overwrite_and_nothing_is_lost(self, photo_copy, spelling, monkeypatch):
+        root = photo_copy.parent
+        before = sorted(path.relative_to(root) for path in photo_copy.rglob("*"))
+        monkeypatch.chdir(root)
+        if spelling == "symlink":
+            (root / "alias").symlink_to(root)
+        out = {"parent": Path("."), "dotdot": Path("photos") / "..", "symlink": Path("alias")}[spelling]
+        with pytest.raises(UsageError, match=r"contains src .*put out outside"):
+            build_memmap(Path("photos"), out, overwrite=True, progress=False)
+        assert sorted(path.relative_to(root) for path in photo_copy.rglob("*")) == before
+
+    def test_src_reached_through_a_symlink_and_out_inside_its_target(self, photo_copy, tmp_path):
+        (tmp_path / "link").symlink_to(photo_copy)
+        with pytest.raises(UsageError, match="is inside src"):
+            build_memmap(tmp_path / "link", photo_copy / "face" / "x.memmap", progress=False)
+
+
+class TestOverwriteOnlyReplacesADataset:
+    def test_existing_out_is_not_touched_without_overwrite(self, photo_folder, tmp_path):
         out = tmp_path / "out.memmap"
         out.mkdir()
         (out / "mine.txt").write_text("unchanged")
@@ -157,14 +235,79 @@ class TestCrashSafety:
             build_memmap(photo_folder, out, progress=False)
         assert (out / "mine.txt").read_text() == "unchanged"
 
-    def test_overwrite_replaces(self, photo_folder, tmp_path):
+    def test_a_folder_that_is_not_a_dataset_is_refused(self, photo_folder, tmp_path):
         out = tmp_path / "out.memmap"
         out.mkdir()
-        (out / "mine.txt").write_text("old")
-        build_memmap(photo_folder, out, overwrite=True, progress=False)
-        assert not (out / "mine.txt").exists() and len(MemmapImageDataset(out)) == 20
+        (out / "mine.txt").write_text("unchanged")
+        with pytest.raises(UsageError, match=f"overwrite only replaces a gpuload dataset, and {out} is not one"):
+            build_memmap(photo_folder, out, overwrite=True, progress=False)
+        assert (out / "mine.txt").read_text() == "unchanged"
+
+    def test_a_file_is_refused(self, photo_folder, tmp_path):
+        out = tmp_path / "out.memmap"
+        out.write_text("unchanged")
+        with pytest.raises(UsageError, match="is not a folder"):
+            build_memmap(photo_folder, out, overwrite=True, progress=False)
+        assert out.read_text() == "unchanged"
+
+    def test_a_dataset_holding_other_files_too_is_refused(self, photo_folder, built_dataset, tmp_path):
+        out = Path(shutil.copytree(built_dataset, tmp_path / "out.memmap"))
+        (out / "notes").mkdir()
+        (out / "notes" / "mine.txt").write_text("unchanged")
+        with pytest.raises(UsageError, match=r"also holds 'notes' \(2 entries gpuload did not write\)"):
+            build_memmap(photo_folder, out, overwrite=True, progress=False)
+        assert (out / "notes" / "mine.txt").read_text() == "unchanged"
+
+    @pytest.mark.parametrize("old", ["current", "version_1"])
+    def test_a_dataset_is_replaced(self, photo_folder, built_dataset, tmp_path, old):
+        out = Path(shutil.copytree(built_dataset if old == "current" else PINNED, tmp_path / "out.memmap"))
+        build_memmap(photo_folder, out, size=(24, 32), overwrite=True, progress=False)
+        assert MemmapImageDataset(out).image_shape == (3, 24, 32)
         assert leftovers(tmp_path) == []
 
+
+class TestLock:
+    def test_a_second_build_of_the_same_out_fails_at_once(self, photo_folder, tmp_path):
+        out = tmp_path / "out.memmap"
+        holder = subprocess.Popen(
+            [sys.executable, "-c", LOCK_HOLDER, str(tmp_path / ".out.memmap.lock")], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert holder.stdout.readline() == "locked\n"
+            with pytest.raises(BusyError, match=f"another gpuload run is writing {out}"):
+                build_memmap(photo_folder, out, progress=False)
+        finally:
+            holder.kill()
+            holder.wait()
+        assert not out.exists()
+        build_memmap(photo_folder, out, progress=False)  # the kernel released the dead holder's lock
+
+    def test_a_temporary_folder_is_stale_by_the_lock_not_by_a_pid(self, photo_folder, tmp_path):
+        stale = tmp_path / ".out.memmap.tmp-1"  # PID 1 is alive: a PID test would keep it forever
+        stale.mkdir()
+        (stale / "images.memmap").write_bytes(b"\0")
+        build_memmap(photo_folder, tmp_path / "out.memmap", progress=False)
+        assert not stale.exists()
+
+    def test_a_folder_named_like_a_build_but_holding_other_files_is_left_alone(self, photo_folder, tmp_path):
+        foreign = tmp_path / ".out.memmap.tmp-mine"
+        foreign.mkdir()
+        (foreign / "thesis.tex").write_text("unchanged")
+        with pytest.warns(UserWarning, match="left .*tmp-mine alone"):
+            build_memmap(photo_folder, tmp_path / "out.memmap", progress=False)
+        assert (foreign / "thesis.tex").read_text() == "unchanged"
+
+
+LOCK_HOLDER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+class TestCrashSafety:
     @pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
     def test_interrupted_build_leaves_nothing(self, photo_folder, tmp_path, monkeypatch, error):
         calls = []
@@ -182,11 +325,99 @@ class TestCrashSafety:
         assert not (tmp_path / "out.memmap").exists()
         assert leftovers(tmp_path) == []
 
-    def test_stale_temporary_folder_of_a_dead_build_is_removed(self, photo_folder, tmp_path):
-        stale = tmp_path / ".out.memmap.tmp-999999999"
-        (stale / "_tensordict").mkdir(parents=True)
-        build_memmap(photo_folder, tmp_path / "out.memmap", progress=False)
-        assert not stale.exists()
+    def test_everything_is_flushed_to_disk_before_the_rename(self, photo_folder, tmp_path, monkeypatch):
+        events = record_fsyncs_and_renames(monkeypatch)
+        out = build_memmap(photo_folder, tmp_path / "out.memmap", progress=False)
+        rename = events.index("rename")
+        synced_before = {Path(path).name for path in events[:rename] if path != "rename"}
+        assert {"images.memmap", "labels.memmap", "meta.json", "manifest.json"} <= synced_before
+        assert any(".out.memmap.tmp-" in Path(path).name for path in events[:rename])  # the folder itself
+        assert str(out.parent) in events[rename:]  # then the parent, for the new name
+
+    def test_without_sync_nothing_waits_for_the_disk(self, photo_folder, tmp_path, monkeypatch):
+        events = record_fsyncs_and_renames(monkeypatch)
+        build_memmap(photo_folder, tmp_path / "out.memmap", sync=False, progress=False)
+        assert events == ["rename"]
+
+    def test_an_interrupted_swap_puts_the_old_dataset_back(self, photo_folder, built_dataset, tmp_path, monkeypatch):
+        """Where the filesystem cannot swap, two renames are needed; an error between them restores the old."""
+        out = Path(shutil.copytree(built_dataset, tmp_path / "out.memmap"))
+        monkeypatch.setattr(gpuload.store.build, "rename_exchange", lambda a, b: False)
+
+        def interrupted(source, target):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(gpuload.store.build, "rename_noreplace", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            build_memmap(photo_folder, out, size=(24, 32), overwrite=True, progress=False)
+        assert MemmapImageDataset(out).image_shape == (3, *SIZE)
+        assert leftovers(tmp_path) == []
+
+    @pytest.mark.parametrize("moment", ["writing", "after_swap", "between_renames"])
+    def test_after_kill_9_out_holds_a_whole_dataset_and_the_next_build_tidies_up(
+        self, photo_folder, built_dataset, tmp_path, moment
+    ):
+        out = Path(shutil.copytree(built_dataset, tmp_path / "out.memmap"))
+        code = KILLED_BUILD.format(src=str(photo_folder), out=str(out), moment=moment)
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert result.returncode == -9, result.stderr[-2000:]
+        assert leftovers(tmp_path)  # the kill left something behind
+        if moment != "between_renames":  # an atomic swap: a whole dataset at out at every moment
+            expected = (3, 24, 32) if moment == "after_swap" else (3, *SIZE)
+            assert MemmapImageDataset(out).image_shape == expected and verify_memmap(out, progress=False) == []
+        build_memmap(photo_folder, tmp_path / "other.memmap", progress=False)  # another out: not tidied
+        assert leftovers(tmp_path)
+        with (  # the next build of out tidies up, even when it then refuses
+            pytest.warns(UserWarning, match="restored .*out.memmap from .out.memmap.old-")
+            if moment == "between_renames"
+            else warnings.catch_warnings(action="error"),
+            pytest.raises(FileExistsError),
+        ):
+            build_memmap(photo_folder, out, progress=False)
+        assert leftovers(tmp_path) == []
+        assert verify_memmap(out, progress=False) == []
+
+
+KILLED_BUILD = """
+import os, signal
+import gpuload.store.build as build
+
+def kill(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+moment = {moment!r}
+if moment == "writing":
+    calls = []
+    real = build._decode_into
+    def decode(*args):
+        calls.append(1)
+        if len(calls) == 5:
+            kill()
+        return real(*args)
+    build._decode_into = decode
+elif moment == "after_swap":
+    build.shutil.rmtree = kill
+else:
+    build.rename_exchange = lambda a, b: False
+    build.rename_noreplace = kill
+build.build_memmap({src!r}, {out!r}, size=(24, 32), overwrite=True, progress=False)
+"""
+
+
+def record_fsyncs_and_renames(monkeypatch) -> list[str]:
+    """Record, in order, the path of every fsync and a "rename" for every rename of the build."""
+    events: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        events.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    for name in ("rename_exchange", "rename_noreplace"):
+        real = getattr(gpuload.store.build, name)
+        monkeypatch.setattr(gpuload.store.build, name, lambda a, b, real=real: events.append("rename") or real(a, b))
+    return events
 
 
 def test_memory_does_not_grow_with_the_dataset(tmp_path):

@@ -1,4 +1,5 @@
 import json
+import os
 import pickle
 import shutil
 from pathlib import Path
@@ -61,7 +62,7 @@ class TestLikeImageFolder:
 
 class TestReadOnly:
     def test_writes_never_reach_the_files(self, fresh_dataset):
-        images_file = fresh_dataset / "_tensordict" / "images.memmap"
+        images_file = fresh_dataset / "images.memmap"
         before = images_file.read_bytes()
         dataset = MemmapImageDataset(fresh_dataset)
         dataset.data.images[0].fill_(7)
@@ -96,23 +97,51 @@ class TestPickle:
         assert copy.samples == dataset.samples and copy.classes == dataset.classes
 
 
+class TestLargerThanMemory:
+    def test_a_sparse_dataset_far_larger_than_ram_opens_and_reads(self, built_dataset, tmp_path):
+        """64 GiB of holes (no disk used): a private mapping charged against RAM + swap could not open it."""
+        count, shape = 74_565, (3, 480, 640)  # 64 GiB of uint8 pixels
+        folder = tmp_path / "huge.memmap"
+        folder.mkdir()
+        manifest = json.loads((built_dataset / "manifest.json").read_text())
+        manifest.update(
+            samples=[["face/0000.jpg", 0]] * count,
+            checksums=["0" * 16] * count,
+            image_shape=list(shape),
+            files={"images.memmap": count * 3 * 480 * 640, "labels.memmap": count * 8, "meta.json": 2},
+        )
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+        (folder / "meta.json").write_text("{}")
+        for name, size in (("images.memmap", count * 3 * 480 * 640), ("labels.memmap", count * 8)):
+            with open(folder / name, "wb") as file:
+                file.truncate(size)
+        assert (folder / "images.memmap").stat().st_size > 2 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        dataset = MemmapImageDataset(folder)
+        assert len(dataset) == count
+        for index in (0, 12_345, count - 1):
+            image, label = dataset[index]
+            assert image.shape == shape and int(image.sum()) == 0 and label == 0
+        batch = dataset.data[torch.tensor([5, 70_000, 33])]
+        assert batch.images.shape == (3, *shape)
+
+
 class TestDamagedFolders:
     def damage(self, dataset_path: Path, tmp_path: Path) -> Path:
         copy = Path(shutil.copytree(dataset_path, tmp_path / "copy.memmap"))
-        for file in (copy / "_tensordict").iterdir():
+        for file in copy.iterdir():
             file.chmod(0o644)
         return copy
 
     def test_truncated_images_file(self, built_dataset, tmp_path):
         copy = self.damage(built_dataset, tmp_path)
-        images = copy / "_tensordict" / "images.memmap"
+        images = copy / "images.memmap"
         images.write_bytes(images.read_bytes()[:-100])
         with pytest.raises(DatasetError, match="images.memmap has 184,220 bytes, the manifest says 184,320"):
             MemmapImageDataset(copy)
 
     def test_missing_labels(self, built_dataset, tmp_path):
         copy = self.damage(built_dataset, tmp_path)
-        (copy / "_tensordict" / "labels.memmap").unlink()
+        (copy / "labels.memmap").unlink()
         with pytest.raises(DatasetError, match="labels.memmap is missing"):
             MemmapImageDataset(copy)
 
@@ -125,20 +154,19 @@ class TestDamagedFolders:
         with pytest.raises(DatasetError, match="an unfinished build"):
             MemmapImageDataset(tmp_path / ".out.memmap.tmp-12")
 
-    def test_broken_tensordict_metadata(self, built_dataset, tmp_path):
+    def test_tensordict_metadata_is_not_needed_by_gpuload(self, built_dataset, tmp_path):
         copy = self.damage(built_dataset, tmp_path)
-        (copy / "_tensordict" / "meta.json").write_text("{")
-        with pytest.raises(DatasetError, match="tensordict cannot load it"):
+        (copy / "meta.json").write_text("{")  # same size class of damage: only plain tensordict reads it
+        with pytest.raises(DatasetError, match="meta.json has 1 bytes, the manifest says"):
             MemmapImageDataset(copy)
 
     def test_manifest_that_disagrees_with_the_arrays(self, built_dataset, tmp_path):
         copy = self.damage(built_dataset, tmp_path)
         manifest = json.loads((copy / "manifest.json").read_text())
-        manifest["image_shape"] = [3, 64, 48]
+        manifest["image_shape"] = [3, 64, 49]
         (copy / "manifest.json").write_text(json.dumps(manifest))
         with pytest.raises(
-            DatasetError,
-            match="images is torch.uint8 \\[20, 3, 48, 64\\], the manifest says torch.uint8 \\[20, 3, 64, 48\\]",
+            DatasetError, match=r"images.memmap has 184,320 bytes, the manifest says 188,160 \(20 x \[3, 64, 49\]"
         ):
             MemmapImageDataset(copy)
 

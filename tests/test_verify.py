@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 from conftest import photo
 
-from gpuload import build_memmap
+import gpuload.store.decode
+import gpuload.store.verify
+from gpuload import UsageError, build_memmap
 from gpuload.store.verify import describe_memmap, verify_memmap
 
 
@@ -13,7 +15,7 @@ from gpuload.store.verify import describe_memmap, verify_memmap
 def writable_copy(photo_copy, tmp_path) -> Path:
     """A dataset built from a copy of the photos, with writable files to damage."""
     out = build_memmap(photo_copy, tmp_path / "copy.memmap", progress=False)
-    for file in (out / "_tensordict").iterdir():
+    for file in out.iterdir():
         file.chmod(0o644)
     return out
 
@@ -23,7 +25,7 @@ def test_intact_dataset_has_no_problem(built_dataset):
 
 
 def test_flipped_byte_is_found_and_named(writable_copy):
-    images = writable_copy / "_tensordict" / "images.memmap"
+    images = writable_copy / "images.memmap"
     data = bytearray(images.read_bytes())
     data[3 * 48 * 64 * 5 + 100] ^= 0xFF  # a byte of image 5
     images.write_bytes(bytes(data))
@@ -31,8 +33,28 @@ def test_flipped_byte_is_found_and_named(writable_copy):
     assert problems == ["1 images do not match their build checksum: 5 (collar/0001.jpg)"]
 
 
+def test_pixels_lost_in_a_power_cut_are_found(writable_copy):
+    """What an unsynced build can leave after a power cut: the file at full size, some pages zeros."""
+    images = writable_copy / "images.memmap"
+    data = bytearray(images.read_bytes())
+    image_bytes = 3 * 48 * 64
+    data[12 * image_bytes :] = bytes(len(data) - 12 * image_bytes)
+    images.write_bytes(bytes(data))
+    problems = verify_memmap(writable_copy, progress=False)
+    assert len(problems) == 1 and problems[0].startswith("8 images do not match their build checksum: 12 (")
+
+
+def test_an_edited_manifest_is_found(writable_copy):
+    manifest = json.loads((writable_copy / "manifest.json").read_text())
+    manifest["classes"] = list(reversed(manifest["classes"]))  # every label now names another class
+    (writable_copy / "manifest.json").write_text(json.dumps(manifest))
+    assert verify_memmap(writable_copy, progress=False) == [
+        "manifest.json: the field 'classes' was changed after the build (its digest differs); rebuild the dataset"
+    ]
+
+
 def test_changed_labels_are_found(writable_copy):
-    labels = writable_copy / "_tensordict" / "labels.memmap"
+    labels = writable_copy / "labels.memmap"
     data = bytearray(labels.read_bytes())
     data[0] = 9
     labels.write_bytes(bytes(data))
@@ -50,6 +72,26 @@ def test_changed_and_missing_sources_are_found(writable_copy, photo_copy):
     assert len(problems) == 2
     assert problems[0].startswith("image 10 differs from its source") and "face/0002.jpg" in problems[0]
     assert problems[1].startswith("source of image 11 cannot be decoded") and "face/0003.jpg" in problems[1]
+
+
+def test_all_sources(built_dataset, monkeypatch):
+    decoded = []
+    real = gpuload.store.verify.decode_image
+    monkeypatch.setattr(gpuload.store.verify, "decode_image", lambda *args: decoded.append(1) or real(*args))
+    assert verify_memmap(built_dataset, sources="all", progress=False) == []
+    assert len(decoded) == 20
+
+
+@pytest.mark.parametrize("sources", [-1, "some", 1.5, True])
+def test_bad_sources(built_dataset, sources):
+    with pytest.raises(UsageError, match="sources must be a number of images to re-decode or 'all'"):
+        verify_memmap(built_dataset, sources=sources, progress=False)
+
+
+def test_a_bug_while_re_decoding_is_not_reported_as_a_damaged_source(built_dataset, monkeypatch):
+    monkeypatch.setattr(gpuload.store.decode, "_fit", lambda *args: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        verify_memmap(built_dataset, sources=3, progress=False)
 
 
 def test_not_a_dataset_is_one_problem(tmp_path):

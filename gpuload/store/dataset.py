@@ -1,15 +1,24 @@
-"""The built dataset: an ``ImageData`` tensorclass memory-mapped read-only, behind an ImageFolder-like API."""
+"""The built dataset, memory-mapped read-only, behind an ImageFolder-like API."""
 
+from __future__ import annotations
+
+import mmap
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from tensordict import TensorDict, tensorclass
+from tensordict import tensorclass
 
-from .manifest import DatasetError, Manifest
+from ..errors import DatasetError
+from .manifest import Manifest
 
-__all__ = ["ImageData", "MemmapImageDataset", "GatheredSamples"]
+__all__ = ["GatheredSamples", "ImageData", "MemmapImageDataset"]
+
+# Linux's MAP_NORESERVE (Python 3.11's mmap module has no constant for it): a private mapping
+# without it is charged in full against RAM + swap, so datasets larger than that could not open.
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
 
 
 @tensorclass
@@ -53,16 +62,21 @@ class MemmapImageDataset(torch.utils.data.Dataset):
 
     It behaves like ``torchvision.datasets.ImageFolder`` with ``PILToTensor``: ``ds[i]`` is
     ``(uint8 [3, H, W] image, int label)``, and ``classes``, ``class_to_idx``, ``samples``
-    and ``targets`` mean the same. ``data`` is the whole :class:`ImageData`, memory-mapped
-    copy-on-write: writing into its tensors never reaches the files, and its fields
-    cannot be replaced. Pickling it (for DataLoader workers) sends the paths, not the pixels.
+    and ``targets`` mean the same. ``data`` is the whole :class:`ImageData`, mapped
+    copy-on-write without reserving memory (``MAP_PRIVATE | MAP_NORESERVE``): writing into its
+    tensors never reaches the files, its fields cannot be replaced, and a dataset far larger
+    than RAM + swap opens at once, its pages read from disk only when touched. Pickling it
+    (for DataLoader workers) sends the path, not the pixels.
+
+    The files must not change while they are mapped: a file truncated under a running reader
+    ends that process with ``SIGBUS`` (the kernel's answer to reading a page that no longer exists).
 
     Args:
         path: the folder that :func:`gpuload.build_memmap` wrote.
 
     Raises:
         DatasetError: the folder is not a complete gpuload dataset, or its files disagree
-            with its manifest (truncated, resized, missing or foreign files).
+            with its manifest (truncated, resized or missing files, a damaged manifest).
 
     Example:
         >>> import tempfile
@@ -76,17 +90,10 @@ class MemmapImageDataset(torch.utils.data.Dataset):
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path).absolute()
-        self._manifest: Manifest | None = Manifest.read(self.path)
-        self.classes: list[str] = list(self._manifest.classes)
-        self.image_shape: tuple[int, int, int] = tuple(self._manifest.image_shape)
-        self.data: ImageData = _open_data(self.path, len(self._manifest.samples), self.image_shape)
-
-    @property
-    def manifest(self) -> Manifest:
-        """The parsed ``manifest.json`` (read again lazily after unpickling)."""
-        if self._manifest is None:
-            self._manifest = Manifest.read(self.path)
-        return self._manifest
+        self.manifest: Manifest = Manifest.read(self.path)
+        self.classes: list[str] = list(self.manifest.classes)
+        self.image_shape: tuple[int, int, int] = tuple(self.manifest.image_shape)
+        self.data: ImageData = _open_data(self.path, self.manifest)
 
     @property
     def class_to_idx(self) -> dict[str, int]:
@@ -120,9 +127,10 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         return GatheredSamples(self.data[torch.as_tensor(indices, dtype=torch.long)])
 
     def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        state["_manifest"] = None
-        return state
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"])
 
     def __repr__(self) -> str:
         height, width = self.image_shape[1:]
@@ -132,29 +140,36 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         )
 
 
-def _open_data(path: Path, count: int, image_shape: tuple[int, int, int]) -> ImageData:
-    expected = {"images": ((count, *image_shape), torch.uint8), "labels": ((count,), torch.int64)}
-    for name, (shape, dtype) in expected.items():
-        file = path / "_tensordict" / f"{name}.memmap"
+def _open_data(path: Path, manifest: Manifest) -> ImageData:
+    for name, size in manifest.files.items():
+        file = path / name
         if not file.is_file():
-            raise DatasetError(f"{path} is damaged: {file.name} is missing")
-        nbytes = torch.Size(shape).numel() * dtype.itemsize
-        if file.stat().st_size != nbytes:
+            raise DatasetError(f"{path} is damaged: {name} is missing")
+        if file.stat().st_size != size:
             raise DatasetError(
-                f"{path} is damaged: {file.name} has {file.stat().st_size:,} bytes, "
-                f"the manifest says {nbytes:,} ({count} x {list(shape[1:])} {dtype})"
+                f"{path} is damaged: {name} has {file.stat().st_size:,} bytes, the manifest says {size:,}"
             )
+    count = len(manifest.samples)
+    images = _map(path, manifest.array_path("images"), torch.uint8, (count, *manifest.image_shape))
+    labels = _map(path, manifest.array_path("labels"), torch.int64, (count,))
+    return ImageData(images=images, labels=labels, batch_size=[count]).lock_()
+
+
+def _map(folder: Path, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """Map ``folder/name`` copy-on-write and without reserving memory, as a tensor of ``shape``."""
+    nbytes = torch.Size(shape).numel() * dtype.itemsize
     try:
-        data = TensorDict.load_memmap(path, mode="r")
-    except Exception as error:
-        raise DatasetError(f"{path} is damaged: tensordict cannot load it ({type(error).__name__}: {error})") from None
-    if not isinstance(data, ImageData):
-        raise DatasetError(f"{path} holds a {type(data).__name__}, not a gpuload ImageData")
-    for name, (shape, dtype) in expected.items():
-        tensor = getattr(data, name)
-        if tensor.shape != shape or tensor.dtype != dtype:
+        file = open(folder / name, "rb")  # read-only: a private mapping needs no write permission
+    except FileNotFoundError:
+        raise DatasetError(f"{folder} is damaged: {name} is missing") from None
+    with file:
+        size = os.fstat(file.fileno()).st_size
+        if size != nbytes:
             raise DatasetError(
-                f"{path} is damaged: {name} is {tensor.dtype} {list(tensor.shape)}, "
-                f"the manifest says {dtype} {list(shape)}"
+                f"{folder} is damaged: {name} has {size:,} bytes, the manifest says {nbytes:,} "
+                f"({shape[0]} x {list(shape[1:])} {dtype})"
             )
-    return data.lock_()
+        mapping = mmap.mmap(
+            file.fileno(), nbytes, flags=mmap.MAP_PRIVATE | _MAP_NORESERVE, prot=mmap.PROT_READ | mmap.PROT_WRITE
+        )
+    return torch.frombuffer(mapping, dtype=dtype).view(shape)

@@ -7,14 +7,15 @@ import random
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import xxhash
 from tqdm.auto import tqdm
 
+from ..errors import DatasetError, DecodeError, UsageError
 from .dataset import MemmapImageDataset
-from .decode import DecodeError, decode_image
-from .manifest import DatasetError
+from .decode import decode_image
 
 __all__ = ["describe_memmap", "verify_memmap"]
 
@@ -42,27 +43,36 @@ def describe_memmap(path: str | os.PathLike) -> dict:
     }
 
 
-def verify_memmap(path: str | os.PathLike, *, sources: int = 0, seed: int = 0, progress: bool = True) -> list[str]:
+def verify_memmap(
+    path: str | os.PathLike, *, sources: int | Literal["all"] = 0, seed: int = 0, progress: bool = True
+) -> list[str]:
     """Check a dataset; returns the problems found, an empty list when it is intact.
 
-    Checks that the files match the manifest (sizes, dtypes, shapes), that every label is
-    in range and equals the recorded one, and that every image has the checksum recorded
-    at build time. With ``sources > 0``, also decodes that many randomly chosen source
-    images again and compares them with the stored pixels.
+    Checks that the manifest is valid and unedited (the digest of every field that gives the
+    data its meaning), that the files match it (sizes, dtypes, shapes), that every label is in
+    range and equals the recorded one, and that every image has the checksum recorded at build
+    time: a power cut that lost pixels (zeros) or a flipped bit on disk shows up here. With
+    ``sources``, also decodes that many randomly chosen source images again (``"all"``: every
+    one) and compares them with the stored pixels.
 
     Example:
         >>> import tempfile
         >>> from gpuload import build_memmap, make_sample_folder
         >>> src = make_sample_folder(Path(tempfile.mkdtemp()) / "photos", images_per_class=1, size=(12, 16))
-        >>> verify_memmap(build_memmap(src, progress=False), sources=2, progress=False)
+        >>> verify_memmap(build_memmap(src, progress=False), sources="all", progress=False)
         []
     """
+    if sources != "all" and (not isinstance(sources, int) or isinstance(sources, bool) or sources < 0):
+        raise UsageError(f"sources must be a number of images to re-decode or 'all', got {sources!r}")
     try:
         dataset = MemmapImageDataset(path)
     except DatasetError as error:
         return [str(error)]
     manifest = dataset.manifest
-    problems = []
+    problems = [
+        f"manifest.json: the field {name!r} was changed after the build (its digest differs); rebuild the dataset"
+        for name in manifest.edited_fields()
+    ]
     labels = dataset.data.labels.numpy()
     recorded = np.array([label for _, label in manifest.samples], dtype=np.int64)
     outside = np.flatnonzero((labels < 0) | (labels >= len(dataset.classes)))
@@ -83,7 +93,7 @@ def verify_memmap(path: str | os.PathLike, *, sources: int = 0, seed: int = 0, p
         shown = ", ".join(f"{index} ({manifest.samples[index][0]})" for index in bad[:5])
         problems.append(f"{len(bad)} images do not match their build checksum: {shown}")
     if sources:
-        problems += _compare_sources(dataset, sources, seed)
+        problems += _compare_sources(dataset, len(dataset) if sources == "all" else sources, seed)
     return problems
 
 
@@ -96,7 +106,7 @@ def _compare_sources(dataset: MemmapImageDataset, count: int, seed: int) -> list
         path = root / manifest.samples[index][0]
         try:
             decoded = decode_image(path, size, manifest.resize).numpy()
-        except (DecodeError, FileNotFoundError) as error:
+        except DecodeError as error:
             problems.append(f"source of image {index} cannot be decoded: {error}")
             continue
         stored = dataset.data.images[index].numpy()

@@ -1,0 +1,156 @@
+"""Crash-safe file operations: locks, fsync, atomic renames and checks on the paths a user gives.
+
+These are the only places where gpuload replaces or removes anything, so the rules live here once:
+compare resolved paths, lock an output before touching it, make data durable before renaming it
+into place, and swap a finished folder in atomically.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+from pathlib import Path
+
+from ..errors import BusyError, UsageError
+
+__all__ = ["OutputLock", "check_apart", "fsync_file", "fsync_folder", "rename_exchange", "rename_noreplace", "resolve"]
+
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
+
+
+def resolve(path: str | os.PathLike) -> Path:
+    """``path`` with ``~`` expanded and every symlink and ``..`` resolved (the folder need not exist).
+
+    Example:
+        >>> resolve("/tmp/../tmp/x").as_posix()
+        '/tmp/x'
+    """
+    return Path(path).expanduser().resolve()
+
+
+def check_apart(source: Path, output: Path, *, source_name: str, output_name: str) -> None:
+    """Refuse an output that is the source, lies inside it, or contains it (resolved paths).
+
+    Raises:
+        UsageError: the two overlap, naming both.
+
+    Example:
+        >>> check_apart(Path("/data/photos"), Path("/data"), source_name="SRC", output_name="--out")
+        Traceback (most recent call last):
+        ...
+        gpuload.errors.UsageError: --out (/data) contains SRC (/data/photos): ...
+    """
+    source, output = resolve(source), resolve(output)
+    if output == source:
+        relation = "is"
+    elif output.is_relative_to(source):
+        relation = "is inside"
+    elif source.is_relative_to(output):
+        relation = "contains"
+    else:
+        return
+    raise UsageError(
+        f"{output_name} ({output}) {relation} {source_name} ({source}): outputs would mix with your files; "
+        f"put {output_name} outside {source}"
+    )
+
+
+class OutputLock:
+    """An exclusive ``flock`` on ``.<name>.lock`` beside ``path``, held for one run that writes ``path``.
+
+    A second run on the same output fails at once instead of racing the first. The lock is
+    released by the kernel when the process dies, so a lock file left behind never blocks a
+    later run; it stays (removing it would race with a run that just opened it).
+
+    Raises:
+        BusyError: another process holds the lock.
+
+    Example:
+        >>> import tempfile
+        >>> out = Path(tempfile.mkdtemp()) / "photos.memmap"
+        >>> with OutputLock(out):
+        ...     OutputLock(out).__enter__()
+        Traceback (most recent call last):
+        ...
+        gpuload.errors.BusyError: another gpuload run is writing .../photos.memmap ...
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lock_path = path.with_name(f".{path.name}.lock")
+        self._fd = -1
+
+    def __enter__(self) -> OutputLock:
+        self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise BusyError(
+                f"another gpuload run is writing {self.path} (it holds {self.lock_path}); "
+                f"wait for it to finish or choose another output"
+            ) from None
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        os.close(self._fd)  # closing releases the lock
+        self._fd = -1
+
+
+def fsync_file(path: Path) -> None:
+    """Flush a file's data and size to disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_folder(folder: Path) -> None:
+    """Flush a folder's entries (new, renamed or removed names) to disk."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rename_exchange(first: Path, second: Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``).
+
+    Returns ``False``, changing nothing, where the system or filesystem cannot do it.
+    """
+    return _renameat2(first, second, _RENAME_EXCHANGE)
+
+
+def rename_noreplace(source: Path, target: Path) -> None:
+    """Rename ``source`` to ``target``, failing with ``FileExistsError`` if ``target`` exists.
+
+    ``os.rename`` would silently replace an empty folder or a file at ``target``; this never does
+    (``renameat2(RENAME_NOREPLACE)``, or a check just before the rename where that is missing).
+    """
+    if not _renameat2(source, target, _RENAME_NOREPLACE):
+        if os.path.lexists(target):
+            raise FileExistsError(errno.EEXIST, f"{target} appeared while gpuload was writing it", str(target))
+        os.rename(source, target)
+
+
+def _renameat2(source: Path, target: Path, flags: int) -> bool:
+    renameat2 = getattr(_LIBC, "renameat2", None)
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), flags) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # not supported here: the caller falls back
+        return False
+    raise OSError(code, os.strerror(code), str(source), None, str(target))
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)  # this process's C library
