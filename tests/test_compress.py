@@ -1,4 +1,9 @@
+import errno
+import os
 import shutil
+import subprocess
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -6,11 +11,14 @@ from conftest import ODD_KINDS, write_bad_file, write_odd_image
 from PIL import Image
 
 import gpuload.store.compress
-from gpuload import CompressReport, compress_folder, find_ffmpeg
+from gpuload import BusyError, CompressError, CompressReport, UsageError, compress_folder, decode_image, find_ffmpeg
 
 
 def relative_files(root):
-    return sorted(path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file())
+    """The files under ``root`` that a user sees (not the hidden journal)."""
+    return sorted(
+        path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file() and path.name[0] != "."
+    )
 
 
 class TestCompress:
@@ -53,21 +61,156 @@ class TestCompress:
         assert (again.done, again.skipped) == (1, 19)
         assert again.bytes_after == first.bytes_after
 
-    def test_bad_files_are_reported_and_do_not_stop_the_run(self, photo_copy, tmp_path):
+    def test_bad_files_are_reported_and_do_not_stop_the_run(self, photo_folder, photo_copy, tmp_path):
         write_bad_file(photo_copy / "face", "notes.jpg")
         write_bad_file(photo_copy / "face", "truncated.jpg")
         report = compress_folder(photo_copy, tmp_path / "q", progress=False)
         failed = dict(report.failed)
-        assert str(photo_copy / "face" / "notes.jpg") in failed
+        assert sorted(failed) == [str(photo_copy / "face" / name) for name in ("notes.jpg", "truncated.jpg")]
         assert all(message.strip() for message in failed.values())
-        assert report.done >= 20
-        assert not any(".tmp-" in name for name in relative_files(tmp_path / "q"))
+        assert report.done == 20
+        assert relative_files(tmp_path / "q") == relative_files(photo_folder)
 
-    def test_strict_raises_after_the_run(self, photo_copy, tmp_path):
-        write_bad_file(photo_copy / "face", "notes.jpg")
-        with pytest.raises(RuntimeError, match="1 files failed to compress; first: .*notes.jpg"):
-            compress_folder(photo_copy, tmp_path / "q", strict=True, progress=False)
-        assert len(list((tmp_path / "q").rglob("*.jpg"))) == 20
+    @pytest.mark.parametrize("name", ["truncated.jpg", "truncated_eoi.jpg", "corrupt.jpg"])
+    def test_a_damaged_jpeg_is_reported_not_passed_on_with_grey_blocks(self, tmp_path, name):
+        path = write_bad_file(tmp_path / "src", name)
+        report = compress_folder(tmp_path / "src", tmp_path / "dst", progress=False)
+        assert report.done == 0 and report.failed == [(str(path), report.failed[0][1])]
+        assert report.failed[0][1].startswith("truncated or corrupt JPEG (libjpeg: ")
+        assert relative_files(tmp_path / "dst") == []
+
+    @pytest.mark.parametrize("error", [ZeroDivisionError, MemoryError])
+    def test_a_bug_is_not_reported_as_a_damaged_file(self, photo_folder, tmp_path, monkeypatch, error):
+        def broken(path):
+            raise error("a bug, not a damaged file")
+
+        monkeypatch.setattr(gpuload.store.compress, "check_image", broken)
+        with pytest.raises(error, match="a bug"):
+            compress_folder(photo_folder, tmp_path / "q", progress=False)
+
+
+class TestStrict:
+    def test_stops_at_the_first_failure_naming_the_file_and_the_reason(self, photo_copy, tmp_path):
+        write_bad_file(photo_copy / "background", "notes.jpg")  # first in sorted order: nothing is encoded after it
+        with pytest.raises(CompressError, match=r"background/notes.jpg: not an image") as caught:
+            compress_folder(photo_copy, tmp_path / "q", strict=True, workers=1, progress=False)
+        assert caught.value.path == str(photo_copy / "background" / "notes.jpg")
+        assert len(relative_files(tmp_path / "q")) < 20
+
+    def test_an_output_that_is_not_ours_stops_a_strict_run_before_any_encoding(self, photo_folder, tmp_path):
+        (tmp_path / "q" / "face").mkdir(parents=True)
+        (tmp_path / "q" / "face" / "0002.jpg").write_text("mine")
+        with pytest.raises(CompressError, match="face/0002.jpg exists and was not written by gpuload compress"):
+            compress_folder(photo_folder, tmp_path / "q", strict=True, progress=False)
+        assert relative_files(tmp_path / "q") == ["face/0002.jpg"]
+
+
+class TestResume:
+    """A rerun redoes everything not known to be finished and never replaces a file it did not write."""
+
+    def test_a_file_at_an_output_path_that_we_did_not_write_is_kept_and_reported(self, photo_folder, tmp_path):
+        (tmp_path / "q" / "face").mkdir(parents=True)
+        (tmp_path / "q" / "face" / "0002.jpg").write_bytes(b"")  # e.g. a crash of another tool, or the user's
+        report = compress_folder(photo_folder, tmp_path / "q", progress=False)
+        assert (report.done, report.skipped) == (19, 0)
+        assert report.failed == [
+            (
+                str(photo_folder / "face" / "0002.jpg"),
+                f"{tmp_path / 'q' / 'face' / '0002.jpg'} exists and was not written by gpuload compress "
+                f"(it is not in .gpuload-compress.jsonl); move it away or choose another DST",
+            )
+        ]
+        assert (tmp_path / "q" / "face" / "0002.jpg").read_bytes() == b""
+
+    def test_an_output_whose_bytes_did_not_all_reach_the_disk_is_redone(self, photo_folder, tmp_path):
+        compress_folder(photo_folder, tmp_path / "q", progress=False)
+        output = tmp_path / "q" / "face" / "0002.jpg"
+        output.chmod(0o644)
+        output.write_bytes(output.read_bytes()[:100])  # what a power cut can leave of an unsynced write
+        report = compress_folder(photo_folder, tmp_path / "q", progress=False)
+        assert (report.done, report.skipped) == (1, 19)
+        decode_image(output)
+
+    @pytest.mark.parametrize("change", ["source", "quality"])
+    def test_a_changed_source_or_quality_is_redone(self, photo_copy, tmp_path, change):
+        compress_folder(photo_copy, tmp_path / "q", progress=False)
+        if change == "source":
+            source = photo_copy / "face" / "0002.jpg"
+            shutil.copy(photo_copy / "face" / "0003.jpg", source)
+            os.utime(source, ns=(1, 1))
+        report = compress_folder(photo_copy, tmp_path / "q", quality=5 if change == "quality" else 3, progress=False)
+        assert report.done == (1 if change == "source" else 20)
+
+    def test_after_kill_9_a_rerun_removes_the_temporary_files_and_finishes(self, photo_folder, tmp_path):
+        dst = tmp_path / "q"
+        code = KILLED_COMPRESS.format(src=str(photo_folder), dst=str(dst))
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert result.returncode == -9, result.stderr[-2000:]
+        partials = [path for path in dst.rglob(".*.gpuload-tmp")]
+        assert partials  # the kill left a temporary file
+        report = compress_folder(photo_folder, dst, progress=False)
+        assert report.done + report.skipped == 20 and report.failed == []
+        assert not any(path.exists() for path in partials)
+        assert not list(dst.rglob(".*.gpuload-tmp"))
+        for path in dst.rglob("*.jpg"):
+            decode_image(path)
+
+
+KILLED_COMPRESS = """
+import os, signal
+import gpuload.store.compress as compress
+calls = []
+real = os.replace
+def replace(source, target):
+    calls.append(1)
+    if len(calls) == 5:  # output written, flushed and recorded; killed before its rename
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(source, target)
+compress.os.replace = replace
+compress.compress_folder({src!r}, {dst!r}, workers=1, progress=False)
+"""
+
+
+class TestFullDisk:
+    def test_a_full_disk_stops_the_run_with_an_error(self, photo_folder, tmp_path, monkeypatch):
+        real = os.fsync
+        calls = []
+
+        def fsync(fd):
+            calls.append(1)
+            if len(calls) == 4:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            real(fd)
+
+        monkeypatch.setattr(gpuload.store.compress.os, "fsync", fsync)
+        with pytest.raises(OSError, match="No space left on device"):
+            compress_folder(photo_folder, tmp_path / "q", workers=1, progress=False)
+        monkeypatch.setattr(gpuload.store.compress.os, "fsync", real)
+        assert not list((tmp_path / "q").rglob(".*.gpuload-tmp"))
+        report = compress_folder(photo_folder, tmp_path / "q", progress=False)  # once space is free again
+        assert report.done + report.skipped == 20 and report.failed == []
+
+
+class TestLockAndLinks:
+    def test_a_second_run_on_the_same_dst_fails_at_once(self, photo_folder, tmp_path):
+        from gpuload.store.files import OutputLock
+
+        with OutputLock(tmp_path / "q"), pytest.raises(BusyError, match="another gpuload run is writing"):
+            compress_folder(photo_folder, tmp_path / "q", progress=False)
+
+    def test_symlink_loops_are_walked_once(self, photo_copy, tmp_path):
+        (photo_copy / "face" / "up").symlink_to(photo_copy)
+        (photo_copy / "collar" / "sideways").symlink_to(photo_copy / "face")
+        result = {}
+        thread = threading.Thread(
+            target=lambda: result.update(report=compress_folder(photo_copy, tmp_path / "q", progress=False)),
+            daemon=True,
+        )
+        with pytest.warns(UserWarning, match="already scanned"):
+            thread.start()
+            thread.join(60)
+        assert not thread.is_alive()
+        assert result["report"].done == 20
 
     def test_two_sources_with_one_output_name(self, tmp_path):
         write_odd_image(tmp_path / "src" / "a.png", "palette")
@@ -83,8 +226,15 @@ class TestArguments:
             compress_folder(photo_folder, tmp_path / "q", quality=quality, progress=False)
 
     def test_dst_inside_src(self, photo_folder):
-        with pytest.raises(ValueError, match="must not be inside src"):
+        with pytest.raises(UsageError, match="is inside SRC"):
             compress_folder(photo_folder, photo_folder / "q", progress=False)
+
+    @pytest.mark.parametrize("dst", [".", "photos/..", "photos", "photos/face/../."])
+    def test_dst_overlapping_src_however_spelled(self, photo_copy, monkeypatch, dst):
+        monkeypatch.chdir(photo_copy.parent)
+        with pytest.raises(UsageError, match="(contains|is) SRC"):
+            compress_folder("photos", dst, progress=False)
+        assert not list(photo_copy.parent.rglob(".gpuload-compress.jsonl"))
 
     def test_missing_src(self, tmp_path):
         with pytest.raises(FileNotFoundError, match="is not a folder"):

@@ -1,7 +1,8 @@
-"""Re-encode a folder of photos as smaller JPEGs with a real ffmpeg, in parallel and resumable."""
+"""Re-encode a folder of photos as smaller JPEGs with a real ffmpeg, in parallel, resumable and crash-safe."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -12,16 +13,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from PIL import Image
 from tqdm.auto import tqdm
 
-from .decode import exif_orientation
+from ..errors import CompressError, DecodeError, UsageError
 from ..machine import default_workers
-from .scan import IMG_EXTENSIONS
+from .decode import check_image
+from .files import OutputLock, check_apart, fsync_folder, resolve
+from .scan import IMG_EXTENSIONS, walk_images
 
-__all__ = ["CompressReport", "compress_folder", "find_ffmpeg"]
+__all__ = ["JOURNAL_NAME", "CompressReport", "compress_folder", "find_ffmpeg"]
 
+JOURNAL_NAME = ".gpuload-compress.jsonl"  # in DST: one line per output this tool finished
+_PARTIAL = ".gpuload-tmp"  # suffix of the hidden temporary file beside each output being written
 _JPEG_SUFFIXES = (".jpg", ".jpeg")
+_RECORD_KEYS = {"target", "source_size", "source_mtime_ns", "quality", "size"}
 # ffmpeg filters that undo each EXIF orientation (2..8), since ffmpeg's own autorotation varies by version
 _ORIENTATION_FILTERS = {
     2: "hflip",
@@ -96,90 +101,101 @@ def compress_folder(
     """Re-encode every image under ``src`` into ``dst`` with ffmpeg's JPEG encoder at ``-q:v quality``.
 
     The folder tree is mirrored; outputs are JPEGs (a ``.png`` becomes ``.jpg``), upright
-    (EXIF orientation applied) and without metadata. Each output is written under a
-    temporary name and renamed when complete, and outputs that already exist are
-    skipped, so an interrupted run resumes where it stopped. A file ffmpeg cannot
-    read is reported with ffmpeg's error line and does not stop the run.
+    (EXIF orientation applied) and without metadata. Every source is first decoded once by
+    gpuload's strict decoder, so a damaged file (truncated, corrupt data) is reported, never
+    re-encoded with grey blocks that ffmpeg would pass on without a word.
+
+    Crash-safe and resumable: a lock beside ``dst`` keeps a second run out; ffmpeg writes to a pipe
+    and each output is written under a hidden temporary name, flushed to disk, recorded in
+    ``dst/.gpuload-compress.jsonl`` and renamed into place. A rerun skips the outputs that record
+    says are finished (same source size, modification time and quality), redoes everything else,
+    and removes the temporary files of a killed run. A file at an output's path that this tool did
+    not write is never replaced: that source fails with a message saying so.
 
     Args:
         src: the folder of photos.
-        dst: the folder to write; created if needed.
+        dst: the folder to write; created if needed. It must not be ``src``, lie inside it, or contain it.
         quality: ffmpeg's ``-q:v``, 1 (best) to 31 (smallest). 3 keeps photos visually intact.
         workers: ffmpeg processes run at once; defaults to the number of cores.
-        strict: raise ``RuntimeError`` after the run if any file failed.
+        strict: stop at the first file that fails, raising :class:`gpuload.CompressError`.
         progress: show a progress bar.
         ffmpeg: the ffmpeg binary; defaults to :func:`find_ffmpeg`.
 
     Raises:
         FileNotFoundError: ``src`` is missing or holds no image, or no ffmpeg is found.
-        ValueError: bad arguments, or ``dst`` inside ``src``.
-        RuntimeError: with ``strict``, some files failed.
+        UsageError: bad arguments, or ``dst`` overlapping ``src``.
+        BusyError: another run writes ``dst``.
+        CompressError: with ``strict``, the first file that failed.
+        OSError: a write failed, e.g. the disk is full: the run stops, what finished is kept.
     """
     started = time.perf_counter()
-    src = Path(src).expanduser().absolute()
-    dst = Path(dst).expanduser().absolute()
-    if not isinstance(quality, int) or not 1 <= quality <= 31:
-        raise ValueError(f"quality must be an integer from 1 (best) to 31 (smallest), got {quality!r}")
+    src, dst = resolve(src), resolve(dst)
+    if not isinstance(quality, int) or isinstance(quality, bool) or not 1 <= quality <= 31:
+        raise UsageError(f"quality must be an integer from 1 (best) to 31 (smallest), got {quality!r}")
     workers = default_workers() if workers is None else workers
-    if not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be a positive integer, got {workers!r}")
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise UsageError(f"workers must be a positive integer, got {workers!r}")
     if not src.is_dir():
         raise FileNotFoundError(f"{src} is not a folder; pass the folder of photos to compress")
-    if dst.is_relative_to(src):
-        raise ValueError(f"dst ({dst}) must not be inside src ({src})")
+    check_apart(src, dst, source_name="SRC", output_name="DST")
     ffmpeg = ffmpeg or find_ffmpeg()
     jobs = _plan(src, dst)
     report = CompressReport()
-    todo = []
-    for source, target, problem in jobs:
-        if problem:
-            report.failed.append((str(source), problem))
-        elif target.exists():
-            report.skipped += 1
-            report.bytes_before += source.stat().st_size
-            report.bytes_after += target.stat().st_size
-        else:
-            todo.append((source, target))
-
-    with (
-        ThreadPoolExecutor(workers, thread_name_prefix="gpuload-ffmpeg") as pool,
-        tqdm(total=len(todo), unit="file", desc="compress", disable=not progress, file=sys.stderr) as bar,
-    ):
-        futures = [(source, target, pool.submit(_encode, ffmpeg, source, target, quality)) for source, target in todo]
-        try:
-            for source, target, future in futures:
-                error = future.result()
-                if error:
-                    report.failed.append((str(source), error))
-                    bar.set_postfix(failed=len(report.failed), refresh=False)
-                else:
-                    report.done += 1
-                    report.bytes_before += source.stat().st_size
-                    report.bytes_after += target.stat().st_size
-                bar.update()
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
+    with OutputLock(dst):
+        dst.mkdir(parents=True, exist_ok=True)
+        _remove_partials(dst)
+        journal = _Journal(dst)
+        todo = []
+        for source, target, problem in jobs:
+            problem = problem or journal.conflict(target)
+            if problem:
+                _fail(report, source, problem, strict)
+            elif journal.finished(source, target, quality):
+                report.skipped += 1
+                report.bytes_before += source.stat().st_size
+                report.bytes_after += target.stat().st_size
+            else:
+                todo.append((source, target))
+        with (
+            ThreadPoolExecutor(workers, thread_name_prefix="gpuload-ffmpeg") as pool,
+            tqdm(total=len(todo), unit="file", desc="compress", disable=not progress, file=sys.stderr) as bar,
+        ):
+            futures = [
+                (source, target, pool.submit(_encode, ffmpeg, source, target, quality, journal))
+                for source, target in todo
+            ]
+            try:
+                for source, target, future in futures:
+                    error = future.result()
+                    if error:
+                        _fail(report, source, error, strict)
+                        bar.set_postfix(failed=len(report.failed), refresh=False)
+                    else:
+                        report.done += 1
+                        report.bytes_before += source.stat().st_size
+                        report.bytes_after += target.stat().st_size
+                    bar.update()
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
     report.seconds = time.perf_counter() - started
-    if strict and report.failed:
-        path, error = report.failed[0]
-        raise RuntimeError(f"{len(report.failed)} files failed to compress; first: {path}: {error}")
     return report
+
+
+def _fail(report: CompressReport, source: Path, reason: str, strict: bool) -> None:
+    if strict:
+        raise CompressError(source, reason)
+    report.failed.append((str(source), reason))
 
 
 def _plan(src: Path, dst: Path) -> list[tuple[Path, Path, str]]:
     """``(source, target, problem)`` for every image under ``src``, in sorted order."""
-    sources = sorted(
-        Path(root) / name
-        for root, _, names in os.walk(src, followlinks=True)
-        for name in names
-        if name.lower().endswith(IMG_EXTENSIONS)
-    )
-    if not sources:
+    names, _ = walk_images(src)
+    if not names:
         raise FileNotFoundError(f"{src} holds no image; supported extensions are: {', '.join(IMG_EXTENSIONS)}")
     jobs, claimed = [], {}
-    for source in sources:
-        relative = source.relative_to(src)
+    for name in sorted(names):
+        source, relative = src / name, Path(name)
         if relative.suffix.lower() not in _JPEG_SUFFIXES:
             relative = relative.with_suffix(".jpg")
         target = dst / relative
@@ -191,33 +207,104 @@ def _plan(src: Path, dst: Path) -> list[tuple[Path, Path, str]]:
     return jobs
 
 
-def _encode(ffmpeg: str, source: Path, target: Path, quality: int) -> str:
-    """Encode one file; returns ``""`` on success, else the error line."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    orientation = _filter_args(source)
+def _remove_partials(dst: Path) -> None:
+    """Remove the temporary files that a killed run left (we hold the lock: no run is writing them)."""
+    for folder, _, names in os.walk(dst):
+        for name in names:
+            if name.startswith(".") and name.endswith(_PARTIAL):
+                os.unlink(os.path.join(folder, name))
+
+
+class _Journal:
+    """``dst/.gpuload-compress.jsonl``: the outputs this tool wrote, one JSON line each, flushed to disk.
+
+    A line is written after its output's bytes are on disk and before the rename that makes the
+    output visible, so an output with a line is this tool's, and finished when its size matches.
+    """
+
+    def __init__(self, dst: Path) -> None:
+        self.dst = dst
+        self.path = dst / JOURNAL_NAME
+        self.records: dict[str, dict] = {}
+        if self.path.exists():
+            for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:  # a line torn by a crash
+                    continue
+                if isinstance(record, dict) and set(record) == _RECORD_KEYS:
+                    self.records[record["target"]] = record
+        self._lock = threading.Lock()
+
+    def conflict(self, target: Path) -> str:
+        """Why ``target`` may not be written: a file there that this tool did not write."""
+        if os.path.lexists(target) and self._key(target) not in self.records:
+            return (
+                f"{target} exists and was not written by gpuload compress (it is not in {self.path.name}); "
+                f"move it away or choose another DST"
+            )
+        return ""
+
+    def finished(self, source: Path, target: Path, quality: int) -> bool:
+        """Whether ``target`` is this tool's finished output of ``source`` as it is now, at ``quality``."""
+        record = self.records.get(self._key(target))
+        if record is None or not target.is_file():
+            return False
+        return record == self._record(source, target, quality, target.stat().st_size)
+
+    def add(self, source: Path, target: Path, quality: int, size: int) -> None:
+        record = self._record(source, target, quality, size)
+        with self._lock:
+            with open(self.path, "a", encoding="utf-8") as file:
+                file.write(json.dumps(record, separators=(",", ":")) + "\n")
+                file.flush()
+                os.fsync(file.fileno())
+            self.records[record["target"]] = record
+
+    def _key(self, target: Path) -> str:
+        return target.relative_to(self.dst).as_posix()
+
+    def _record(self, source: Path, target: Path, quality: int, size: int | None) -> dict:
+        stat = source.stat()
+        return {
+            "target": self._key(target),
+            "source_size": stat.st_size,
+            "source_mtime_ns": stat.st_mtime_ns,
+            "quality": quality,
+            "size": size,
+        }
+
+
+def _encode(ffmpeg: str, source: Path, target: Path, quality: int, journal: _Journal) -> str:
+    """Encode one file; returns ``""`` on success, else why it failed. Errors writing the output raise."""
+    try:
+        orientation = check_image(source)
+    except DecodeError as error:
+        return error.reason
+    rotate = ["-vf", _ORIENTATION_FILTERS[orientation]] if orientation in _ORIENTATION_FILTERS else []
     command = [
-        ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-y", "-threads", "1", "-noautorotate",
-        "-i", str(source), *orientation, "-frames:v", "1", "-qmin", "1", "-q:v", str(quality),
-        "-threads", "1", "-f", "image2", "-c:v", "mjpeg", "-update", "1", str(partial),
+        ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-threads", "1", "-noautorotate",
+        "-i", str(source), *rotate, "-frames:v", "1", "-qmin", "1", "-q:v", str(quality),
+        "-threads", "1", "-f", "image2pipe", "-c:v", "mjpeg", "pipe:1",
     ]  # fmt: skip
     try:
-        result = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=300)
-        if result.returncode != 0 or not partial.is_file() or partial.stat().st_size == 0:
-            lines = [line for line in result.stderr.splitlines() if line.strip()]
-            return lines[-1].strip() if lines else f"ffmpeg exited with code {result.returncode}"
-        os.replace(partial, target)
-        return ""
+        result = subprocess.run(command, capture_output=True, timeout=300)
     except subprocess.TimeoutExpired:
         return "ffmpeg took more than 300 s"
-    finally:
-        partial.unlink(missing_ok=True)
-
-
-def _filter_args(source: Path) -> list[str]:
+    if result.returncode != 0 or not result.stdout.startswith(b"\xff\xd8"):
+        lines = [line for line in result.stderr.decode(errors="replace").splitlines() if line.strip()]
+        return lines[-1].strip() if lines else f"ffmpeg exited with code {result.returncode} and wrote no JPEG"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}{_PARTIAL}")
     try:
-        with Image.open(source) as image:
-            orientation = exif_orientation(image)
-    except Exception:  # let ffmpeg read (or reject) what Pillow cannot
-        return []
-    return ["-vf", _ORIENTATION_FILTERS[orientation]] if orientation in _ORIENTATION_FILTERS else []
+        with open(partial, "wb") as file:
+            file.write(result.stdout)
+            file.flush()
+            os.fsync(file.fileno())
+        journal.add(source, target, quality, len(result.stdout))
+        os.replace(partial, target)
+        fsync_folder(target.parent)
+    finally:
+        if os.path.lexists(partial):
+            os.unlink(partial)
+    return ""
