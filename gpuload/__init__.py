@@ -1,39 +1,94 @@
-"""gpuload: get image datasets onto the GPU as fast as the hardware allows."""
+"""gpuload: get image datasets onto the GPU as fast as the hardware allows.
 
+The public names are imported when first used (a module ``__getattr__``), so ``import gpuload``
+and ``gpuload --help`` do not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
 from importlib.metadata import version as _version
+from typing import TYPE_CHECKING
 
-from .store.build import build_memmap
-from .loading.collate import Collate
-from .store.compress import CompressReport, compress_folder, find_ffmpeg
-from .store.dataset import GatheredSamples, ImageData, MemmapImageDataset
-from .store.decode import DecodeError, decode_image
-from .loading.loader import DataLoader
-from .machine import default_workers, describe_machine, machine_line
-from .store.manifest import DatasetError
-from .transforms.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
-from .sample import SAMPLE_CLASSES, make_sample_folder
+from .errors import BusyError, CompressError, DatasetError, DecodeError, FileError, GpuloadError, UsageError
 
 __version__ = _version("gpuload")
+
+# public name -> the module that defines it
+_LAZY = {
+    "build_memmap": ".store.build",
+    "CompressReport": ".store.compress",
+    "compress_folder": ".store.compress",
+    "find_ffmpeg": ".store.compress",
+    "GatheredSamples": ".store.dataset",
+    "ImageData": ".store.dataset",
+    "MemmapImageDataset": ".store.dataset",
+    "decode_image": ".store.decode",
+    "verify_memmap": ".store.verify",
+    "describe_memmap": ".store.verify",
+    "Collate": ".loading.collate",
+    "DataLoader": ".loading.loader",
+    "IMAGENET_MEAN": ".transforms.normalize",
+    "IMAGENET_STD": ".transforms.normalize",
+    "Normalize": ".transforms.normalize",
+    "default_workers": ".machine",
+    "describe_machine": ".machine",
+    "machine_line": ".machine",
+    "SAMPLE_CLASSES": ".sample",
+    "make_sample_folder": ".sample",
+}
 
 __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "SAMPLE_CLASSES",
+    "BusyError",
     "Collate",
+    "CompressError",
     "CompressReport",
     "DataLoader",
     "DatasetError",
     "DecodeError",
+    "FileError",
     "GatheredSamples",
+    "GpuloadError",
     "ImageData",
     "MemmapImageDataset",
     "Normalize",
+    "UsageError",
     "build_memmap",
     "compress_folder",
     "decode_image",
     "default_workers",
     "describe_machine",
+    "describe_memmap",
     "find_ffmpeg",
     "machine_line",
     "make_sample_folder",
+    "verify_memmap",
 ]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'gpuload' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # what type checkers and IDEs see
+    from .loading.collate import Collate
+    from .loading.loader import DataLoader
+    from .machine import default_workers, describe_machine, machine_line
+    from .sample import SAMPLE_CLASSES, make_sample_folder
+    from .store.build import build_memmap
+    from .store.compress import CompressReport, compress_folder, find_ffmpeg
+    from .store.dataset import GatheredSamples, ImageData, MemmapImageDataset
+    from .store.decode import decode_image
+    from .store.verify import describe_memmap, verify_memmap
+    from .transforms.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize

@@ -15,10 +15,10 @@ import torch.utils.data
 from tqdm.auto import tqdm
 
 from .loading.collate import Collate
-from .store.dataset import MemmapImageDataset
-from .store.decode import decode_image
 from .loading.loader import DataLoader
 from .machine import default_workers, describe_machine, machine_line
+from .store.dataset import MemmapImageDataset
+from .store.decode import decode_image
 
 __all__ = ["BENCH_LABELS", "format_bench", "gather_limit", "run_bench"]
 

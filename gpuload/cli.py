@@ -1,24 +1,31 @@
 """The ``gpuload`` command line: a thin layer over the library calls.
 
-Known errors (bad input, missing files, damaged datasets) print one line on stderr and
-exit with code 2; ``verify`` exits with 1 when it finds problems.
+Exit codes: 0 done; 1 an input file failed (``--strict``, or no image could be decoded) or
+``verify`` found problems; 2 a user error (bad arguments, paths, a busy or invalid output, a full
+disk); 130 interrupted. Errors gpuload raises on purpose (:class:`gpuload.GpuloadError`) and
+``OSError``s about the user's paths print one line on stderr; anything else is a bug and shows its
+traceback. The library is imported only by the command that runs, so ``--help`` and argument
+errors never import torch.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 
-from .store.build import build_memmap
-from .store.compress import compress_folder
-from .store.dataset import MemmapImageDataset
-from .store.decode import RESIZE_MODES
-from .store.verify import describe_memmap, verify_memmap
+from .errors import FileError, GpuloadError
+from .store.manifest import RESIZE_MODES
 
 __all__ = ["main", "parse_size"]
+
+# OSErrors that are about the user's files or disk, not a bug: one line, exit 2.
+_USER_OS_ERRORS = (FileNotFoundError, FileExistsError, PermissionError, NotADirectoryError, IsADirectoryError)
+_USER_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO}
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -41,14 +48,28 @@ def main(argv: list[str] | None = None) -> int:
     for add in (_add_compress, _add_build, _add_info, _add_verify, _add_bench, _add_demo, _add_slides):
         add(subparsers)
     args = parser.parse_args(argv)
-    try:
-        return args.run(args)
-    except KeyboardInterrupt:
-        print("gpuload: interrupted", file=sys.stderr)
-        return 130
-    except (OSError, ValueError, RuntimeError) as error:
-        print(f"gpuload: error: {error}", file=sys.stderr)
-        return 2
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        try:
+            return args.run(args)
+        except KeyboardInterrupt:
+            print("gpuload: interrupted", file=sys.stderr)
+            return 130
+        except FileError as error:
+            print(f"gpuload: error: {error}", file=sys.stderr)
+            return 1
+        except GpuloadError as error:
+            print(f"gpuload: error: {error}", file=sys.stderr)
+            return 2
+        except OSError as error:
+            if not isinstance(error, _USER_OS_ERRORS) and error.errno not in _USER_ERRNOS:
+                raise
+            print(f"gpuload: error: {error}", file=sys.stderr)
+            return 2
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"gpuload: warning: {message}", file=sys.stderr)
 
 
 def _add_compress(subparsers) -> None:
@@ -57,16 +78,22 @@ def _add_compress(subparsers) -> None:
     parser.add_argument("dst", type=Path, help="folder to write (the tree is mirrored)")
     parser.add_argument("--quality", "-q", type=int, default=3, help="ffmpeg -q:v, 1 (best) to 31 (default: 3)")
     parser.add_argument("--workers", type=int, default=None, help="ffmpeg processes at once (default: cores)")
-    parser.add_argument("--strict", action="store_true", help="exit non-zero if any file fails")
+    parser.add_argument(
+        "--strict", action="store_true", help="stop at the first file that fails, with exit code 1 (default: skip it)"
+    )
     parser.set_defaults(run=_run_compress)
 
 
 def _run_compress(args) -> int:
-    report = compress_folder(args.src, args.dst, quality=args.quality, workers=args.workers, progress=True)
+    from .store.compress import compress_folder
+
+    report = compress_folder(
+        args.src, args.dst, quality=args.quality, workers=args.workers, strict=args.strict, progress=True
+    )
     for path, error in report.failed:
         print(f"failed: {path}: {error}")
     print(report.summary())
-    return 1 if args.strict and report.failed else 0
+    return 0
 
 
 def _add_build(subparsers) -> None:
@@ -81,15 +108,27 @@ def _add_build(subparsers) -> None:
     parser.add_argument(
         "--strict", action="store_true", help="fail on the first unreadable image instead of skipping it"
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an existing dataset (only a folder holding nothing else)"
+    )
+    parser.add_argument(
+        "--no-sync",
+        dest="sync",
+        action="store_false",
+        help="do not wait for the disk before renaming the dataset into place (a power cut soon after can "
+        "leave zeroed images, which verify reports)",
+    )
     parser.set_defaults(run=_run_build)
 
 
 def _run_build(args) -> int:
+    from .store.build import build_memmap
+    from .store.dataset import MemmapImageDataset
+
     started = time.perf_counter()
     out = build_memmap(
         args.src, args.out, size=args.size, resize=args.resize, workers=args.workers,
-        strict=args.strict, overwrite=args.overwrite,
+        strict=args.strict, overwrite=args.overwrite, sync=args.sync,
     )  # fmt: skip
     seconds = time.perf_counter() - started
     dataset = MemmapImageDataset(out)
@@ -113,6 +152,8 @@ def _add_info(subparsers) -> None:
 
 
 def _run_info(args) -> int:
+    from .store.verify import describe_memmap
+
     info = describe_memmap(args.dataset)
     if args.json:
         print(json.dumps(info, indent=1))
@@ -133,12 +174,26 @@ def _add_verify(subparsers) -> None:
     parser = subparsers.add_parser("verify", help="check a dataset's integrity (exit 1 on any problem)")
     parser.add_argument("dataset", type=Path)
     parser.add_argument(
-        "--sources", type=int, default=0, metavar="N", help="also re-decode N random sources and compare"
+        "--sources",
+        type=_count,
+        nargs="?",
+        const="all",
+        default=0,
+        metavar="N",
+        help="also re-decode N random sources (all of them without N) and compare",
     )
     parser.set_defaults(run=_run_verify)
 
 
+def _count(text: str) -> int | str:
+    if text != "all" and not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a number of images, got {text!r}")
+    return text if text == "all" else int(text)
+
+
 def _run_verify(args) -> int:
+    from .store.verify import verify_memmap
+
     problems = verify_memmap(args.dataset, sources=args.sources)
     for problem in problems:
         print(f"problem: {problem}")

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import torch
 
-from .store.build import build_memmap
-from .store.compress import compress_folder
-from .store.dataset import MemmapImageDataset
 from .loading.loader import DataLoader
 from .machine import machine_line
 from .sample import SAMPLE_CLASSES, make_sample_folder
+from .store.build import build_memmap
+from .store.compress import compress_folder
+from .store.dataset import MemmapImageDataset
 from .store.verify import verify_memmap
 
 __all__ = ["run_demo"]

@@ -1,9 +1,15 @@
+import errno
 import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 from conftest import write_bad_file
 
+import gpuload.store.compress
+import gpuload.store.decode
 from gpuload.cli import main
 
 
@@ -36,6 +42,33 @@ class TestBuildMemmap:
         code, _, err = run(capsys, "build-memmap", str(photo_folder), "--out", str(tmp_path / "out"))
         assert code == 2 and "already exists; pass overwrite=True (--overwrite)" in err
 
+    def test_out_holding_src_is_refused_and_the_photos_are_kept(self, capsys, photo_copy, monkeypatch):
+        monkeypatch.chdir(photo_copy.parent)
+        before = sorted(photo_copy.rglob("*"))
+        code, out, err = run(capsys, "build-memmap", "photos", "--out", ".", "--overwrite")
+        assert code == 2 and out == ""
+        assert err.startswith(f"gpuload: error: out ({photo_copy.parent}) contains src ({photo_copy})")
+        assert err.count("\n") == 1
+        assert sorted(photo_copy.rglob("*")) == before
+
+    @pytest.mark.parametrize("error", [ZeroDivisionError, RuntimeError, ValueError])
+    def test_an_internal_error_keeps_its_traceback(self, capsys, photo_folder, tmp_path, monkeypatch, error):
+        def broken(*args):
+            raise error("a bug, not a corrupt file")
+
+        monkeypatch.setattr(gpuload.store.decode, "_fit", broken)
+        with pytest.raises(error, match="a bug"):
+            main(["build-memmap", str(photo_folder), "--out", str(tmp_path / "out"), "--size", "8x8"])
+
+    def test_warnings_are_one_line(self, capsys, photo_copy, tmp_path):
+        (photo_copy / "face" / "up").symlink_to(photo_copy)
+        code, _, err = run(capsys, "build-memmap", str(photo_copy), "--out", str(tmp_path / "out"))
+        assert code == 0
+        assert err.splitlines()[0] == (
+            f"gpuload: warning: face/up leads to {photo_copy}, a folder already scanned "
+            "(a symlink loop or a second link to it); its images are listed once"
+        )
+
     @pytest.mark.parametrize("size", ["480", "0x5", "axb", "4x4x4"])
     def test_bad_size_is_a_usage_error(self, capsys, photo_folder, size):
         with pytest.raises(SystemExit) as exit_info:
@@ -58,6 +91,10 @@ class TestInfoAndVerify:
         code, out, _ = run(capsys, "verify", str(built_dataset), "--sources", "3")
         assert code == 0 and out.endswith(": OK\n")
 
+    def test_verify_all_sources(self, capsys, built_dataset):
+        code, out, _ = run(capsys, "verify", str(built_dataset), "--sources")
+        assert code == 0 and out.endswith(": OK\n")
+
     def test_verify_exits_1_on_problems(self, capsys, tmp_path):
         code, out, _ = run(capsys, "verify", str(tmp_path))
         assert code == 1 and "problem:" in out and out.endswith("1 problems\n")
@@ -75,10 +112,21 @@ class TestCompress:
         assert f"failed: {photo_copy / 'face' / 'notes.jpg'}:" in out
         assert "20 done, 0 skipped, 1 failed" in out
 
-    def test_strict_exits_1(self, capsys, photo_copy, tmp_path):
+    def test_strict_stops_with_one_line_on_stderr_and_exit_1(self, capsys, photo_copy, tmp_path):
         write_bad_file(photo_copy / "face", "notes.jpg")
-        code, _, _ = run(capsys, "compress", str(photo_copy), str(tmp_path / "q"), "--strict")
-        assert code == 1
+        code, out, err = run(capsys, "compress", str(photo_copy), str(tmp_path / "q"), "--strict")
+        assert code == 1 and "failed" not in out
+        assert err.splitlines()[-1] == (  # after the progress bar
+            f"gpuload: error: {photo_copy / 'face' / 'notes.jpg'}: not an image (Pillow cannot identify the format)"
+        )
+
+    def test_a_full_disk_is_an_error_not_a_success(self, capsys, photo_folder, tmp_path, monkeypatch):
+        def full(fd):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(gpuload.store.compress.os, "fsync", full)
+        code, _, err = run(capsys, "compress", str(photo_folder), str(tmp_path / "q"))
+        assert code == 2 and err.splitlines()[-1] == "gpuload: error: [Errno 28] No space left on device"
 
     def test_bad_quality(self, capsys, photo_folder, tmp_path):
         code, _, err = run(capsys, "compress", str(photo_folder), str(tmp_path / "q"), "-q", "0")
@@ -86,11 +134,38 @@ class TestCompress:
 
 
 def test_module_entry_point(photo_folder):
-    import subprocess
-    import sys
-
     result = subprocess.run([sys.executable, "-m", "gpuload", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "build-memmap" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["build-memmap", "--help"], ["build-memmap"], ["verify", "x", "--sources", "many"], ["nope"]],
+)
+def test_help_and_argument_errors_never_import_torch(argv):
+    code = textwrap.dedent(f"""
+        import sys
+        import gpuload
+        from gpuload.cli import main
+        try:
+            main({argv!r})
+        except SystemExit:
+            pass
+        heavy = sorted(name for name in ("torch", "numpy", "PIL", "tensordict", "torchvision") if name in sys.modules)
+        print(heavy)
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.splitlines()[-1] == "[]", result.stderr
+
+
+def test_the_public_api_is_still_reachable_lazily():
+    import gpuload
+
+    assert {"DataLoader", "Normalize", "build_memmap", "GpuloadError"} <= set(dir(gpuload))
+    for name in gpuload.__all__:
+        assert getattr(gpuload, name) is not None
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        gpuload.nope  # noqa: B018
 
 
 def test_slides_check_and_write(capsys, bare_repo):
