@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import threading
 import time
@@ -18,26 +19,44 @@ RESULTS = ASSETS / "results"
 
 def photo_folders(workdir: Path, count: int, size: tuple[int, int] = (480, 640), quality: int = 3) -> tuple[Path, Path]:
     """An ImageFolder of ``count`` camera-like JPEG originals (PIL quality 98) and its
-    ffmpeg ``-q:v quality`` copy, made once under ``workdir`` and reused."""
+    ffmpeg ``-q:v quality`` copy, made once under ``workdir`` and reused.
+
+    The originals are made in a hidden temporary folder and renamed when complete; the copy is
+    resumed by ``compress_folder`` itself. Nothing outside those two names is ever removed.
+    """
     classes = len(gpuload.SAMPLE_CLASSES)
     per_class = -(-count // classes)
     tag = f"{per_class * classes}-{size[0]}x{size[1]}"
     originals = workdir / f"originals-{tag}"
     compressed = workdir / f"q{quality}-{tag}"
-    if not (originals / ".complete").exists():
-        _remove(originals)
-        gpuload.make_sample_folder(originals, images_per_class=per_class, size=size, quality=98)
-        (originals / ".complete").touch()
+    if not originals.exists():
+        partial = workdir / f".originals-{tag}.partial"
+        if partial.exists():
+            shutil.rmtree(partial)  # a run of this function was killed while writing it
+        gpuload.make_sample_folder(partial, images_per_class=per_class, size=size, quality=98)
+        os.rename(partial, originals)
     if not (compressed / ".complete").exists():
         gpuload.compress_folder(originals, compressed, quality=quality, progress=False)
         (compressed / ".complete").touch()
     return originals, compressed
 
 
-def _remove(path: Path) -> None:
-    import shutil
+def add_device_argument(parser) -> None:
+    """``--device cpu|cuda|auto`` (default ``auto``: cuda when a GPU is there), for every experiment."""
+    parser.add_argument(
+        "--device", choices=["auto", "cpu", "cuda"], default="auto", help="where batches go (default: auto)"
+    )
 
-    shutil.rmtree(path, ignore_errors=True)
+
+def resolve_device(name: str):
+    """The ``torch.device`` of a ``--device`` value; a clear exit when cuda is asked for and missing."""
+    import torch
+
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: this machine has no CUDA GPU that torch can use; pass --device cpu or auto")
+    return torch.device(name)
 
 
 def median_spread(values: list[float]) -> dict:

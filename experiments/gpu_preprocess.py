@@ -22,12 +22,14 @@ from torch.utils.benchmark import Compare, Timer
 import gpuload
 
 from ._common import (
+    add_device_argument,
     device_name,
     figure,
     median_spread,
     parse_sizes,
     plot_spread,
     read_result,
+    resolve_device,
     save_figure,
     style_batch_axis,
     synchronize,
@@ -80,9 +82,8 @@ def plot(result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    cuda = torch.cuda.is_available()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if cuda else "cpu")
+    add_device_argument(parser)
     parser.add_argument("--image-sizes", nargs="+", default=["640x480"], help="WIDTHxHEIGHT")
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[32, 64, 128])
     parser.add_argument("--modes", nargs="+", default=None, help="eager and torch.compile modes")
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.plot_only:
         return plot(read_result("gpu_preprocess"))
-    device = torch.device(args.device)
+    device = resolve_device(args.device)
     modes = args.modes or (
         ["eager", "default", "reduce-overhead", "max-autotune"] if device.type == "cuda" else ["eager", "default"]
     )

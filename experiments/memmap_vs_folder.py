@@ -27,6 +27,7 @@ from torchvision.transforms import PILToTensor
 import gpuload
 
 from ._common import (
+    add_device_argument,
     device_name,
     figure,
     median_spread,
@@ -34,6 +35,7 @@ from ._common import (
     photo_folders,
     plot_spread,
     read_result,
+    resolve_device,
     save_figure,
     style_batch_axis,
     synchronize,
@@ -100,7 +102,7 @@ def plot(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--devices", nargs="+", default=["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+    add_device_argument(parser)
     parser.add_argument("--image-sizes", nargs="+", default=["384x384", "640x480"], help="WIDTHxHEIGHT")
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[16, 64, 256])
     parser.add_argument("--images", type=int, default=2000)
@@ -113,6 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         return plot(read_result("memmap_vs_folder"))
     if args.quick:
         args.image_sizes, args.batch_sizes, args.images, args.epochs = ["160x120"], [8, 32], 200, 2
+    device = resolve_device(args.device)
     rows = []
     for size in parse_sizes(args.image_sizes):
         _, folder = photo_folders(args.workdir, args.images, size)
@@ -120,20 +123,19 @@ def main(argv: list[str] | None = None) -> None:
         if not out.exists():
             gpuload.build_memmap(folder, out, progress=False)
         dataset = gpuload.MemmapImageDataset(out)
-        for device in map(torch.device, args.devices):
-            for batch_size in args.batch_sizes:
-                for contender, loader in loaders(folder, dataset, batch_size, device).items():
-                    epoch_rate(loader, device)  # warm-up
-                    rates = [epoch_rate(loader, device) for _ in range(args.epochs)]
-                    spread = median_spread(rates)
-                    rows.append(
-                        {"device": str(device), "height": size[0], "width": size[1], "batch_size": batch_size}
-                        | {"contender": contender, "images_per_second": spread}
-                    )
-                    print(
-                        f"  {device} {size[1]}x{size[0]} B={batch_size:<4} {contender:<13} {spread['median']:9.0f} images/s"
-                    )
-    names = {device: device_name(device) for device in args.devices}
+        for batch_size in args.batch_sizes:
+            for contender, loader in loaders(folder, dataset, batch_size, device).items():
+                epoch_rate(loader, device)  # warm-up
+                rates = [epoch_rate(loader, device) for _ in range(args.epochs)]
+                spread = median_spread(rates)
+                rows.append(
+                    {"device": str(device), "height": size[0], "width": size[1], "batch_size": batch_size}
+                    | {"contender": contender, "images_per_second": spread}
+                )
+                print(
+                    f"  {device} {size[1]}x{size[0]} B={batch_size:<4} {contender:<13} {spread['median']:9.0f} images/s"
+                )
+    names = {str(device): device_name(device)}
     path = write_result(
         "memmap_vs_folder", {"images": len(dataset), "device_names": names, "quick": args.quick, "rows": rows}
     )

@@ -32,6 +32,7 @@ import gpuload
 
 from ._common import (
     ASSETS,
+    add_device_argument,
     device_name,
     figure,
     median_spread,
@@ -39,6 +40,7 @@ from ._common import (
     photo_folders,
     plot_spread,
     read_result,
+    resolve_device,
     save_figure,
     style_batch_axis,
     synchronize,
@@ -157,7 +159,7 @@ def plot(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_device_argument(parser)
     parser.add_argument("--image-sizes", nargs="+", default=["384x384", "640x480"], help="WIDTHxHEIGHT")
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[16, 32, 64])
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "gpuload-experiments")
@@ -168,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         return plot(read_result("train_order"))
     if args.quick:
         args.image_sizes, args.batch_sizes = ["64x48"], [2, 4]
-    device = torch.device(args.device)
+    device = resolve_device(args.device)
     sizes = parse_sizes(args.image_sizes)
     rows = []
     for size in sizes:

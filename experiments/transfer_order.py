@@ -17,12 +17,14 @@ import torch
 from torch.utils.benchmark import Timer
 
 from ._common import (
+    add_device_argument,
     device_name,
     figure,
     median_spread,
     parse_sizes,
     plot_spread,
     read_result,
+    resolve_device,
     save_figure,
     style_batch_axis,
     write_result,
@@ -91,7 +93,7 @@ def plot(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_device_argument(parser)
     parser.add_argument("--image-sizes", nargs="+", default=["384x384", "640x480", "1280x960"], help="WIDTHxHEIGHT")
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[8, 16, 32, 64])
     parser.add_argument("--min-run-time", type=float, default=1.0, help="seconds per blocked_autorange")
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
         return plot(read_result("transfer_order"))
     if args.quick:
         args.image_sizes, args.batch_sizes, args.min_run_time = ["64x48", "128x96"], [2, 4, 8], 0.05
-    device = torch.device(args.device)
+    device = resolve_device(args.device)
     rows = measure(device, parse_sizes(args.image_sizes), args.batch_sizes, args.min_run_time)
     path = write_result(
         "transfer_order", {"device": str(device), "device_name": device_name(device), "quick": args.quick, "rows": rows}
