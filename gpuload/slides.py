@@ -64,9 +64,14 @@ SNIPPETS = {
         steps=(('"cuda_first"',), ('"half_first"',)),
     ),
     "code_normalize_buffers": Snippet(
-        "gpuload/transforms/normalize.py", "Normalize.__init__", start="shape = (1, -1, 1, 1)", end='register_buffer("shift"'
+        "gpuload/transforms/normalize.py",
+        "Normalize.__init__",
+        start="shape = (1, -1, 1, 1)",
+        end='register_buffer("shift"',
     ),
-    "code_normalize_forward": Snippet("gpuload/transforms/normalize.py", "Normalize.forward", steps=(("return torch.addcmul",),)),
+    "code_normalize_forward": Snippet(
+        "gpuload/transforms/normalize.py", "Normalize.forward", steps=(("return torch.addcmul",),)
+    ),
     "code_in_model": Snippet(
         "experiments/train_order.py",
         "run_variant",
@@ -95,7 +100,9 @@ SNIPPETS = {
         end="pending.append(",
         steps=(("window",), ("free_buffers",)),
     ),
-    "code_collate": Snippet("gpuload/loading/collate.py", "Collate.__call__", steps=(("GatheredSamples",), ("pin_memory",))),
+    "code_collate": Snippet(
+        "gpuload/loading/collate.py", "Collate.__call__", steps=(("GatheredSamples",), ("pin_memory",))
+    ),
     "code_gather": Snippet(
         "gpuload/loading/loader.py",
         "_Pipeline._fill",
