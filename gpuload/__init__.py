@@ -31,6 +31,7 @@ _LAZY = {
     "IMAGENET_MEAN": ".transforms.normalize",
     "IMAGENET_STD": ".transforms.normalize",
     "Normalize": ".transforms.normalize",
+    "RandomResizedCrop": ".transforms.augment",
     "default_workers": ".machine",
     "describe_machine": ".machine",
     "machine_line": ".machine",
@@ -55,6 +56,7 @@ __all__ = [
     "ImageData",
     "MemmapImageDataset",
     "Normalize",
+    "RandomResizedCrop",
     "UsageError",
     "build_memmap",
     "compress_folder",
@@ -91,4 +93,5 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from .store.dataset import GatheredSamples, ImageData, MemmapImageDataset
     from .store.decode import decode_image
     from .store.verify import describe_memmap, verify_memmap
+    from .transforms.augment import RandomResizedCrop
     from .transforms.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize

@@ -1,0 +1,311 @@
+"""Per-sample augmentation of whole uint8 batches on the device: resized crop, flip, colour jitter, fused.
+
+Every sample gets its own random crop box, flip and jitter factors, drawn on the batch's device with
+no host synchronisation. The crop, the antialiased resize and the flip of a whole batch are two
+batched matrix products with per-sample interpolation matrices (``Wy [B, S, H]`` and
+``Wx [B, S, W]``, whose rows hold each output pixel's antialiased bilinear taps inside its sample's
+box; a flip reverses the rows of ``Wx``), which run on tensor cores in half precision on CUDA.
+The jitter is elementwise, so ``torch.compile`` fuses it with the cast and a following
+:class:`gpuload.Normalize` into the kernel that writes the output.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from ..errors import UsageError
+
+__all__ = ["RandomResizedCrop", "interpolation_weights", "resized_crop_params"]
+
+_ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 boxes, then falls back to a centre crop
+_GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
+
+
+def resized_crop_params(
+    batch: int,
+    height: int,
+    width: int,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    *,
+    device: torch.device | str = "cpu",
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """One random crop box per sample, distributed as torchvision's ``RandomResizedCrop.get_params``.
+
+    For each sample, up to 10 attempts draw an area fraction uniformly from ``scale`` and a log aspect
+    ratio uniformly from ``log(ratio)``; the first box that fits the image is placed uniformly at
+    random, and when none fits the box is the largest centre crop within ``ratio``. All samples and
+    attempts are drawn at once on ``device``, with no host synchronisation.
+
+    Returns:
+        float32 ``[batch, 4]``: ``top, left, height, width`` of each box, whole numbers.
+
+    Example:
+        >>> boxes = resized_crop_params(4, 480, 640, generator=torch.Generator().manual_seed(0))
+        >>> boxes.shape, bool(((boxes[:, 0] + boxes[:, 2]) <= 480).all())
+        (torch.Size([4, 4]), True)
+    """
+    uniform = torch.rand(batch, _ATTEMPTS + 1, 2, device=device, generator=generator)
+    area = height * width * (scale[0] + (scale[1] - scale[0]) * uniform[:, :_ATTEMPTS, 0])
+    log_low, log_high = math.log(ratio[0]), math.log(ratio[1])
+    aspect = torch.exp(log_low + (log_high - log_low) * uniform[:, :_ATTEMPTS, 1])
+    box_width = torch.round(torch.sqrt(area * aspect))
+    box_height = torch.round(torch.sqrt(area / aspect))
+    fits = (box_width > 0) & (box_width <= width) & (box_height > 0) & (box_height <= height)
+    first = fits.to(torch.uint8).argmax(dim=1, keepdim=True)  # the first attempt that fits
+    found = fits.any(dim=1)
+    fallback_height, fallback_width = _centre_crop_size(height, width, ratio)
+    box_height = torch.where(found, box_height.gather(1, first).squeeze(1), fallback_height)
+    box_width = torch.where(found, box_width.gather(1, first).squeeze(1), fallback_width)
+    top = torch.where(
+        found, torch.floor(uniform[:, _ATTEMPTS, 0] * (height - box_height + 1)), torch.floor((height - box_height) / 2)
+    )
+    left = torch.where(
+        found, torch.floor(uniform[:, _ATTEMPTS, 1] * (width - box_width + 1)), torch.floor((width - box_width) / 2)
+    )
+    return torch.stack([top, left, box_height, box_width], dim=1)
+
+
+def _centre_crop_size(height: int, width: int, ratio: tuple[float, float]) -> tuple[int, int]:
+    """torchvision's fallback: the whole image, narrowed to the nearest aspect ratio in ``ratio``."""
+    if width / height < min(ratio):
+        return int(round(width / min(ratio))), width
+    if width / height > max(ratio):
+        return height, int(round(height * max(ratio)))
+    return height, width
+
+
+def interpolation_weights(
+    start: torch.Tensor, step: torch.Tensor, low: torch.Tensor, high: torch.Tensor, out_size: int, in_size: int
+) -> torch.Tensor:
+    """Antialiased bilinear resampling as a matrix per sample: ``[B, out_size, in_size]``, rows summing to 1.
+
+    Output pixel ``o`` of sample ``b`` is centred at ``start + (o + 0.5) * step`` in input pixels; its
+    taps are the triangle filter widened by ``max(step, 1)`` (antialiasing when shrinking), limited to
+    input pixels ``low <= x < high`` and normalised: the resampling of Pillow and of
+    ``torch.nn.functional.interpolate(..., antialias=True)``. All arguments but the sizes are ``[B]``.
+
+    Example:
+        >>> one = torch.ones(1)
+        >>> interpolation_weights(0 * one, 2 * one, 0 * one, 4 * one, out_size=2, in_size=4)
+        tensor([[[0.4286, 0.4286, 0.1429, 0.0000],
+                 [0.0000, 0.1429, 0.4286, 0.4286]]])
+    """
+    centres = start[:, None] + (torch.arange(out_size, device=start.device, dtype=start.dtype) + 0.5) * step[:, None]
+    pixels = torch.arange(in_size, device=start.device, dtype=start.dtype) + 0.5
+    support = torch.clamp(step, min=1.0)[:, None, None]
+    taps = torch.clamp(1 - (pixels[None, None, :] - centres[:, :, None]).abs() / support, min=0)
+    inside = (pixels[None, :] > low[:, None]) & (pixels[None, :] < high[:, None])
+    taps = taps * inside[:, None, :]
+    return taps / taps.sum(dim=2, keepdim=True)
+
+
+class RandomResizedCrop(nn.Module):
+    """Per-sample random resized crop, horizontal flip and colour jitter of a uint8 batch, fused.
+
+    In ``train()`` mode each sample gets its own box (torchvision's ``RandomResizedCrop``
+    distribution), flip and jitter factors, drawn on the input's device from torch's generator for
+    that device, like dropout: ``torch.manual_seed`` makes a run reproducible (seed each rank
+    differently). In ``eval()`` mode it is deterministic: the shorter side resized to
+    ``round(size / eval_ratio)`` (256 for 224) and the centre cut out, as torchvision's
+    ``Resize(256)`` + ``CenterCrop(224)``; this mode exports to ONNX. Downscaling is antialiased,
+    and the output matches ``torchvision.transforms.v2.functional.resized_crop(..., antialias=True)``
+    for the same boxes.
+
+    Put it first in the model, before :class:`gpuload.Normalize`, and compile the whole:
+    ``torch.compile(nn.Sequential(augment, Normalize(mean, std), model))`` has no graph break, and
+    with a float ``dtype`` the jitter, cast and normalisation fuse into one kernel.
+
+    Args:
+        size: output side, or ``(height, width)``.
+        scale: range of the box's area, as a fraction of the image's.
+        ratio: range of the box's aspect ratio (width / height).
+        flip: mirror each sample left-right with probability 1/2.
+        brightness, contrast, saturation: torchvision ``ColorJitter`` strengths, applied in this
+            fixed order with factors drawn uniformly from ``[max(0, 1 - v), 1 + v]`` (0: off).
+        crop: ``False`` skips the crop and the resize in both modes (flip and jitter only, output at
+            the input's size), for batches already cropped at decode time.
+        dtype: output dtype: ``torch.uint8`` (rounded) or a float dtype on the 0..255 scale.
+        channels_last: emit channels-last output.
+        eval_ratio: in ``eval()``, ``size`` over the side the image is first resized to.
+
+    Example:
+        >>> augment = RandomResizedCrop(8, flip=True, brightness=0.4)
+        >>> images = torch.randint(0, 256, (2, 3, 24, 32), dtype=torch.uint8)
+        >>> augment(images).shape, augment(images).dtype, augment.eval()(images).shape
+        (torch.Size([2, 3, 8, 8]), torch.uint8, torch.Size([2, 3, 8, 8]))
+    """
+
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        scale: Sequence[float] = (0.08, 1.0),
+        ratio: Sequence[float] = (3 / 4, 4 / 3),
+        *,
+        flip: bool = False,
+        brightness: float = 0.0,
+        contrast: float = 0.0,
+        saturation: float = 0.0,
+        crop: bool = True,
+        dtype: torch.dtype = torch.uint8,
+        channels_last: bool = False,
+        eval_ratio: float = 224 / 256,
+    ) -> None:
+        super().__init__()
+        self.size = _check_size(size)
+        self.scale = _check_range("scale", scale, low=0.0, high=1.0)
+        self.ratio = _check_range("ratio", ratio, low=0.0, high=math.inf)
+        for name, value in (("brightness", brightness), ("contrast", contrast), ("saturation", saturation)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                raise UsageError(f"{name} must be a number >= 0 (0 turns it off), got {value!r}")
+        if not isinstance(flip, bool) or not isinstance(crop, bool) or not isinstance(channels_last, bool):
+            raise UsageError(f"flip, crop and channels_last must be bools, got {flip!r}, {crop!r}, {channels_last!r}")
+        if dtype != torch.uint8 and not dtype.is_floating_point:
+            raise UsageError(f"dtype must be torch.uint8 or a float dtype, got {dtype}")
+        if not 0 < eval_ratio <= 1:
+            raise UsageError(f"eval_ratio must be in (0, 1], got {eval_ratio!r}")
+        self.flip, self.crop, self.dtype, self.channels_last, self.eval_ratio = (
+            flip,
+            crop,
+            dtype,
+            channels_last,
+            eval_ratio,
+        )
+        self.jitter = (float(brightness), float(contrast), float(saturation))
+
+    def forward(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Augment ``images`` (uint8 or float ``[B, C, H, W]`` on the 0..255 scale).
+
+        ``generator`` (a generator on the images' device) replaces torch's default one: the loader
+        passes one seeded by the epoch and the batch, so its batches do not depend on thread timing.
+        """
+        _check_images(images, needs_rgb=self.training and any(self.jitter))
+        batch, _, height, width = images.shape
+        compute = _compute_dtype(images)
+        pixels = images.to(compute)
+        if self.crop:
+            weights_y, weights_x = self._weights(batch, height, width, images.device, generator)
+            if self.training and self.flip:
+                weights_x = torch.where(self._coin(batch, images.device, generator), weights_x.flip(1), weights_x)
+            pixels = _resample(pixels, weights_y.to(compute), weights_x.to(compute))
+        elif self.training and self.flip:
+            pixels = torch.where(self._coin(batch, images.device, generator)[:, None], pixels.flip(3), pixels)
+        if self.training and any(self.jitter):
+            pixels = _jitter(pixels, self._factors(batch, images.device, generator, compute))
+        out = pixels.round().clamp(0, 255).to(torch.uint8) if self.dtype == torch.uint8 else pixels.to(self.dtype)
+        return out.contiguous(memory_format=torch.channels_last) if self.channels_last else out
+
+    def _weights(
+        self, batch: int, height: int, width: int, device: torch.device, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out_height, out_width = self.size
+        if self.training:
+            top, left, box_height, box_width = resized_crop_params(
+                batch, height, width, self.scale, self.ratio, device=device, generator=generator
+            ).unbind(1)
+            return (
+                interpolation_weights(top, box_height / out_height, top, top + box_height, out_height, height),
+                interpolation_weights(left, box_width / out_width, left, left + box_width, out_width, width),
+            )
+        return self._eval_weights(height, width, device, batch)
+
+    def _eval_weights(self, height: int, width: int, device: torch.device, batch: int) -> tuple[torch.Tensor, ...]:
+        """Resize the shorter side to ``round(size / eval_ratio)`` (torchvision ``Resize``), then take the centre."""
+        out_height, out_width = self.size
+        short = round(min(self.size) / self.eval_ratio)
+        if height <= width:
+            resized = (short, int(short * width / height))
+        else:
+            resized = (int(short * height / width), short)
+        top = int(round((resized[0] - out_height) / 2.0))
+        left = int(round((resized[1] - out_width) / 2.0))
+        ones = torch.ones(batch, device=device)
+        step_y, step_x = height / resized[0], width / resized[1]
+        return (
+            interpolation_weights(top * step_y * ones, step_y * ones, 0 * ones, height * ones, out_height, height),
+            interpolation_weights(left * step_x * ones, step_x * ones, 0 * ones, width * ones, out_width, width),
+        )
+
+    @staticmethod
+    def _coin(batch: int, device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
+        return (torch.rand(batch, device=device, generator=generator) < 0.5)[:, None, None]
+
+    def _factors(
+        self, batch: int, device: torch.device, generator: torch.Generator | None, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """``[3, B]`` brightness, contrast and saturation factors, 1 where a jitter is off."""
+        uniform = torch.rand(3, batch, device=device, generator=generator)
+        low = [max(0.0, 1 - value) for value in self.jitter]  # Python numbers: no host-to-device copy
+        return torch.stack([lo + (1 + value - lo) * u for lo, value, u in zip(low, self.jitter, uniform)]).to(dtype)
+
+    def extra_repr(self) -> str:
+        jitter = ", ".join(f"{n}={v}" for n, v in zip(("brightness", "contrast", "saturation"), self.jitter) if v)
+        return (
+            f"size={self.size}, scale={self.scale}, ratio={tuple(round(r, 4) for r in self.ratio)}, flip={self.flip}"
+            + (f", {jitter}" if jitter else "")
+            + ("" if self.crop else ", crop=False")
+            + f", dtype={self.dtype}"
+        )
+
+
+def _resample(pixels: torch.Tensor, weights_y: torch.Tensor, weights_x: torch.Tensor) -> torch.Tensor:
+    """``Wy @ pixels @ Wx^T`` per sample and channel: ``[B, C, H, W]`` -> ``[B, C, S_y, S_x]``.
+
+    The product that shrinks the larger side goes first, which does fewer multiply-adds.
+    """
+    weights_y, weights_x_t = weights_y[:, None], weights_x.transpose(1, 2)[:, None]
+    if pixels.shape[2] <= pixels.shape[3]:
+        return torch.matmul(weights_y, torch.matmul(pixels, weights_x_t))
+    return torch.matmul(torch.matmul(weights_y, pixels), weights_x_t)
+
+
+def _jitter(pixels: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+    """Brightness, contrast, saturation (torchvision's ``adjust_*`` on the 0..255 scale), per sample."""
+    brightness, contrast, saturation = (factor[:, None, None, None] for factor in factors)
+    pixels = (pixels * brightness).clamp(0, 255)
+    mean = _gray(pixels).mean(dim=(-3, -2, -1), keepdim=True)
+    pixels = (contrast * pixels + (1 - contrast) * mean).clamp(0, 255)
+    return (saturation * pixels + (1 - saturation) * _gray(pixels)).clamp(0, 255)
+
+
+def _gray(pixels: torch.Tensor) -> torch.Tensor:
+    red, green, blue = pixels.unbind(1)
+    return (_GRAY[0] * red + _GRAY[1] * green + _GRAY[2] * blue).unsqueeze(1)
+
+
+def _compute_dtype(images: torch.Tensor) -> torch.dtype:
+    """float16 on CUDA (tensor cores, exact for 0..255), float32 elsewhere; float input keeps its dtype."""
+    if images.is_floating_point():
+        return images.dtype
+    return torch.float16 if images.device.type == "cuda" else torch.float32
+
+
+def _check_images(images: torch.Tensor, *, needs_rgb: bool) -> None:
+    if not isinstance(images, torch.Tensor) or images.ndim != 4:
+        shape = list(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
+        raise UsageError(f"expected a batch of images [B, C, H, W], got {shape}")
+    if images.dtype != torch.uint8 and not images.is_floating_point():
+        raise UsageError(f"expected uint8 or float images on the 0..255 scale, got {images.dtype}")
+    if needs_rgb and images.shape[1] != 3:
+        raise UsageError(f"colour jitter needs 3 channels (RGB), got {images.shape[1]}")
+
+
+def _check_size(size) -> tuple[int, int]:
+    sides = (size, size) if isinstance(size, int) else tuple(size) if isinstance(size, Sequence) else ()
+    if len(sides) != 2 or not all(isinstance(side, int) and not isinstance(side, bool) and side > 0 for side in sides):
+        raise UsageError(f"size must be a positive int or (height, width) of positive ints, got {size!r}")
+    return sides
+
+
+def _check_range(name: str, values, *, low: float, high: float) -> tuple[float, float]:
+    if not isinstance(values, Sequence) or len(values) != 2 or not all(isinstance(v, (int, float)) for v in values):
+        raise UsageError(f"{name} must be (min, max), got {values!r}")
+    first, second = float(values[0]), float(values[1])
+    if not low < first <= second <= high:
+        raise UsageError(f"{name} must be (min, max) with {low} < min <= max <= {high}, got {values!r}")
+    return first, second

@@ -1,0 +1,249 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import photo
+from torch import nn
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+
+from gpuload import IMAGENET_MEAN, IMAGENET_STD, Normalize, RandomResizedCrop, UsageError
+from gpuload.transforms.augment import _jitter, interpolation_weights, resized_crop_params
+
+
+def photo_tensor(height: int = 480, width: int = 640) -> torch.Tensor:
+    """grace_hopper.jpg as a real photo of ``height x width``, uint8 [3, H, W]."""
+    return torch.from_numpy(np.array(photo((height, width)))).permute(2, 0, 1).contiguous()
+
+
+def ks_statistic(first: torch.Tensor, second: torch.Tensor) -> float:
+    """Two-sample Kolmogorov-Smirnov statistic: the largest gap between the two empirical CDFs."""
+    values = torch.cat([first, second]).sort().values
+    cdf = [torch.searchsorted(sample.sort().values, values, right=True) / len(sample) for sample in (first, second)]
+    return float((cdf[0] - cdf[1]).abs().max())
+
+
+def apply_boxes(images: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.Tensor:
+    """gpuload's resampling of given boxes (the module draws its own)."""
+    top, left, height, width = boxes.unbind(1)
+    weights_y = interpolation_weights(top, height / size, top, top + height, size, images.shape[2])
+    weights_x = interpolation_weights(left, width / size, left, left + width, size, images.shape[3])
+    out = torch.matmul(weights_y[:, None], torch.matmul(images.float(), weights_x.transpose(1, 2)[:, None]))
+    return out.round().clamp(0, 255).to(torch.uint8)
+
+
+def mad(first: torch.Tensor, second: torch.Tensor) -> float:
+    return float((first.float() - second.float()).abs().mean())
+
+
+class TestParameters:
+    @pytest.mark.parametrize("height, width", [(480, 640), (100, 1000), (37, 29)])
+    def test_distribution_equals_torchvision_get_params(self, height, width):
+        """10,000 draws each; (100, 1000) is too wide for the ratio range, so the centre-crop fallback runs."""
+        draws = 10_000
+        ours = resized_crop_params(draws, height, width, generator=torch.Generator().manual_seed(0))
+        torch.manual_seed(1)
+        image = torch.empty(1, height, width)
+        theirs = torch.tensor(
+            [v2.RandomResizedCrop.get_params(image, [0.08, 1.0], [3 / 4, 4 / 3]) for _ in range(draws)],
+            dtype=torch.float32,
+        )
+        for name, statistic in (
+            ("area fraction", lambda boxes: boxes[:, 2] * boxes[:, 3] / (height * width)),
+            ("log aspect ratio", lambda boxes: torch.log(boxes[:, 3] / boxes[:, 2])),
+            ("top", lambda boxes: boxes[:, 0]),
+            ("left", lambda boxes: boxes[:, 1]),
+        ):
+            assert ks_statistic(statistic(ours), statistic(theirs)) <= 0.05, name
+
+    @pytest.mark.parametrize("seed", range(5))
+    def test_boxes_are_whole_pixels_inside_the_image(self, seed):
+        boxes = resized_crop_params(1000, 50, 70, generator=torch.Generator().manual_seed(seed))
+        top, left, height, width = boxes.unbind(1)
+        assert torch.equal(boxes, boxes.round())
+        assert (top >= 0).all() and (left >= 0).all() and (height >= 1).all() and (width >= 1).all()
+        assert (top + height <= 50).all() and (left + width <= 70).all()
+
+
+class TestPixels:
+    @pytest.mark.parametrize("height, width", [(480, 640), (640, 480), (300, 301)])
+    def test_given_boxes_match_torchvision_resized_crop_with_antialias(self, height, width):
+        image = photo_tensor(height, width)
+        boxes = resized_crop_params(16, height, width, generator=torch.Generator().manual_seed(height))
+        ours = apply_boxes(image[None].expand(16, -1, -1, -1), boxes, 224)
+        for sample, box in zip(ours, boxes.int().tolist()):
+            reference = F.resized_crop(image, *box, [224, 224], antialias=True)
+            assert mad(sample, reference) <= 0.6
+            if box[2] > 2 * 224:  # strong downscaling: without antialiasing the gap is several times larger
+                assert mad(F.resized_crop(image, *box, [224, 224], antialias=False), reference) > 2 * mad(
+                    sample, reference
+                )
+
+    @pytest.mark.parametrize("height, width", [(480, 640), (640, 480), (256, 256), (224, 900)])
+    def test_eval_matches_resize_256_then_centre_crop_224(self, height, width):
+        image = photo_tensor(height, width)
+        ours = RandomResizedCrop(224, flip=True, brightness=0.5).eval()(image[None])[0]
+        reference = v2.CenterCrop(224)(v2.Resize(256, antialias=True)(image))
+        assert ours.shape == reference.shape == (3, 224, 224)
+        assert mad(ours, reference) <= 0.6
+
+    def test_flip_mirrors_the_same_box(self):
+        images = photo_tensor(120, 160)[None].repeat(32, 1, 1, 1)
+        plain = RandomResizedCrop(64)(images, generator=torch.Generator().manual_seed(3))
+        flipped = RandomResizedCrop(64, flip=True)(images, generator=torch.Generator().manual_seed(3))
+        same = [torch.equal(a, b) for a, b in zip(plain, flipped)]
+        mirrored = [torch.equal(a.flip(2), b) for a, b in zip(plain, flipped)]
+        assert all(s or m for s, m in zip(same, mirrored)) and 4 < sum(mirrored) < 28
+
+    def test_jitter_matches_torchvision_adjustments(self):
+        images = photo_tensor(60, 80)[None].repeat(3, 1, 1, 1).float()
+        factors = torch.tensor(
+            [[0.6, 1.0, 1.4], [1.3, 0.7, 1.0], [0.5, 1.2, 1.6]]
+        )  # [brightness, contrast, saturation]
+        ours = _jitter(images, factors)
+        for sample, (brightness, contrast, saturation) in zip(range(3), factors.T.tolist()):
+            reference = images[sample] / 255
+            reference = F.adjust_brightness(reference, brightness)
+            reference = F.adjust_contrast(reference, contrast)
+            reference = F.adjust_saturation(reference, saturation)
+            torch.testing.assert_close(ours[sample] / 255, reference, atol=1e-4, rtol=1e-4)
+
+    def test_the_crop_can_be_switched_off(self):
+        images = photo_tensor(64, 48)[None].repeat(8, 1, 1, 1)
+        augment = RandomResizedCrop(224, crop=False, flip=True, saturation=0.5)
+        out = augment(images)
+        assert out.shape == images.shape and not torch.equal(out, images)
+        assert torch.equal(augment.eval()(images), images)  # already cropped at decode time: nothing to do
+
+    def test_float_output_and_channels_last(self):
+        images = photo_tensor(48, 64)[None].repeat(2, 1, 1, 1)
+        out = RandomResizedCrop(16, dtype=torch.bfloat16, channels_last=True)(images)
+        assert out.dtype == torch.bfloat16 and out.is_contiguous(memory_format=torch.channels_last)
+        assert 0 <= float(out.min()) and float(out.max()) <= 255
+
+
+class TestRandomness:
+    def test_each_sample_gets_its_own_box(self):
+        images = photo_tensor(96, 128)[None].repeat(16, 1, 1, 1)
+        out = RandomResizedCrop(32)(images)
+        assert len({sample.numpy().tobytes() for sample in out}) == 16
+
+    def test_torch_manual_seed_makes_it_reproducible(self):
+        images = photo_tensor(96, 128)[None].repeat(4, 1, 1, 1)
+        augment = RandomResizedCrop(32, flip=True, brightness=0.3, contrast=0.3, saturation=0.3)
+        torch.manual_seed(7)
+        first = augment(images)
+        torch.manual_seed(7)
+        assert torch.equal(augment(images), first)
+        assert not torch.equal(augment(images), first)
+
+    def test_a_generator_decides_alone(self):
+        images = photo_tensor(96, 128)[None].repeat(4, 1, 1, 1)
+        augment = RandomResizedCrop(32, flip=True, brightness=0.3)
+        first = augment(images, generator=torch.Generator().manual_seed(5))
+        torch.manual_seed(99)
+        assert torch.equal(augment(images, generator=torch.Generator().manual_seed(5)), first)
+
+    def test_eval_is_deterministic(self):
+        images = photo_tensor(96, 128)[None].repeat(2, 1, 1, 1)
+        augment = RandomResizedCrop(32, flip=True, brightness=0.9).eval()
+        assert torch.equal(augment(images), augment(images))
+
+
+class TestCompile:
+    def test_no_graph_break_alone_and_before_normalize_and_a_model(self):
+        images = torch.randint(0, 256, (2, 3, 40, 56), dtype=torch.uint8)
+        augment = RandomResizedCrop(24, flip=True, brightness=0.2, contrast=0.2, saturation=0.2, dtype=torch.float32)
+        model = nn.Sequential(augment, Normalize(IMAGENET_MEAN, IMAGENET_STD), nn.Conv2d(3, 4, 3), nn.Flatten())
+        for module in (augment, model, model.eval()):
+            explanation = torch._dynamo.explain(module)(images)
+            assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+
+    def test_compiled_fullgraph_equals_eager(self):
+        images = torch.randint(0, 256, (2, 3, 40, 56), dtype=torch.uint8)
+        augment = RandomResizedCrop(24, dtype=torch.float32).eval()
+        compiled = torch.compile(augment, fullgraph=True)
+        torch.testing.assert_close(compiled(images), augment(images), atol=1e-3, rtol=1e-4)
+        augment.train()
+        assert compiled(images).shape == (2, 3, 24, 24)  # recompiled for train mode, still one graph
+
+    def test_eval_exports_to_onnx_and_runs_the_same_in_onnx_runtime(self, tmp_path):
+        onnxruntime = pytest.importorskip("onnxruntime")
+        pytest.importorskip("onnxscript")
+        torch.manual_seed(0)
+        model = nn.Sequential(
+            RandomResizedCrop(24, flip=True, dtype=torch.float32),
+            Normalize(IMAGENET_MEAN, IMAGENET_STD),
+            nn.Conv2d(3, 2, 3),
+        ).eval()
+        images = photo_tensor(48, 64)[None].repeat(2, 1, 1, 1)
+        path = tmp_path / "model.onnx"
+        torch.onnx.export(model, (images,), path, input_names=["images"], dynamo=True)
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        (ours,) = session.run(None, {"images": images.numpy()})
+        with torch.no_grad():
+            torch.testing.assert_close(torch.from_numpy(ours), model(images), rtol=1e-4, atol=1e-4)
+
+
+class TestBadInput:
+    @pytest.mark.parametrize(
+        ("kwargs", "message"),
+        [
+            ({"size": 0}, "size must be a positive int"),
+            ({"size": (224,)}, "size must be a positive int"),
+            ({"size": 22.4}, "size must be a positive int"),
+            ({"size": 8, "scale": (0.5, 0.1)}, r"scale must be \(min, max\) with 0.0 < min <= max <= 1.0"),
+            ({"size": 8, "scale": (0.0, 1.0)}, "scale must be"),
+            ({"size": 8, "ratio": (2.0, 1.0)}, "ratio must be"),
+            ({"size": 8, "ratio": (1.0,)}, r"ratio must be \(min, max\)"),
+            ({"size": 8, "brightness": -1}, "brightness must be a number >= 0"),
+            ({"size": 8, "dtype": torch.int32}, "dtype must be torch.uint8 or a float dtype"),
+            ({"size": 8, "flip": "yes"}, "must be bools"),
+        ],
+    )
+    def test_bad_arguments(self, kwargs, message):
+        with pytest.raises(UsageError, match=message):
+            RandomResizedCrop(**kwargs)
+
+    @pytest.mark.parametrize(
+        ("images", "message"),
+        [
+            (torch.zeros(3, 8, 8, dtype=torch.uint8), r"expected a batch of images \[B, C, H, W\], got \[3, 8, 8\]"),
+            (torch.zeros(1, 3, 8, 8, dtype=torch.int64), "expected uint8 or float images"),
+            (torch.zeros(1, 1, 8, 8, dtype=torch.uint8), "colour jitter needs 3 channels"),
+        ],
+    )
+    def test_bad_images(self, images, message):
+        with pytest.raises(UsageError, match=message):
+            RandomResizedCrop(4, saturation=0.5)(images)
+
+
+@pytest.mark.cuda
+class TestCuda:
+    def test_half_precision_matches_and_draws_on_the_device_without_a_sync(self):
+        image = photo_tensor()
+        boxes = resized_crop_params(64, 480, 640, generator=torch.Generator().manual_seed(0))
+        augment = RandomResizedCrop(224, flip=True, brightness=0.4, contrast=0.4, saturation=0.4).cuda()
+        images = image[None].repeat(64, 1, 1, 1).cuda()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # any host synchronisation inside raises
+        try:
+            out = augment(images)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert out.shape == (64, 3, 224, 224) and out.is_cuda
+        reference = apply_boxes(image[None].expand(64, -1, -1, -1), boxes, 224)
+        ours = apply_boxes(images, boxes.cuda(), 224).cpu()
+        assert mad(ours, reference) <= 0.1
+
+    def test_cuda_graphs(self):
+        augment = RandomResizedCrop(64, flip=True, brightness=0.3, dtype=torch.float16).cuda()
+        model = torch.compile(
+            nn.Sequential(augment, Normalize(IMAGENET_MEAN, IMAGENET_STD).cuda().half()), mode="reduce-overhead"
+        )
+        images = torch.randint(0, 256, (8, 3, 120, 160), dtype=torch.uint8, device="cuda")
+        outs = [model(images).clone() for _ in range(4)]
+        assert all(out.shape == (8, 3, 64, 64) for out in outs)
+        assert not torch.equal(outs[-1], outs[-2])  # fresh random draws under the replayed graph
+        assert math.isfinite(float(outs[-1].float().sum()))
