@@ -160,6 +160,11 @@ class TestCompile:
             explanation = torch._dynamo.explain(module)(images)
             assert explanation.graph_break_count == 0 and explanation.graph_count == 1
 
+    def test_compiles_for_a_dynamic_batch_size(self):
+        compiled = torch.compile(RandomResizedCrop(16, flip=True, brightness=0.2), fullgraph=True, dynamic=True)
+        for batch in (2, 3, 5):
+            assert compiled(torch.randint(0, 256, (batch, 3, 20, 30), dtype=torch.uint8)).shape == (batch, 3, 16, 16)
+
     def test_compiled_fullgraph_equals_eager(self):
         images = torch.randint(0, 256, (2, 3, 40, 56), dtype=torch.uint8)
         augment = RandomResizedCrop(24, dtype=torch.float32).eval()

@@ -50,7 +50,7 @@ def resized_crop_params(
         >>> boxes.shape, bool(((boxes[:, 0] + boxes[:, 2]) <= 480).all())
         (torch.Size([4, 4]), True)
     """
-    uniform = torch.rand(batch, _ATTEMPTS + 1, 2, device=device, generator=generator)
+    uniform = _rand((batch, _ATTEMPTS + 1, 2), device, generator)
     area = height * width * (scale[0] + (scale[1] - scale[0]) * uniform[:, :_ATTEMPTS, 0])
     log_low, log_high = math.log(ratio[0]), math.log(ratio[1])
     aspect = torch.exp(log_low + (log_high - log_low) * uniform[:, :_ATTEMPTS, 1])
@@ -69,6 +69,15 @@ def resized_crop_params(
         found, torch.floor(uniform[:, _ATTEMPTS, 1] * (width - box_width + 1)), torch.floor((width - box_width) / 2)
     )
     return torch.stack([top, left, box_height, box_width], dim=1)
+
+
+def _rand(shape: tuple, device: torch.device | str, generator: torch.Generator | None) -> torch.Tensor:
+    """``torch.rand``, passing ``generator`` only when there is one: torch.compile with a dynamic batch
+    size fails on an explicit ``generator=None`` (torch 2.14: "SymIntArrayRef expected to contain only
+    concrete integers")."""
+    if generator is None:
+        return torch.rand(shape, device=device)
+    return torch.rand(shape, device=device, generator=generator)
 
 
 def _centre_crop_size(height: int, width: int, ratio: tuple[float, float]) -> tuple[int, int]:
@@ -233,13 +242,13 @@ class RandomResizedCrop(nn.Module):
 
     @staticmethod
     def _coin(batch: int, device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
-        return (torch.rand(batch, device=device, generator=generator) < 0.5)[:, None, None]
+        return (_rand((batch,), device, generator) < 0.5)[:, None, None]
 
     def _factors(
         self, batch: int, device: torch.device, generator: torch.Generator | None, dtype: torch.dtype
     ) -> torch.Tensor:
         """``[3, B]`` brightness, contrast and saturation factors, 1 where a jitter is off."""
-        uniform = torch.rand(3, batch, device=device, generator=generator)
+        uniform = _rand((3, batch), device, generator)
         low = [max(0.0, 1 - value) for value in self.jitter]  # Python numbers: no host-to-device copy
         return torch.stack([lo + (1 + value - lo) * u for lo, value, u in zip(low, self.jitter, uniform)]).to(dtype)
 
