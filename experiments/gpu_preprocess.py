@@ -1,23 +1,34 @@
-"""Per-batch preprocessing on the device, eager against ``torch.compile``: what fusion into one kernel buys.
+"""Augmenting uint8 batches already on the device: per-sample crop + flip + normalise, side by side.
 
-The preprocessing of a uint8 batch ``[B, 3, H, W]``: random resized crop with per-sample parameters
-and random horizontal flip (one ``affine_grid`` + ``grid_sample``, the flip folded into the affine
-matrix), cast and normalisation (scale and shift as in ``gpuload.Normalize``). Eager runs one kernel
-per op; ``torch.compile`` (modes ``default``, ``reduce-overhead``, ``max-autotune``) fuses them.
-``torch._dynamo.explain`` must find zero graph breaks. Timed with ``torch.utils.benchmark.Timer``
-(``blocked_autorange``, CUDA synchronised), printed as a ``torch.utils.benchmark.Compare`` table.
+For each batch size, on the same uint8 batches of 640x480 photos-sized noise, to 224x224 float
+normalised (float16 on CUDA, float32 on the CPU):
+- ``torchvision_per_sample``: torchvision v2 ``RandomResizedCrop(224, antialias=True)``,
+  ``RandomHorizontalFlip`` and ``Normalize``, sample by sample in a Python loop, then stacked: what a
+  per-sample pipeline costs when it runs on the device;
+- ``torchvision_batch``: the same v2 transforms on the whole batch (one parameter set for all
+  samples: not the same augmentation, for reference);
+- ``kornia``: Kornia 0.9's per-sample ``RandomResizedCrop`` + ``RandomHorizontalFlip`` +
+  ``Normalize`` (where it installs: ``pip install gpuload[bench]``);
+- ``gpuload_eager`` and ``gpuload_compiled`` (``torch.compile``, and on CUDA ``reduce-overhead``):
+  ``nn.Sequential(gpuload.RandomResizedCrop(224, flip=True), gpuload.Normalize(...))``.
+Timed with ``torch.utils.benchmark.Timer`` (``blocked_autorange``, CUDA synchronised), each an
+images/s median with min-max. On CUDA each rate is also given as a share of the GPU's memory
+bandwidth, measured in the same run by a device-to-device copy: the bytes an augmentation must move
+(read the uint8 input, write the output) at the copy's speed is the limit.
 
-    python -m experiments.gpu_preprocess --image-sizes 640x480 --batch-sizes 32 64 128
+    python -m experiments.gpu_preprocess --batch-sizes 64 128 256 [--device cuda]
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
-from torch.utils.benchmark import Compare, Timer
+from torch import nn
+from torch.utils.benchmark import Timer
+from torchvision.transforms import v2
 
 import gpuload
 
@@ -26,7 +37,6 @@ from ._common import (
     device_name,
     figure,
     median_spread,
-    parse_sizes,
     plot_spread,
     read_result,
     resolve_device,
@@ -36,117 +46,136 @@ from ._common import (
     write_result,
 )
 
-OUTPUT = (224, 224)
+OUTPUT = 224
+INPUT = (480, 640)
 
 
-def preprocess(images: torch.Tensor, area: torch.Tensor, ratio: torch.Tensor, shift: torch.Tensor, flip: torch.Tensor,
-               scale_buffer: torch.Tensor, shift_buffer: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """Random resized crop + flip + normalise; per-sample parameters in [0, 1) come in as tensors."""
-    batch = images.shape[0]
-    width = torch.sqrt(area * ratio).clamp(max=1.0)
-    height = torch.sqrt(area / ratio).clamp(max=1.0)
-    sign = 1.0 - 2.0 * flip
-    theta = torch.zeros(batch, 2, 3, device=images.device, dtype=scale_buffer.dtype)
-    theta[:, 0, 0] = width * sign
-    theta[:, 1, 1] = height
-    theta[:, 0, 2] = (2 * shift[:, 0] - 1) * (1 - width)
-    theta[:, 1, 2] = (2 * shift[:, 1] - 1) * (1 - height)
-    grid = F.affine_grid(theta, [batch, images.shape[1], *OUTPUT], align_corners=False)
-    cropped = F.grid_sample(images.to(scale_buffer.dtype), grid, mode="bilinear", align_corners=False)
-    return torch.addcmul(shift_buffer, cropped, scale_buffer)
+def contenders(device: torch.device, dtype: torch.dtype, quick: bool) -> dict[str, Callable[[torch.Tensor], object]]:
+    """name -> a function of a uint8 batch on ``device`` that returns the augmented batch."""
+    mean, std = gpuload.IMAGENET_MEAN, gpuload.IMAGENET_STD
+    tv_sample = v2.Compose(
+        [
+            v2.RandomResizedCrop(OUTPUT, antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(dtype, scale=True),
+            v2.Normalize(mean, std),
+        ]
+    )
+    ours = nn.Sequential(gpuload.RandomResizedCrop(OUTPUT, flip=True, dtype=dtype), gpuload.Normalize(mean, std))
+    ours = ours.to(device, dtype)
+    found = {
+        "torchvision_per_sample": lambda images: torch.stack([tv_sample(image) for image in images]),
+        "torchvision_batch": tv_sample,
+        "gpuload_eager": ours,
+        "gpuload_compiled": torch.compile(ours, fullgraph=True),
+    }
+    if device.type == "cuda" and not quick:
+        found["gpuload_reduce_overhead"] = torch.compile(ours, fullgraph=True, mode="reduce-overhead")
+    try:
+        import kornia.augmentation as K
+    except ImportError:
+        print("  kornia is not installed (pip install gpuload[bench]): left out")
+    else:
+        kornia = nn.Sequential(
+            K.RandomResizedCrop((OUTPUT, OUTPUT)),
+            K.RandomHorizontalFlip(),
+            K.Normalize(torch.tensor(mean), torch.tensor(std)),
+        ).to(device)
+        found["kornia"] = lambda images: kornia(images.to(dtype) / 255)
+    return found
 
 
-def inputs(batch_size: int, size: tuple[int, int], device: torch.device, dtype: torch.dtype) -> tuple:
-    generator = torch.Generator(device).manual_seed(0)
-    images = torch.randint(0, 256, (batch_size, 3, *size), dtype=torch.uint8, device=device, generator=generator)
-    area = 0.08 + 0.92 * torch.rand(batch_size, device=device, generator=generator, dtype=dtype)
-    ratio = torch.exp((torch.rand(batch_size, device=device, generator=generator, dtype=dtype) - 0.5) * 0.575)
-    shift = torch.rand(batch_size, 2, device=device, generator=generator, dtype=dtype)
-    flip = (torch.rand(batch_size, device=device, generator=generator) < 0.5).to(dtype)
-    normalize = gpuload.Normalize(gpuload.IMAGENET_MEAN, gpuload.IMAGENET_STD).to(device, dtype)
-    return images, area, ratio, shift, flip, normalize.scale, normalize.shift
+def copy_limit(device: torch.device, dtype: torch.dtype, min_run_time: float) -> float:
+    """Images/s if an augmentation only moved its bytes (read uint8 input, write output) at device-copy speed."""
+    source = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    timer = Timer("target.copy_(source)", globals={"target": target, "source": source})
+    seconds = timer.blocked_autorange(min_run_time=min_run_time).median
+    bandwidth = 2 * source.numel() / seconds  # bytes read + written per second
+    per_image = 3 * INPUT[0] * INPUT[1] + 3 * OUTPUT * OUTPUT * dtype.itemsize
+    return bandwidth / per_image
 
 
 def plot(result: dict) -> None:
     rows = result["rows"]
-    sizes = sorted({(row["height"], row["width"]) for row in rows})
-    fig, axes = figure(1, len(sizes))
-    for axis, (height, width) in zip(axes[0], sizes):
-        for mode in result["modes"]:
-            line = [r for r in rows if (r["height"], r["width"], r["mode"]) == (height, width, mode)]
-            plot_spread(axis, line, "seconds", "-o", mode, scale=1e3)
-        title = f"{width}x{height} uint8 -> {OUTPUT[1]}x{OUTPUT[0]} {result['dtype']}"
-        style_batch_axis(axis, title, "time per batch (ms)", legend_title="torch.compile mode")
-    fig.suptitle(f"Crop + flip + normalise on {result['device_name']}: eager against torch.compile")
+    fig, axes = figure(1, 1)
+    axis = axes[0][0]
+    for name in result["contenders"]:
+        line = [row for row in rows if row["contender"] == name]
+        plot_spread(axis, line, "images_per_second", "-o", name)
+    limits = [row for row in rows if row["contender"] == "limit_copy"]
+    if limits:
+        axis.plot([row["batch_size"] for row in limits], [row["images_per_second"]["median"] for row in limits], "k--",
+                  label="limit: device memory bandwidth")  # fmt: skip
+        axis.legend()
+    height, width = result["input"]
+    style_batch_axis(axis, f"{width}x{height} uint8 -> {OUTPUT}x{OUTPUT} {result['dtype']}, normalised", "images/s")
+    fig.suptitle(f"Per-sample crop + flip + normalise of batches on {result['device_name']}")
     print(f"wrote {save_figure(fig, 'gpu_preprocess', result)}")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_device_argument(parser)
-    parser.add_argument("--image-sizes", nargs="+", default=["640x480"], help="WIDTHxHEIGHT")
-    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[32, 64, 128])
-    parser.add_argument("--modes", nargs="+", default=None, help="eager and torch.compile modes")
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[64, 128, 256])
     parser.add_argument("--min-run-time", type=float, default=1.0)
-    parser.add_argument("--quick", action="store_true", help="small sizes, eager and default only (a smoke test)")
+    parser.add_argument("--quick", action="store_true", help="small batches, short runs (a smoke test)")
     parser.add_argument("--plot-only", action="store_true")
     args = parser.parse_args(argv)
     if args.plot_only:
         return plot(read_result("gpu_preprocess"))
     device = resolve_device(args.device)
-    modes = args.modes or (
-        ["eager", "default", "reduce-overhead", "max-autotune"] if device.type == "cuda" else ["eager", "default"]
-    )
     if args.quick:
-        args.image_sizes, args.batch_sizes, args.min_run_time, modes = ["160x120"], [4, 8], 0.1, ["eager", "default"]
-    dtype = torch.float16 if device.type == "cuda" else torch.float32  # grid_sample in half needs CUDA
-    explanation = torch._dynamo.explain(preprocess)(*inputs(2, (32, 32), device, dtype))
+        args.batch_sizes, args.min_run_time = [4, 8], 0.1
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    functions = contenders(device, dtype, args.quick)
+    explanation = torch._dynamo.explain(functions["gpuload_eager"])(
+        torch.zeros(2, 3, 64, 64, dtype=torch.uint8, device=device)
+    )
     if explanation.graph_break_count:
-        raise SystemExit(f"preprocess has {explanation.graph_break_count} graph breaks: {explanation.break_reasons}")
-    rows, measurements = [], []
-    for mode in modes:
-        function = preprocess
-        if mode != "eager":
-            function = torch.compile(preprocess, mode=mode, fullgraph=True, dynamic=False)
-        for height, width in parse_sizes(args.image_sizes):
-            for batch_size in args.batch_sizes:
-                arguments = inputs(batch_size, (height, width), device, dtype)
-                started = time.perf_counter()
-                function(*arguments)  # compiles for this shape
-                synchronize(device)
-                first_call = time.perf_counter() - started
-                timer = Timer(
-                    "function(*arguments)",
-                    globals={"function": function, "arguments": arguments},
-                    label="crop + flip + normalise",
-                    sub_label=f"{width}x{height}, B={batch_size}",
-                    description=mode,
-                    num_threads=torch.get_num_threads(),  # Timer's default is 1 thread
-                )
-                measurement = timer.blocked_autorange(min_run_time=args.min_run_time)
-                measurements.append(measurement)
-                rows.append(
-                    {
-                        "mode": mode,
-                        "height": height,
-                        "width": width,
-                        "batch_size": batch_size,
-                        "first_call_seconds": first_call,
-                    }
-                    | {"seconds": median_spread(measurement.times)}
-                )
-    compare = Compare(measurements)
-    compare.print()
+        raise SystemExit(f"gpuload's augmentation has {explanation.graph_break_count} graph breaks")
+    rows = []
+    for batch_size in args.batch_sizes:
+        images = torch.randint(0, 256, (batch_size, 3, *INPUT), dtype=torch.uint8, device=device)
+        for name, function in functions.items():
+            started = time.perf_counter()
+            function(images)  # compiles for this shape, warms caches
+            synchronize(device)
+            first_call = time.perf_counter() - started
+            timer = Timer(
+                "function(images); synchronize(device)",
+                globals={"function": function, "images": images, "synchronize": synchronize, "device": device},
+                num_threads=torch.get_num_threads(),
+            )
+            measurement = timer.blocked_autorange(min_run_time=args.min_run_time)
+            rates = [batch_size / seconds for seconds in measurement.times]
+            rows.append(
+                {"contender": name, "batch_size": batch_size, "first_call_seconds": first_call}
+                | {"images_per_second": median_spread(rates)}
+            )
+            print(
+                f"  B={batch_size:<4} {name:<24} {rows[-1]['images_per_second']['median']:10,.0f} images/s", flush=True
+            )
+        if device.type == "cuda":
+            limit = copy_limit(device, dtype, args.min_run_time)
+            rows.append(
+                {"contender": "limit_copy", "batch_size": batch_size, "images_per_second": median_spread([limit])}
+            )
+            for row in rows:
+                if row["batch_size"] == batch_size and row["contender"] != "limit_copy":
+                    row["share_of_bandwidth"] = row["images_per_second"]["median"] / limit
+            print(f"  B={batch_size:<4} {'limit: memory bandwidth':<24} {limit:10,.0f} images/s")
     path = write_result(
         "gpu_preprocess",
         {
             "device": str(device),
             "device_name": device_name(device),
             "dtype": str(dtype).removeprefix("torch."),
-            "modes": modes,
+            "input": list(INPUT),
+            "output": OUTPUT,
+            "contenders": list(functions),
             "graph_breaks": explanation.graph_break_count,
             "quick": args.quick,
-            "compare_table": str(compare),
             "rows": rows,
         },
     )
