@@ -5,7 +5,9 @@ import math
 import os
 import subprocess
 import sys
+import textwrap
 import threading
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -36,6 +38,16 @@ def as_rank(rank: int, world_size: int):
     """Make the loader believe it runs as ``rank`` of ``world_size`` processes (no processes needed)."""
     with mock.patch.object(loader_module, "distributed_rank", return_value=(rank, world_size)):
         yield
+
+
+def wait_for_no_gather_threads(timeout: float = 5) -> bool:
+    """Whether every gather thread ended within ``timeout`` seconds (a dropped iterator's end without waiting)."""
+    deadline = time.monotonic() + timeout
+    while gather_threads():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def served_indices(loader) -> list[int]:
@@ -228,7 +240,7 @@ class TestShutdown:
         for _ in loader:
             assert gather_threads()
             break
-        assert not gather_threads()
+        assert wait_for_no_gather_threads()
 
     def test_exception_in_the_loop_body(self):
         loader = DataLoader(indexed_data(), batch_size=2, device="cpu")
@@ -236,14 +248,81 @@ class TestShutdown:
             for _ in loader:
                 raise KeyError("boom")
         gc.collect()
-        assert not gather_threads()
+        assert wait_for_no_gather_threads()
 
     def test_garbage_collection_of_a_half_read_iterator(self):
         iterator = iter(DataLoader(indexed_data(), batch_size=2, device="cpu"))
         next(iterator)
         del iterator
         gc.collect()
-        assert not gather_threads()
+        assert wait_for_no_gather_threads()
+
+    def test_the_finaliser_in_a_producer_holding_the_condition_does_not_deadlock(self, monkeypatch):
+        """The garbage collector may run an iterator's finaliser in any thread: here in one of its own
+        producers while it holds the pipeline's condition and the other producer waits on it."""
+        loader = DataLoader(indexed_data(), batch_size=2, prefetch=1, threads=2, device="cpu")
+        ready, calls = threading.Event(), []
+        publish = loader_module._Pipeline._fill_and_publish
+
+        def finalise_while_holding_the_condition(pipeline, number, slot):
+            if number == 0:  # prefetch=1: the other producer waits on the condition meanwhile
+                ready.wait(5)
+                with pipeline.condition:
+                    finalise()  # what the garbage collector would do at an allocation here
+                calls.append("returned")
+            publish(pipeline, number, slot)
+
+        monkeypatch.setattr(loader_module._Pipeline, "_fill_and_publish", finalise_while_holding_the_condition)
+        iterator = iter(loader)
+        finalise = iterator._finalizer
+        ready.set()
+        assert wait_for_no_gather_threads(timeout=5)  # before the fix: both producers deadlocked
+        assert calls == ["returned"]
+
+    def test_a_ring_goes_back_to_the_pool_only_when_its_producers_have_exited(self, monkeypatch):
+        loader = DataLoader(indexed_data(), batch_size=2, prefetch=1, threads=1, device="cpu")
+        gathering, release = threading.Event(), threading.Event()
+        publish = loader_module._Pipeline._fill_and_publish
+
+        def slow_first_gather(pipeline, number, slot):
+            if not gathering.is_set():
+                gathering.set()
+                release.wait(5)
+            publish(pipeline, number, slot)
+
+        monkeypatch.setattr(loader_module._Pipeline, "_fill_and_publish", slow_first_gather)
+        first = iter(loader)
+        ring = first._pipeline.ring
+        assert gathering.wait(5)
+        del first  # the finaliser stops the producer without waiting for its gather to end
+        gc.collect()
+        second = iter(loader)
+        assert second._pipeline.ring is not ring  # still being written: not in the pool
+        release.set()
+        assert len(list(second)) == 12
+        assert wait_for_no_gather_threads()
+        assert any(pooled is ring for pooled in loader._rings._free)  # back once its producer exited
+
+    def test_the_interpreter_exits_cleanly_right_after_iterators_are_dropped(self, tmp_path):
+        """Daemon producers still inside torch when the interpreter finalises abort the process
+        ("terminate called without an active exception"): they must be stopped and joined first."""
+        script = tmp_path / "drop_and_exit.py"
+        script.write_text(
+            textwrap.dedent("""
+                import torch
+                from gpuload import DataLoader, ImageData
+
+                images = torch.zeros(512, 3, 256, 256, dtype=torch.uint8)
+                data = ImageData(images=images, labels=torch.arange(512), batch_size=[512])
+                loader = DataLoader(data, batch_size=128, prefetch=2, threads=2, device="cpu")
+                iterators = [iter(loader) for _ in range(4)]
+                for iterator in iterators:
+                    next(iterator)
+                del iterators, iterator  # the producers are mid-gather when the interpreter exits
+            """)
+        )
+        result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+        assert (result.returncode, result.stderr) == (0, "")  # before the fix: -6, "terminate called..."
 
 
 class TestIterators:

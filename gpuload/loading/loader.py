@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import math
 import threading
 import weakref
@@ -21,6 +22,8 @@ __all__ = ["DataLoader"]
 
 # As torch's DataLoader: what shapes the batches is fixed once made (here also the buffers' device and count).
 _FIXED = frozenset({"dataset", "batch_size", "sampler", "drop_last", "device", "prefetch"})
+_EXIT_JOIN_S = 10  # at exit, how long to wait for each producer's last gather
+_POLL_S = 0.1  # how often a waiting producer looks at the stop flag, in case no notification reached it
 _STATE_KEYS = ("epoch", "global_position", "batch_size", "world_size", "dataset_length", "seed")
 
 
@@ -362,10 +365,11 @@ class _Failed:
 
 
 class _Pipeline:
-    """What the producer threads share with the iterator (and nothing that keeps the iterator alive).
+    """The producer threads of one iteration and what they share with it (nothing that keeps the
+    iterator alive, so that dropping it runs its finaliser).
 
     One condition guards it all: the free slots, the batches ready for the consumer, how many
-    are prepared ahead (at most ``ahead``), and the stop flag, so closing wakes every thread at once.
+    are prepared ahead (at most ``ahead``), and the stop flag, so stopping wakes every thread at once.
     """
 
     def __init__(
@@ -379,7 +383,7 @@ class _Pipeline:
         give_back: Callable[[_Ring], None],
     ) -> None:
         self.ring, self.images, self.labels, self.batches, self.ahead = ring, images, labels, batches, ahead
-        self.producers, self.give_back = producers, give_back  # the last producer to exit gives the ring back
+        self.give_back = give_back  # called by the last producer to exit
         # Buffers the user may still hold (the last batch of the previous epoch is still bound
         # to the loop variable) go last: by their turn the user has let go of them.
         self.free = deque(sorted(ring.slots, key=_Slot.referenced))
@@ -388,8 +392,24 @@ class _Pipeline:
         self.next_batch = 0
         self.in_flight = 0  # claimed by a producer, not yet taken by the consumer
         self.stopped = False
+        self.threads = [
+            threading.Thread(target=self._produce, name=f"gpuload-gather-{i}", daemon=True) for i in range(producers)
+        ]
+        self.running = producers
 
-    def produce(self) -> None:
+    def start(self) -> None:
+        with _RUNNING_LOCK:
+            _RUNNING.add(self)
+        for thread in self.threads:
+            thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        current = threading.current_thread()
+        for thread in self.threads:
+            if thread is not current:
+                thread.join(timeout)
+
+    def _produce(self) -> None:
         try:
             while (claim := self._claim()) is not None:
                 self._fill_and_publish(*claim)
@@ -398,9 +418,11 @@ class _Pipeline:
 
     def _exit(self) -> None:
         with self.condition:
-            self.producers -= 1
-            last = self.producers == 0
+            self.running -= 1
+            last = self.running == 0
         if last:
+            with _RUNNING_LOCK:
+                _RUNNING.discard(self)
             self.give_back(self.ring)
 
     def _fill_and_publish(self, number: int, slot: _Slot) -> None:
@@ -421,7 +443,7 @@ class _Pipeline:
                     self.in_flight += 1
                     self.next_batch += 1
                     return self.next_batch - 1, self.free.popleft()
-                self.condition.wait()
+                self.condition.wait(_POLL_S)  # a timeout: stop_soon may have set the flag without notifying
             return None
 
     def _fill(self, slot: _Slot, indices: torch.Tensor) -> tuple:
@@ -461,6 +483,17 @@ class _Pipeline:
             self.stopped = True
             self.condition.notify_all()
 
+    def stop_soon(self) -> None:
+        """Stop without waiting for anything: the garbage collector's path, in whatever thread it runs
+        (maybe a producer holding the condition, or while another waits on it). The producers see
+        the flag when notified now, if the condition is free, or else at their next poll."""
+        self.stopped = True
+        if self.condition.acquire(blocking=False):
+            try:
+                self.condition.notify_all()
+            finally:
+                self.condition.release()
+
 
 class _EpochIterator:
     """One epoch of a :class:`DataLoader`; closing it (or dropping it) stops its threads."""
@@ -470,24 +503,20 @@ class _EpochIterator:
         self.served = 0
         self.total = len(batches)
         self.closed = False
-        producers = min(loader.threads, max(1, self.total))
         self._pipeline = _Pipeline(
             loader._rings.take(),
             loader._images,
             loader._labels,
             batches,
             loader.prefetch,
-            producers,
+            min(loader.threads, max(1, self.total)),
             loader._rings.give_back,
         )
         self._held: deque[_Slot] = deque()  # CPU: slots of the last two batches yielded
-        self._threads = [
-            threading.Thread(target=self._pipeline.produce, name=f"gpuload-gather-{i}", daemon=True)
-            for i in range(producers)
-        ]
-        for thread in self._threads:
-            thread.start()
-        self._finalizer = weakref.finalize(self, _shutdown, self._pipeline, self._threads)
+        self._pipeline.start()
+        # Dropping the iterator (a `break`, the garbage collector) stops its producers without
+        # waiting for them; the last one to exit gives the ring back.
+        self._finalizer = weakref.finalize(self, self._pipeline.stop_soon)
 
     def __iter__(self) -> _EpochIterator:
         return self
@@ -522,17 +551,28 @@ class _EpochIterator:
         return images, labels
 
     def close(self) -> None:
-        """Stop the background threads now (also done on ``break``, on errors and by the garbage collector)."""
+        """Stop the background threads and wait for them (done at the end of the epoch and on errors).
+
+        Dropping the iterator (a ``break``) stops them too, without waiting.
+        """
         self.closed = True
-        self._finalizer()
+        self._finalizer.detach()
+        self._pipeline.stop()
+        self._pipeline.join()
 
 
-def _shutdown(pipeline: _Pipeline, threads: list[threading.Thread]) -> None:
-    pipeline.stop()
-    current = threading.current_thread()
-    for thread in threads:
-        if thread is not current:
-            thread.join()
-    for slot in pipeline.ring.slots:
-        if slot.event is not None:
-            slot.event.synchronize()
+# Pipelines whose producers run. Daemon threads still inside torch when the interpreter finalises
+# abort the process ("terminate called without an active exception"), so they are stopped and
+# joined at exit, before that happens.
+_RUNNING: set[_Pipeline] = set()
+_RUNNING_LOCK = threading.Lock()
+
+
+@atexit.register
+def _stop_producers_at_exit() -> None:
+    with _RUNNING_LOCK:
+        pipelines = list(_RUNNING)
+    for pipeline in pipelines:
+        pipeline.stop_soon()
+    for pipeline in pipelines:
+        pipeline.join(timeout=_EXIT_JOIN_S)
