@@ -3,6 +3,7 @@ import gc
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -225,6 +227,44 @@ class TestBuffers:
         assert len({array.ctypes.data for array in kept}) == 4
         for array, start in zip(kept, range(0, 12, 3)):
             assert (torch.from_numpy(array) == indexed_data(12).images[start : start + 3]).all()
+
+    @pytest.mark.parametrize(
+        "keep",
+        [
+            lambda images, labels: images[1:],
+            lambda images, labels: images[:, 0].permute(1, 2, 0).contiguous().view(-1)[:5],  # a copy: frees it
+            lambda images, labels: images.permute(0, 2, 3, 1),
+            lambda images, labels: images.view(len(images), -1),
+            lambda images, labels: images[-1].numpy(),
+            lambda images, labels: images.numpy()[1:, 2],
+            lambda images, labels: memoryview(images.numpy()),
+            lambda images, labels: labels,
+            lambda images, labels: labels.numpy()[::2],
+        ],
+        ids=["slice", "copy", "permute", "view", "numpy", "numpy_slice", "memoryview", "labels", "labels_numpy"],
+    )
+    def test_whatever_still_sees_a_batch_keeps_its_buffer(self, keep):
+        data = indexed_data(30)
+        loader = DataLoader(data, batch_size=3, shuffle=True, prefetch=1, device="cpu")
+        kept = [(keep(images, labels), labels.clone()) for images, labels in loader]
+        for _ in range(2):
+            for _ in loader:  # epochs that refill every buffer nobody holds
+                pass
+        for view, labels in kept:
+            assert np.array_equal(np.asarray(view), np.asarray(keep(data.images[labels], labels)))
+
+    def test_a_view_let_go_of_before_its_buffers_turn_costs_no_new_buffer(self):
+        loader = DataLoader(indexed_data(60), batch_size=3, prefetch=1, device="cpu")
+        pointers = set()
+        for images, _ in loader:
+            view = images[1:].numpy()
+            pointers.add(images.data_ptr())
+            del view
+        assert len(pointers) <= loader.prefetch + 2
+
+    def test_the_loader_uses_no_private_torch_api(self):
+        source = Path(loader_module.__file__).read_text()
+        assert not re.findall(r"torch(?:\.\w+)*\._\w+|\._cdata\b", source)
 
 
 class TestShutdown:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import math
+import sys
 import threading
 import weakref
 from collections import deque
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -298,41 +300,88 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
     return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
 
 
-class _Slot:
-    """One host buffer of the ring, with the event of the last copy out of it."""
+def _gather(source: torch.Tensor, buffer: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """``source[indices]`` written into the start of ``buffer``; returns that view of it."""
+    out = buffer[: len(indices)]
+    torch.index_select(source, 0, indices, out=out)
+    return out
 
-    def __init__(self, shape: torch.Size, batch_size: int, pinned: bool) -> None:
-        self.shape, self.pinned = shape, pinned
-        self.event: torch.cuda.Event | None = None
-        self._allocate(batch_size)
 
-    def _allocate(self, batch_size: int) -> None:
-        self.images = torch.empty((batch_size, *self.shape), dtype=torch.uint8, pin_memory=self.pinned)
-        self.labels = torch.empty((batch_size,), dtype=torch.int64, pin_memory=self.pinned)
+class _HostSlot:
+    """A CPU buffer of the ring, whose batches are handed to the user as they are.
 
-    def make_writable(self) -> None:
-        """Wait until nothing can still read this buffer: its copy to the device is done, and
-        (on the CPU, where batches are views of it) the consumer has dropped every view."""
-        if self.event is not None:
-            self.event.synchronize()
-        elif self.referenced():
-            self._allocate(len(self.labels))  # the user kept a batch: it keeps this buffer
+    Its memory is a numpy array, and each batch is a fresh ``torch.from_numpy(array)[:count]``:
+    the tensor's storage holds a reference to the array for as long as any tensor, view or numpy
+    view of the batch lives, so the array's reference count tells whether the user still holds it.
+    """
 
-    def referenced(self) -> bool:
-        """Whether anything besides this slot holds its buffers (a batch, a view of one, a numpy array...)."""
-        return any(
-            torch._C._storage_Use_Count(buffer.untyped_storage()._cdata) > 2 for buffer in (self.images, self.labels)
+    def __init__(self, shape: torch.Size, batch_size: int) -> None:
+        self.shape, self.batch_size = shape, batch_size
+        self._allocate()
+
+    def _allocate(self) -> None:
+        self.images = np.empty((self.batch_size, *self.shape), dtype=np.uint8)
+        self.labels = np.empty((self.batch_size,), dtype=np.int64)
+        self._unheld = self._references()
+
+    def _references(self) -> tuple[int, int]:
+        return sys.getrefcount(self.images), sys.getrefcount(self.labels)
+
+    def held(self) -> bool:
+        """Whether a batch gathered into this buffer (or anything viewing it) is still alive."""
+        return self._references() != self._unheld
+
+    def fill(
+        self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, None]:
+        if self.held():
+            self._allocate()  # the user kept a batch: it keeps that memory
+        return (
+            _gather(images, torch.from_numpy(self.images), indices),
+            _gather(labels, torch.from_numpy(self.labels), indices),
+            None,
         )
 
 
+class _PinnedSlot:
+    """A pinned buffer of a CUDA ring, copied to the device on the ring's side stream, with the
+    event of its last copy: it is refilled only once that copy is done."""
+
+    def __init__(self, shape: torch.Size, batch_size: int, device: torch.device, stream: torch.cuda.Stream) -> None:
+        self.images = torch.empty((batch_size, *shape), dtype=torch.uint8, pin_memory=True)
+        self.labels = torch.empty((batch_size,), dtype=torch.int64, pin_memory=True)
+        self.device, self.stream = device, stream
+        self.event: torch.cuda.Event | None = None
+
+    def held(self) -> bool:
+        return False  # the user gets device copies, never this buffer
+
+    def fill(
+        self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]:
+        if self.event is not None:
+            self.event.synchronize()
+        host_images, host_labels = _gather(images, self.images, indices), _gather(labels, self.labels, indices)
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            images = host_images.to(self.device, non_blocking=True)
+            labels = host_labels.to(self.device, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record(self.stream)
+        return images, labels, self.event
+
+
+_Slot = _HostSlot | _PinnedSlot
+
+
 class _Ring:
-    """The loader's host buffers and side stream, made once and reused by every epoch."""
+    """The host buffers of one iteration (and, on CUDA, the side stream of their copies)."""
 
     def __init__(self, shape: torch.Size, batch_size: int, slots: int, device: torch.device) -> None:
-        self.device = device
-        cuda = device.type == "cuda"
-        self.slots = [_Slot(shape, batch_size, pinned=cuda) for _ in range(slots)]
-        self.stream = torch.cuda.Stream(device) if cuda else None
+        if device.type == "cuda":
+            stream = torch.cuda.Stream(device)
+            self.slots: list[_Slot] = [_PinnedSlot(shape, batch_size, device, stream) for _ in range(slots)]
+        else:
+            self.slots = [_HostSlot(shape, batch_size) for _ in range(slots)]
 
 
 class _RingPool:
@@ -386,7 +435,7 @@ class _Pipeline:
         self.give_back = give_back  # called by the last producer to exit
         # Buffers the user may still hold (the last batch of the previous epoch is still bound
         # to the loop variable) go last: by their turn the user has let go of them.
-        self.free = deque(sorted(ring.slots, key=_Slot.referenced))
+        self.free = deque(sorted(ring.slots, key=lambda slot: slot.held()))
         self.ready: dict[int, Any] = {}
         self.condition = threading.Condition()
         self.next_batch = 0
@@ -429,7 +478,7 @@ class _Pipeline:
         # A function of its own so that no local keeps a view of the batch once it is published:
         # on the CPU a view left behind would make its slot look held by the user.
         try:
-            item = self._fill(slot, self.batches[number])
+            item = (slot, *slot.fill(self.images, self.labels, self.batches[number]))
         except BaseException as error:  # raised in the consumer when it reaches this batch
             item = _Failed(error)
         with self.condition:
@@ -445,22 +494,6 @@ class _Pipeline:
                     return self.next_batch - 1, self.free.popleft()
                 self.condition.wait(_POLL_S)  # a timeout: stop_soon may have set the flag without notifying
             return None
-
-    def _fill(self, slot: _Slot, indices: torch.Tensor) -> tuple:
-        slot.make_writable()
-        count = len(indices)
-        images, labels = slot.images[:count], slot.labels[:count]
-        torch.index_select(self.images, 0, indices, out=images)
-        torch.index_select(self.labels, 0, indices, out=labels)
-        stream = self.ring.stream
-        if stream is None:
-            return slot, images, labels, None
-        with torch.cuda.device(self.ring.device), torch.cuda.stream(stream):
-            images = images.to(self.ring.device, non_blocking=True)
-            labels = labels.to(self.ring.device, non_blocking=True)
-            slot.event = torch.cuda.Event()
-            slot.event.record(stream)
-        return slot, images, labels, slot.event
 
     def take(self, number: int) -> tuple:
         with self.condition:
