@@ -594,29 +594,82 @@ def test_distributed_shards_with_torchrun(built_dataset, tmp_path):
     assert ranks[0]["served"]["0"]["indices"] != ranks[0]["served"]["1"]["indices"]
 
 
+# The CUDA stream protocol has parts that no CPU test exercises. Each scenario of
+# TestCuda::test_every_batch_is_exact_under_overlap fails when one part is deleted from
+# gpuload/loading/loader.py (delete the line, run `pytest -m cuda tests/test_loader.py`, expect the failure):
+#   "fast"    <- `stream.wait_event(event)` in _EpochIterator.__next__: the consumer, which waits for each
+#                batch, would read it while its copy is still in flight. Also the
+#                `torch.cuda.stream(self.stream)` in _PinnedSlot.fill (the copies would leave the stream
+#                whose event the consumer waits for).
+#   "slow"    <- `images.record_stream(stream)` (or `labels.record_stream(stream)`) in _EpochIterator.__next__:
+#                the caching allocator would give a dropped batch's memory to the next copy while the
+#                consumer's stream, far behind, has still to read it.
+#   "lagging" <- `self.event.synchronize()` in _PinnedSlot.fill: the producer would refill a pinned buffer
+#                whose copy, queued behind a sleep on the side stream, has not read it yet.
+# This deletion check has NOT been run: the machine these tests were written on has no GPU.
+SLEEP_CYCLES = 20_000_000  # about 10 ms of GPU time
+EPOCHS = 2
+
+
+def checksums(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """``[2, B]`` int64 on the current stream: per image, its pixels weighted by their position (so a
+    stale, mixed or misplaced image shows) and its label."""
+    pixels = images.reshape(len(images), -1).int()
+    weights = torch.arange(pixels.shape[1], device=pixels.device, dtype=torch.int32) % 251 + 1
+    return torch.stack([(pixels * weights).sum(1), labels])
+
+
 @pytest.mark.cuda
 class TestCuda:
-    def test_batches_are_bit_exact_while_the_consumer_is_slow(self, built_dataset):
-        dataset = MemmapImageDataset(built_dataset)
-        loader = DataLoader(dataset, batch_size=3, shuffle=True, prefetch=2, device="cuda")
-        reference = dataset.data.images.cuda()
-        for _ in range(3):
-            for images, labels in loader:
-                assert images.is_cuda and labels.is_cuda
-                torch.cuda._sleep(20_000_000)  # slow GPU work queued before the check
-                assert torch.equal(images, reference[labels])
+    @pytest.fixture(scope="class")
+    def data(self) -> ImageData:
+        """384 random 3x256x256 images in memory: batches of 64 are 12.6 MB copies."""
+        generator = torch.Generator().manual_seed(0)
+        images = torch.randint(0, 256, (384, 3, 256, 256), dtype=torch.uint8, generator=generator)
+        return ImageData(images=images, labels=torch.arange(384), batch_size=[384])
 
-    def test_consumer_on_its_own_stream(self, built_dataset):
-        dataset = MemmapImageDataset(built_dataset)
-        loader = DataLoader(dataset, batch_size=4, shuffle=True, device="cuda")
-        reference = dataset.data.images.cuda()
-        stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            checks = []
-            for images, labels in loader:
-                torch.cuda._sleep(5_000_000)
-                checks.append(torch.equal(images.float().to(torch.uint8), reference[labels]))
-        assert all(checks)
+    @pytest.mark.parametrize("lag", ["fast", "slow", "lagging"])
+    def test_every_batch_is_exact_under_overlap(self, data, lag):
+        loader = DataLoader(data, batch_size=64, shuffle=True, seed=3, device="cuda")
+        ring = loader._rings.take()  # the ring that every iteration below takes back from the pool
+        loader._rings.give_back(ring)
+        side_stream = ring.slots[0].stream
+
+        def after_each_batch() -> None:
+            if lag == "slow":  # the consumer's stream falls behind the host
+                torch.cuda._sleep(SLEEP_CYCLES)
+            elif lag == "lagging":  # the copies fall behind the gathers
+                with torch.cuda.stream(side_stream):
+                    torch.cuda._sleep(SLEEP_CYCLES)
+
+        consumer = torch.cuda.Stream()
+        sums = []
+        with torch.cuda.stream(consumer):  # a consumer stream of its own, not the default one
+            after_each_batch()
+            for _ in range(EPOCHS):
+                for images, labels in loader:  # each batch is dropped when the next arrives
+                    after_each_batch()
+                    sums.append(checksums(images, labels))  # kept on the device: no host sync in the loop
+        torch.cuda.synchronize()
+        order = torch.cat([epoch_order(len(data), epoch=epoch, seed=3, shuffle=True) for epoch in range(EPOCHS)])
+        reference = checksums(data.images.cuda(), data.labels.cuda()).cpu()  # synchronous
+        assert torch.equal(torch.cat(sums, dim=1).cpu(), reference[:, order])
+
+    def test_the_cuda_sanitizer_reports_no_race(self):
+        """The same scenarios under CSAN. Its dispatch mode is per thread: it sees the consumer's kernels and
+        every event record, wait and synchronisation, not the kernels of the producer threads."""
+        test = "tests/test_loader.py::TestCuda::test_every_batch_is_exact_under_overlap"
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+            cwd=Path(__file__).parent.parent,
+            env={**os.environ, "TORCH_CUDA_SANITIZER": "1"},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, output[-3000:]
+        assert "CSAN" not in output
 
     def test_reserved_memory_does_not_grow_across_epochs(self, built_dataset):
         loader = DataLoader(MemmapImageDataset(built_dataset), batch_size=4, shuffle=True, device="cuda")
