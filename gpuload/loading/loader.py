@@ -35,7 +35,7 @@ class DataLoader:
     Each batch is gathered with one ``index_select`` per field straight from the page-cached
     memmap into a reused host buffer (pinned when the device is CUDA) by background threads,
     ``prefetch`` batches ahead; no worker processes, no pickling, no per-sample Python. On CUDA
-    the host-to-device copy runs ``non_blocking`` on one side stream owned by the loader, an
+    the host-to-device copy runs ``non_blocking`` on a side stream of the ring of buffers, an
     event per buffer keeps a buffer from being refilled while its copy is in flight, and the
     consumer's current stream waits for the copy (and is recorded on the batch, so the caching
     allocator cannot hand its memory back early) before the batch is yielded.
@@ -43,11 +43,17 @@ class DataLoader:
     Yields ``(images, labels)``: uint8 ``[B, 3, H, W]`` and int64 ``[B]`` on ``device``. On the
     CPU the batch is yours to keep: its buffer is only reused once nothing references it.
 
+    Each ``iter()`` is an independent iterator over the next epoch with a ring of buffers of its
+    own (``zip(loader, loader)`` pairs two epochs); sequential epochs reuse one ring. The end of
+    an epoch, or an error in it, stops the background threads and waits for them; a ``break``
+    (dropping the iterator) stops them without waiting.
+
     Order: like ``DistributedSampler`` (see :func:`gpuload.loading.order.epoch_order`): a permutation
     seeded with ``seed + epoch``; ``set_epoch`` chooses the epoch, otherwise it advances by one
-    at every new iteration. Under an initialised ``torch.distributed`` each rank gets its shard.
-    ``state_dict``/``load_state_dict`` resume in the middle of an epoch: each rank exactly where it
-    stopped, or, on another world size, with the rest of the epoch resharded over the new ranks.
+    at every new iteration. Under an initialised ``torch.distributed`` each rank gets its shard,
+    padded to the same length on every rank. ``state_dict``/``load_state_dict`` resume in the
+    middle of an epoch: each rank exactly where it stopped, or, on another world size, with the
+    rest of the epoch resharded over the new ranks.
 
     Args:
         dataset: a :class:`MemmapImageDataset`, or an :class:`ImageData` with ``images`` and ``labels``.
@@ -83,6 +89,8 @@ class DataLoader:
         >>> images, labels = next(iter(loader))
         >>> len(loader), images.shape, images.dtype, labels.dtype
         (3, torch.Size([4, 3, 12, 16]), torch.uint8, torch.int64)
+        >>> loader.state_dict()["epoch"], loader.state_dict()["global_position"]  # one batch of epoch 0 served
+        (0, 4)
     """
 
     def __init__(
@@ -360,7 +368,7 @@ class _PinnedSlot:
         self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]:
         if self.event is not None:
-            self.event.synchronize()
+            self.event.synchronize()  # the last copy out of this buffer has read it
         host_images, host_labels = _gather(images, self.images, indices), _gather(labels, self.labels, indices)
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             images = host_images.to(self.device, non_blocking=True)
