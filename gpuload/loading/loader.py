@@ -308,13 +308,6 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
     return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
 
 
-def _gather(source: torch.Tensor, buffer: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """``source[indices]`` written into the start of ``buffer``; returns that view of it."""
-    out = buffer[: len(indices)]
-    torch.index_select(source, 0, indices, out=out)
-    return out
-
-
 class _HostSlot:
     """A CPU buffer of the ring, whose batches are handed to the user as they are.
 
@@ -344,11 +337,11 @@ class _HostSlot:
     ) -> tuple[torch.Tensor, torch.Tensor, None]:
         if self.held():
             self._allocate()  # the user kept a batch: it keeps that memory
-        return (
-            _gather(images, torch.from_numpy(self.images), indices),
-            _gather(labels, torch.from_numpy(self.labels), indices),
-            None,
-        )
+        count = len(indices)
+        batch_images, batch_labels = torch.from_numpy(self.images)[:count], torch.from_numpy(self.labels)[:count]
+        torch.index_select(images, 0, indices, out=batch_images)
+        torch.index_select(labels, 0, indices, out=batch_labels)
+        return batch_images, batch_labels, None
 
 
 class _PinnedSlot:
@@ -369,7 +362,10 @@ class _PinnedSlot:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]:
         if self.event is not None:
             self.event.synchronize()  # the last copy out of this buffer has read it
-        host_images, host_labels = _gather(images, self.images, indices), _gather(labels, self.labels, indices)
+        count = len(indices)
+        host_images, host_labels = self.images[:count], self.labels[:count]
+        torch.index_select(images, 0, indices, out=host_images)
+        torch.index_select(labels, 0, indices, out=host_labels)
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             images = host_images.to(self.device, non_blocking=True)
             labels = host_labels.to(self.device, non_blocking=True)
