@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DistributedSampler
 
-from gpuload import DataLoader, ImageData, MemmapImageDataset
+from gpuload import DataLoader, ImageData, MemmapImageDataset, RandomResizedCrop
 from gpuload.loading import loader as loader_module
 from gpuload.loading.order import epoch_order
 
@@ -575,6 +575,66 @@ class TestResume:
             assert [batches + rest for (batches, _), rest in zip(first, resumed)] == uninterrupted
 
 
+class TestTransform:
+    """``transform=`` runs in the background threads, with draws that depend only on where the batch is."""
+
+    def batches(self, **kwargs) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        augment = RandomResizedCrop(3, flip=True, brightness=0.5)
+        loader = DataLoader(indexed_data(40, (12, 16)), batch_size=4, shuffle=True, seed=3, device="cpu",
+                            transform=augment, **kwargs)  # fmt: skip
+        return [(images.clone(), labels.clone()) for images, labels in loader]
+
+    def test_batches_come_out_augmented(self):
+        batches = self.batches()
+        assert all(images.shape == (4, 3, 3, 3) and images.dtype == torch.uint8 for images, _ in batches)
+
+    @pytest.mark.parametrize("threads, prefetch", [(1, 1), (2, 3), (3, 2)])
+    def test_draws_do_not_depend_on_the_threads(self, threads, prefetch):
+        reference = self.batches()
+        again = self.batches(threads=threads, prefetch=prefetch)
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(reference, again))
+
+    def test_each_epoch_and_batch_draws_anew(self):
+        augment = RandomResizedCrop(3, flip=True)
+        images = indexed_data(8, (12, 16))
+        constant = ImageData(
+            images=images.images[:1].expand(8, -1, -1, -1).contiguous(), labels=images.labels, batch_size=[8]
+        )
+        loader = DataLoader(constant, batch_size=4, seed=0, device="cpu", transform=augment)
+        epochs = [[batch.clone() for batch, _ in loader] for _ in range(2)]
+        assert not torch.equal(epochs[0][0], epochs[0][1]) and not torch.equal(epochs[0][0], epochs[1][0])
+
+    def test_a_resumed_epoch_replays_the_same_draws(self):
+        augment = RandomResizedCrop(3, flip=True, saturation=0.5)
+        data = indexed_data(40, (12, 16))
+        loader = DataLoader(data, batch_size=4, shuffle=True, seed=5, device="cpu", transform=augment)
+        whole = [images.clone() for images, _ in loader]
+        interrupted = DataLoader(data, batch_size=4, shuffle=True, seed=5, device="cpu", transform=augment)
+        iterator = iter(interrupted)
+        next(iterator), next(iterator), next(iterator)
+        state = interrupted.state_dict()
+        resumed = DataLoader(data, batch_size=4, shuffle=True, seed=0, device="cpu", transform=augment)
+        resumed.load_state_dict(state)
+        rest = [images.clone() for images, _ in resumed]
+        assert len(rest) == len(whole) - 3 and all(torch.equal(a, b) for a, b in zip(rest, whole[3:]))
+
+    def test_runs_in_the_background_without_autograd(self):
+        seen = []
+
+        def record(images):
+            seen.append((threading.current_thread().name, torch.is_grad_enabled()))
+            return images.float() / 255
+
+        loader = DataLoader(indexed_data(), batch_size=4, device="cpu", transform=record)
+        batches = list(loader)
+        assert batches[0][0].dtype == torch.float32
+        assert all(name.startswith("gpuload-gather") and not grad for name, grad in seen)
+
+    def test_a_transform_must_be_callable(self):
+        with pytest.raises(TypeError, match="transform must be callable"):
+            DataLoader(indexed_data(), transform="flip")
+
+
 def test_distributed_shards_with_torchrun(built_dataset, tmp_path):
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -653,6 +713,25 @@ class TestCuda:
         torch.cuda.synchronize()
         order = torch.cat([epoch_order(len(data), epoch=epoch, seed=3, shuffle=True) for epoch in range(EPOCHS)])
         reference = checksums(data.images.cuda(), data.labels.cuda()).cpu()  # synchronous
+        assert torch.equal(torch.cat(sums, dim=1).cpu(), reference[:, order])
+
+    def test_a_slow_transform_on_the_side_stream_is_waited_for(self, data):
+        """Fails if the consumer waits for the copy's event instead of the transform's (delete
+        `done.record(self.stream)` and return `self.event` in _PinnedSlot.fill to see it)."""
+
+        def slow_flip(images: torch.Tensor) -> torch.Tensor:
+            torch.cuda._sleep(SLEEP_CYCLES)  # on the loader's side stream, before the flip is queued
+            return images.flip(-1)
+
+        loader = DataLoader(data, batch_size=64, shuffle=True, seed=3, device="cuda", transform=slow_flip)
+        consumer = torch.cuda.Stream()
+        sums = []
+        with torch.cuda.stream(consumer):
+            for images, labels in loader:
+                sums.append(checksums(images, labels))
+        torch.cuda.synchronize()
+        order = epoch_order(len(data), epoch=0, seed=3, shuffle=True)
+        reference = checksums(data.images.flip(-1).cuda(), data.labels.cuda()).cpu()
         assert torch.equal(torch.cat(sums, dim=1).cpu(), reference[:, order])
 
     def test_the_cuda_sanitizer_reports_no_race(self):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import atexit
+import hashlib
+import inspect
 import math
 import sys
 import threading
@@ -23,7 +25,7 @@ from .order import distributed_rank, epoch_order
 __all__ = ["DataLoader"]
 
 # As torch's DataLoader: what shapes the batches is fixed once made (here also the buffers' device and count).
-_FIXED = frozenset({"dataset", "batch_size", "sampler", "drop_last", "device", "prefetch"})
+_FIXED = frozenset({"dataset", "batch_size", "sampler", "drop_last", "device", "prefetch", "transform"})
 _EXIT_JOIN_S = 10  # at exit, how long to wait for each producer's last gather
 _POLL_S = 0.1  # how often a waiting producer looks at the stop flag, in case no notification reached it
 _STATE_KEYS = ("epoch", "global_position", "batch_size", "world_size", "dataset_length", "seed")
@@ -73,6 +75,12 @@ class DataLoader:
         threads: background threads gathering batches (default: 2; each gather also uses
             torch's intra-op threads, and two gatherers hide each other's hand-off gaps:
             measured on 2 cores, 98% of a bare ``index_select`` loop against 87% with one).
+        transform: applied to each uint8 image batch on ``device`` right after its copy, by the
+            background threads (on CUDA on the loader's side stream, before the batch is handed
+            over), without autograd; e.g. :class:`gpuload.RandomResizedCrop` for a user who prefers
+            augmentation outside the model. When it takes a ``generator`` argument it gets one
+            seeded by ``(seed, epoch, rank, the batch's position in the epoch)``: its random draws
+            do not depend on thread timing and replay exactly after a resume.
 
     Raises:
         TypeError: an argument of the wrong type (``batch_size=4.0``, ``shuffle=None``...).
@@ -106,6 +114,7 @@ class DataLoader:
         device: str | torch.device | None = None,
         prefetch: int = 3,
         threads: int = 2,
+        transform: Callable[..., torch.Tensor] | None = None,
     ) -> None:
         for name, value in (("batch_size", batch_size), ("prefetch", prefetch), ("threads", threads)):
             _check_int(name, value)
@@ -126,6 +135,8 @@ class DataLoader:
             raise TypeError(f"sampler must be an iterable of indices, got {type(sampler).__name__}: {sampler!r}")
         if sampler is not None and shuffle:
             raise ValueError("sampler option is mutually exclusive with shuffle")
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be callable, got {type(transform).__name__}: {transform!r}")
         data = dataset.data if isinstance(dataset, MemmapImageDataset) else dataset
         if not (hasattr(data, "images") and hasattr(data, "labels")):
             raise TypeError(f"DataLoader needs a MemmapImageDataset or an ImageData, got {type(dataset).__name__}")
@@ -141,6 +152,7 @@ class DataLoader:
         self.device = _resolve_device(device)
         self.prefetch = prefetch
         self.threads = threads
+        self.transform = transform
         self.epoch = 0
         self._start = 0  # where the next iteration starts in self.epoch: a loaded state's global position
         self._position = _Position(0, 0, batch_size, distributed_rank()[1])  # what state_dict reports
@@ -252,7 +264,10 @@ class DataLoader:
         # The end of the epoch's global order: the dataset, or the sampler's indices on all ranks.
         end = len(self._labels) if self.sampler is None else start + len(order) * world_size
         self._position = _Position(epoch, start, self.batch_size, world_size, end=end)
-        return _EpochIterator(self, batches, self._position)
+        transform = None
+        if self.transform is not None:
+            transform = _BatchTransform(self.transform, (self.seed, epoch, rank, start, self.batch_size * world_size))
+        return _EpochIterator(self, batches, self._position, transform)
 
     def __repr__(self) -> str:
         return (
@@ -333,7 +348,7 @@ class _HostSlot:
         return self._references() != self._unheld
 
     def fill(
-        self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor
+        self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor, transform: Callable | None
     ) -> tuple[torch.Tensor, torch.Tensor, None]:
         if self.held():
             self._allocate()  # the user kept a batch: it keeps that memory
@@ -341,7 +356,7 @@ class _HostSlot:
         batch_images, batch_labels = torch.from_numpy(self.images)[:count], torch.from_numpy(self.labels)[:count]
         torch.index_select(images, 0, indices, out=batch_images)
         torch.index_select(labels, 0, indices, out=batch_labels)
-        return batch_images, batch_labels, None
+        return batch_images if transform is None else transform(batch_images), batch_labels, None
 
 
 class _PinnedSlot:
@@ -358,7 +373,7 @@ class _PinnedSlot:
         return False  # the user gets device copies, never this buffer
 
     def fill(
-        self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor
+        self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor, transform: Callable | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]:
         if self.event is not None:
             self.event.synchronize()  # the last copy out of this buffer has read it
@@ -370,7 +385,12 @@ class _PinnedSlot:
             images = host_images.to(self.device, non_blocking=True)
             labels = host_labels.to(self.device, non_blocking=True)
             self.event = torch.cuda.Event()
-            self.event.record(self.stream)
+            self.event.record(self.stream)  # the copy out of the pinned buffer, for its next fill
+            if transform is not None:
+                images = transform(images)  # queued on the side stream: the consumer waits for it too
+                done = torch.cuda.Event()
+                done.record(self.stream)
+                return images, labels, done
         return images, labels, self.event
 
 
@@ -410,6 +430,29 @@ class _RingPool:
                 self._free.append(ring)
 
 
+class _BatchTransform:
+    """The loader's ``transform`` for the batches of one iteration, without autograd; a transform that
+    takes a ``generator`` gets one seeded by ``(seed, epoch, rank, global position of the batch)``."""
+
+    def __init__(self, function: Callable[..., torch.Tensor], key: tuple[int, int, int, int, int]) -> None:
+        self.function = function
+        self.seed, self.epoch, self.rank, self.start, self.step = key
+        signed = function.forward if isinstance(function, torch.nn.Module) else function  # a module's __call__ hides it
+        try:
+            self.takes_generator = "generator" in inspect.signature(signed).parameters
+        except (TypeError, ValueError):  # a builtin without a signature
+            self.takes_generator = False
+
+    def __call__(self, images: torch.Tensor, *, number: int) -> torch.Tensor:
+        with torch.no_grad():
+            if not self.takes_generator:
+                return self.function(images)
+            position = self.start + number * self.step  # where this batch starts in the epoch's order
+            digest = hashlib.blake2b(repr((self.seed, self.epoch, self.rank, position)).encode(), digest_size=8)
+            generator = torch.Generator(device=images.device).manual_seed(int.from_bytes(digest.digest()) >> 1)
+            return self.function(images, generator=generator)
+
+
 class _Failed:
     """A batch whose gather raised ``error``."""
 
@@ -434,8 +477,10 @@ class _Pipeline:
         ahead: int,
         producers: int,
         give_back: Callable[[_Ring], None],
+        transform: _BatchTransform | None,
     ) -> None:
         self.ring, self.images, self.labels, self.batches, self.ahead = ring, images, labels, batches, ahead
+        self.transform = transform
         self.give_back = give_back  # called by the last producer to exit
         # Buffers the user may still hold (the last batch of the previous epoch is still bound
         # to the loop variable) go last: by their turn the user has let go of them.
@@ -482,7 +527,8 @@ class _Pipeline:
         # A function of its own so that no local keeps a view of the batch once it is published:
         # on the CPU a view left behind would make its slot look held by the user.
         try:
-            item = (slot, *slot.fill(self.images, self.labels, self.batches[number]))
+            transform = None if self.transform is None else partial(self.transform, number=number)
+            item = (slot, *slot.fill(self.images, self.labels, self.batches[number], transform))
         except BaseException as error:  # raised in the consumer when it reaches this batch
             item = _Failed(error)
         with self.condition:
@@ -535,7 +581,9 @@ class _Pipeline:
 class _EpochIterator:
     """One epoch of a :class:`DataLoader`; closing it (or dropping it) stops its threads."""
 
-    def __init__(self, loader: DataLoader, batches: list[torch.Tensor], position: _Position) -> None:
+    def __init__(
+        self, loader: DataLoader, batches: list[torch.Tensor], position: _Position, transform: _BatchTransform | None
+    ) -> None:
         self.position = position
         self.served = 0
         self.total = len(batches)
@@ -548,6 +596,7 @@ class _EpochIterator:
             loader.prefetch,
             min(loader.threads, max(1, self.total)),
             loader._rings.give_back,
+            transform,
         )
         self._held: deque[_Slot] = deque()  # CPU: slots of the last two batches yielded
         self._pipeline.start()
