@@ -19,6 +19,7 @@ from .loading.loader import DataLoader
 from .machine import default_workers, describe_machine, machine_line
 from .store.dataset import MemmapImageDataset
 from .store.decode import decode_image
+from .transforms.augment import RandomResizedCrop
 
 __all__ = ["BENCH_LABELS", "format_bench", "gather_limit", "run_bench"]
 
@@ -29,6 +30,8 @@ BENCH_LABELS = {
     "gpuload": "gpuload.DataLoader",
     "collate": "torch DataLoader + gpuload.Collate",
     "image_folder": "torch DataLoader + ImageFolder (JPEGs)",
+    "gpuload_augment": "gpuload.DataLoader + RandomResizedCrop",
+    "image_folder_augment": "ImageFolder + v2 RandomResizedCrop, workers",
 }
 
 
@@ -39,6 +42,7 @@ def run_bench(
     device: str | torch.device | None = None,
     epochs: int = 3,
     folder_batches: int = 10,
+    augment: int | None = None,
     progress: bool = True,
 ) -> dict:
     """Measure shuffled-batch loading from the dataset at ``path``; returns the results as a dict.
@@ -54,6 +58,11 @@ def run_bench(
     - ``collate``: the stock ``torch.utils.data.DataLoader`` with :class:`gpuload.Collate`;
     - ``image_folder``: ``ImageFolder`` + stock ``DataLoader`` decoding the source JPEGs on all
       cores, when the sources are still there (``folder_batches`` batches, it is slow).
+
+    With ``augment`` (an output side, e.g. 224), the same with a per-sample random resized crop to
+    ``augment`` and a flip: ``gpuload_augment`` (:class:`gpuload.RandomResizedCrop` as the loader's
+    ``transform``, on ``device``) and ``image_folder_augment`` (torchvision v2 per sample in the
+    stock loader's worker processes, ``pin_memory`` on CUDA: what a user would pick instead).
     """
     dataset = MemmapImageDataset(path)
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -80,9 +89,18 @@ def run_bench(
     }
     if device.type == "cuda":
         contenders["limit_h2d"] = (lambda: _h2d_limit(dataset, batch_size, device), epochs)
+    if augment is not None:
+        crop = RandomResizedCrop(augment, flip=True)
+        loader = DataLoader(dataset, batch_size, shuffle=True, drop_last=True, device=device, transform=crop)
+        contenders["gpuload_augment"] = (partial(_drain, loader), epochs)
     sources = [Path(source) for source, _ in dataset.samples]
     if all(source.is_file() for source in sources[:: max(1, len(sources) // 16)]):
-        contenders["image_folder"] = (lambda: _folder(dataset, batch_size, folder_batches), 1)
+        contenders["image_folder"] = (lambda: _folder(dataset, batch_size, folder_batches, device), 1)
+        if augment is not None:
+            contenders["image_folder_augment"] = (
+                lambda: _folder(dataset, batch_size, folder_batches, device, augment=augment),
+                1,
+            )
     else:
         sources = []
 
@@ -210,16 +228,29 @@ def _h2d_limit(dataset: MemmapImageDataset, batch_size: int, device: torch.devic
     return batches * batch_size
 
 
-def _folder(dataset: MemmapImageDataset, batch_size: int, batches: int) -> int:
-    """ImageFolder over the sources, decoded to the dataset's size on all cores by worker processes."""
+def _folder(
+    dataset: MemmapImageDataset, batch_size: int, batches: int, device: torch.device, augment: int | None = None
+) -> int:
+    """ImageFolder over the sources in worker processes (all cores), batches copied to ``device``: decoded to
+    the dataset's size, or, with ``augment``, randomly cropped to ``augment`` and flipped, per sample."""
     from torchvision.datasets import ImageFolder
+    from torchvision.transforms import v2
 
-    size, resize = tuple(dataset.image_shape[1:]), dataset.manifest.resize
-    folder = ImageFolder(dataset.manifest.source, loader=_SourceDecoder(size, resize))
-    loader = torch.utils.data.DataLoader(folder, batch_size, shuffle=True, num_workers=default_workers())
+    if augment is None:
+        folder = ImageFolder(
+            dataset.manifest.source, loader=_SourceDecoder(tuple(dataset.image_shape[1:]), dataset.manifest.resize)
+        )
+    else:
+        transform = v2.Compose(
+            [v2.PILToTensor(), v2.RandomResizedCrop(augment, antialias=True), v2.RandomHorizontalFlip()]
+        )
+        folder = ImageFolder(dataset.manifest.source, transform=transform)
+    loader = torch.utils.data.DataLoader(
+        folder, batch_size, shuffle=True, num_workers=default_workers(), pin_memory=device.type == "cuda"
+    )
     images = 0
     for number, (batch, _) in enumerate(loader):
-        images += len(batch)
+        images += len(batch.to(device, non_blocking=True))
         if number + 1 == batches:
             break
     return images

@@ -210,13 +210,19 @@ def _add_bench(subparsers) -> None:
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs per contender (default: 3)")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the results here")
+    parser.add_argument(
+        "--augment", type=int, default=None, metavar="SIZE",
+        help="also measure a per-sample random resized crop to SIZE + flip, against torchvision's in workers",
+    )  # fmt: skip
     parser.set_defaults(run=_run_bench)
 
 
 def _run_bench(args) -> int:
     from .bench import format_bench, run_bench
 
-    report = run_bench(args.dataset, batch_size=args.batch_size, device=args.device, epochs=args.epochs)
+    report = run_bench(
+        args.dataset, batch_size=args.batch_size, device=args.device, epochs=args.epochs, augment=args.augment
+    )
     print(format_bench(report))
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1) + "\n")

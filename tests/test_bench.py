@@ -19,6 +19,15 @@ def test_all_contenders_measured_on_the_cpu(built_dataset):
     assert "gpuload.DataLoader" in table and "ImageFolder" in table and report["machine_line"] in table
 
 
+def test_augmentation_contenders(built_dataset):
+    report = run_bench(
+        built_dataset, batch_size=4, device="cpu", epochs=1, folder_batches=2, augment=16, progress=False
+    )
+    assert {"gpuload_augment", "image_folder_augment"} <= set(report["results"])
+    assert all(report["results"][name]["images_per_second"] > 0 for name in ("gpuload_augment", "image_folder_augment"))
+    assert "RandomResizedCrop" in format_bench(report)
+
+
 def test_without_sources_the_folder_contender_is_left_out(photo_copy, tmp_path):
     from gpuload import build_memmap
 

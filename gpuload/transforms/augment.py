@@ -265,12 +265,14 @@ class RandomResizedCrop(nn.Module):
 def _resample(pixels: torch.Tensor, weights_y: torch.Tensor, weights_x: torch.Tensor) -> torch.Tensor:
     """``Wy @ pixels @ Wx^T`` per sample and channel: ``[B, C, H, W]`` -> ``[B, C, S_y, S_x]``.
 
-    The product that shrinks the larger side goes first, which does fewer multiply-adds.
+    Two batched matrix products over the samples, the channels folded into the rows, so no weight
+    matrix is repeated per channel: ``[B, C*H, W] @ [B, W, S_x]``, then ``[B, S_y, H] @ [B, H, C*S_x]``.
     """
-    weights_y, weights_x_t = weights_y[:, None], weights_x.transpose(1, 2)[:, None]
-    if pixels.shape[2] <= pixels.shape[3]:
-        return torch.matmul(weights_y, torch.matmul(pixels, weights_x_t))
-    return torch.matmul(torch.matmul(weights_y, pixels), weights_x_t)
+    batch, channels, height, _ = pixels.shape
+    rows = torch.bmm(pixels.reshape(batch, channels * height, -1), weights_x.transpose(1, 2))
+    rows = rows.view(batch, channels, height, -1).permute(0, 2, 1, 3).reshape(batch, height, -1)
+    out = torch.bmm(weights_y, rows)
+    return out.view(batch, weights_y.shape[1], channels, -1).permute(0, 2, 1, 3)
 
 
 def _jitter(pixels: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
