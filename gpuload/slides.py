@@ -105,8 +105,8 @@ SNIPPETS = {
     ),
     "code_gather": Snippet(
         "gpuload/loading/loader.py",
-        "_Pipeline._fill",
-        steps=(("index_select",), ("torch.cuda.stream", "non_blocking"), ("Event", ".record(")),
+        "_PinnedSlot.fill",
+        steps=(("index_select",), ("torch.cuda.stream", "non_blocking"), ("Event()", ".record(")),
     ),
     "code_consume": Snippet(
         "gpuload/loading/loader.py",
@@ -121,16 +121,16 @@ SNIPPETS = {
         steps=(("ImageFolder(",), ("gpuload.Collate",), ("gpuload.DataLoader",)),
     ),
     "code_preprocess": Snippet(
-        "experiments/gpu_preprocess.py",
-        "preprocess",
-        steps=(("affine_grid", "grid_sample"), ("addcmul",)),
+        "gpuload/transforms/augment.py",
+        "_resample",
+        steps=(("weights_x.transpose",), ("torch.bmm(weights_y",)),
     ),
     "code_compile": Snippet(
         "experiments/gpu_preprocess.py",
-        "main",
-        start="explanation = torch._dynamo.explain",
-        end="torch.compile(preprocess",
-        steps=(("explain",), ("torch.compile",)),
+        "contenders",
+        start="ours = nn.Sequential(",
+        end='"gpuload_compiled"',
+        steps=(("nn.Sequential",), ("torch.compile",)),
     ),
 }
 
@@ -585,28 +585,29 @@ def _memmap(results: dict[str, dict], root: Path) -> dict[str, str]:
 
 
 def _preprocessing(results: dict[str, dict], root: Path) -> dict[str, str]:
-    plot = _plot(root, "gpu_preprocess", "eager against torch.compile per batch size")
+    plot = _plot(root, "gpu_preprocess", "per-sample crop + flip + normalise, images/s per batch size")
     result = results.get("gpu_preprocess")
     if result is None:
         return {"gpu_preprocess_plot": plot, "gpu_preprocess_summary": _missing("gpu_preprocess")}
-    configurations = _grouped(result["rows"], "mode", "height", "width", "batch_size").values()
     lines = []
-    for mode in result["modes"]:
-        if mode == "eager":
-            continue
-        speedups = [modes["eager"]["seconds"]["median"] / modes[mode]["seconds"]["median"] for modes in configurations]
-        compile_seconds = max(modes[mode]["first_call_seconds"] for modes in configurations)
+    for (batch,), contenders in sorted(_grouped(result["rows"], "contender", "batch_size").items()):
+        ours, loop = contenders["gpuload_compiled"], contenders["torchvision_per_sample"]
+        share = (
+            f", {_percent(ours['share_of_bandwidth'], 1)} of the memory bandwidth"
+            if "share_of_bandwidth" in ours
+            else ""
+        )
         lines.append(
-            f'- `mode="{mode}"`: {min(speedups):.1f}x to {max(speedups):.1f}x faster than eager '
-            f"({len(speedups)} batch sizes); a first call, which compiles, took up to {compile_seconds:.1f} s"
+            f"- batch {batch}: compiled {_count(ours['images_per_second']['median'])} images/s{share}; "
+            f"torchvision per sample {_count(loop['images_per_second']['median'])}"
         )
     if _on_cpu_only(result):
-        lines.append("- `reduce-overhead` (CUDA graphs) and `max-autotune` were not run: they need a GPU")
+        lines.append("- a CPU stand-in: the GPU version measures the same contenders with `--device cuda`")
     return {
         "gpu_preprocess_plot": plot,
         "gpu_preprocess_summary": (
-            f"Random resized crop + flip + normalise, {result['dtype']}, on {result['device_name']}; "
-            f"graph breaks: **{result['graph_breaks']}**.\n\n"
+            f"{result['input'][1]}x{result['input'][0]} uint8 to {result['output']}x{result['output']} "
+            f"{result['dtype']}, on {result['device_name']}; graph breaks: **{result['graph_breaks']}**.\n\n"
             + "\n".join(lines)
             + "\n\n"
             + _source(result, "gpu_preprocess")
