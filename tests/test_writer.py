@@ -51,3 +51,26 @@ def test_short_writes_are_completed(tmp_path, monkeypatch):
     with BlockWriter(tmp_path / "out.bin", capacity=100) as writer:
         writer.write(np.arange(10, dtype=np.uint8))
     assert (tmp_path / "out.bin").read_bytes() == bytes(range(10))
+
+
+def test_write_behind_starts_the_disk_writes_as_the_file_grows(tmp_path, monkeypatch):
+    started = []
+    monkeypatch.setattr(gpuload.store.writer, "_WRITE_BEHIND_BYTES", 10)
+    monkeypatch.setattr(
+        gpuload.store.writer, "start_writeback", lambda fd, offset, length: started.append((offset, length))
+    )
+    with BlockWriter(tmp_path / "out.bin", capacity=100, write_behind=True) as writer:
+        for _ in range(5):
+            writer.write(np.zeros(6, np.uint8))
+    assert started == [(0, 12), (12, 12)]  # every 10 bytes or more, the range since the last start
+    with BlockWriter(tmp_path / "other.bin", capacity=100) as writer:
+        writer.write(np.zeros(60, np.uint8))
+    assert len(started) == 2  # off by default
+
+
+def test_start_writeback_is_harmless_on_a_real_file(tmp_path):
+    from gpuload.store.files import start_writeback
+
+    with open(tmp_path / "f", "wb") as file:
+        file.write(b"x" * 10_000)
+        start_writeback(file.fileno(), 0, 10_000)

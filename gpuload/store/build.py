@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from ..errors import DatasetError, DecodeError, UsageError
 from ..machine import default_workers
-from .decode import Resize, check_target, copy_chw, load_rgb, read_size
+from .decode import Resize, check_target, decode_into, read_size
 from .files import OutputLock, check_apart, fsync_file, fsync_folder, rename_exchange, rename_noreplace, resolve
 from .manifest import MANIFEST_NAME, Manifest
 from .scan import ImageFolderIndex, scan_image_folder
@@ -74,7 +74,7 @@ def build_memmap(
             lie inside it, or contain it.
         size: ``(height, width)`` of the stored images; by default the images' common size.
         resize: how images of another size are fitted: ``"crop"``, ``"pad"`` or ``"stretch"``
-            (see :func:`gpuload.store.decode.load_rgb`).
+            (see :func:`gpuload.decode_image`).
         workers: decoding threads; defaults to the number of cores.
         strict: raise on the first file that cannot be decoded instead of skipping it.
         overwrite: replace an existing ``out``, which must be a gpuload dataset and nothing else.
@@ -128,7 +128,7 @@ def build_memmap(
                 ]
                 todo = [position for position in range(len(index.samples)) if position not in unreadable]
                 kept, checksums = _write_images(
-                    tmp, index, todo, size, resize, pool, workers, skipped, strict, progress
+                    tmp, index, todo, size, resize, pool, workers, skipped, strict, progress, sync
                 )
                 _finish(tmp, src, index, size, resize, kept, checksums, skipped, sync)
                 _move_into_place(tmp, out, sync)
@@ -231,7 +231,7 @@ def _check_free_space(folder: Path, count: int, size: tuple[int, int]) -> None:
 
 
 def _decode_into(path: Path, size: tuple[int, int], resize: str, buffer: np.ndarray) -> int:
-    copy_chw(load_rgb(path, size, resize), buffer)
+    decode_into(path, buffer, resize)
     return xxhash.xxh3_64_intdigest(buffer)
 
 
@@ -246,6 +246,7 @@ def _write_images(
     skipped: list[dict],
     strict: bool,
     progress: bool,
+    sync: bool,
 ) -> tuple[list[int], list[str]]:
     """Decode the samples at positions ``todo`` in parallel and write them in order;
     returns the positions of the samples kept and their checksums."""
@@ -265,7 +266,7 @@ def _write_images(
             pending.append((position, buffer, pool.submit(_decode_into, path, size, resize, buffer)))
 
     with (
-        BlockWriter(tmp / "images.memmap", len(todo) * image_bytes) as writer,
+        BlockWriter(tmp / "images.memmap", len(todo) * image_bytes, write_behind=sync) as writer,
         tqdm(total=len(todo), unit="img", desc="build-memmap", disable=not progress, file=sys.stderr) as bar,
     ):
         for _ in range(window):

@@ -6,7 +6,10 @@ reported so, never passed on with grey or green blocks where the data was missin
 ffmpeg decode such files without a word). When the target is at least twice smaller, the JPEG is
 decoded at a reduced scale in the DCT domain (1/2, 1/4, 1/8), still at least twice the target, which
 is several times faster. Pillow decodes everything else (PNG, CMYK JPEGs, 16-bit, palette, alpha),
-and reads the EXIF orientation of every image.
+and reads the EXIF orientation of every image. The pixels stay a numpy array from the decoder on:
+turned upright by strided views, resized by ``torch.nn.functional.interpolate`` (bilinear,
+antialiased, uint8: the pixels of Pillow's resize, several times faster) and copied once into
+their destination.
 
 Only what comes out of the decoders on the file's bytes is reported as damage
 (:class:`gpuload.DecodeError`); any other exception is a bug or an environment failure and propagates.
@@ -21,7 +24,6 @@ import struct
 import zlib
 from typing import Literal
 
-import nanoarrow
 import numpy as np
 import simplejpeg
 import torch
@@ -35,10 +37,9 @@ __all__ = [
     "DecodeError",
     "check_image",
     "check_target",
-    "copy_chw",
     "decode_image",
+    "decode_into",
     "exif_orientation",
-    "load_rgb",
     "read_size",
 ]
 
@@ -46,14 +47,17 @@ Resize = Literal["crop", "pad", "stretch"]
 
 _ORIENTATION = ExifTags.Base.Orientation
 _SIDEWAYS = {5, 6, 7, 8}  # EXIF orientations that swap width and height
-_UPRIGHT = {  # the transposition that shows each EXIF orientation upright (as ImageOps.exif_transpose)
-    2: Image.Transpose.FLIP_LEFT_RIGHT,
-    3: Image.Transpose.ROTATE_180,
-    4: Image.Transpose.FLIP_TOP_BOTTOM,
-    5: Image.Transpose.TRANSPOSE,
-    6: Image.Transpose.ROTATE_270,
-    7: Image.Transpose.TRANSVERSE,
-    8: Image.Transpose.ROTATE_90,
+# (flip rows, flip columns) after swapping the axes of sideways orientations (5 to 8): what shows
+# each EXIF orientation upright, as ImageOps.exif_transpose does
+_FLIPS = {
+    1: (False, False),
+    2: (False, True),
+    3: (True, True),
+    4: (True, False),
+    5: (False, False),
+    6: (False, True),
+    7: (True, True),
+    8: (True, False),
 }
 _SIXTEEN_BIT = {"I", "I;16", "I;16B", "I;16L", "I;16N"}
 # What Pillow raises on the bytes of a damaged or foreign file while identifying or decoding it.
@@ -100,82 +104,60 @@ def read_size(path: str | os.PathLike) -> tuple[int, int]:
     return height, width
 
 
-def load_rgb(path: str | os.PathLike, size: tuple[int, int] | None = None, resize: Resize = "crop") -> Image.Image:
-    """Decode ``path`` into a loaded RGB Pillow image, upright, resized to ``size`` = ``(height, width)``.
+def decode_image(path: str | os.PathLike, size: tuple[int, int] | None = None, resize: Resize = "crop") -> torch.Tensor:
+    """Decode ``path`` into a uint8 tensor ``[3, height, width]``: RGB, upright, fitted to ``size`` = ``(height, width)``.
 
     ``resize`` says how an image of another aspect ratio fits the target: ``"crop"``
     scales it to cover the target and cuts the centre, ``"pad"`` scales it to fit
     inside and fills the borders with black, ``"stretch"`` scales each side on its own.
-    Resampling is Pillow's antialiased bilinear. Alpha is dropped and 16-bit
-    pixels keep their 8 most significant bits. With ``size=None`` the image keeps its size.
+    Resampling is antialiased bilinear. Alpha is dropped and 16-bit pixels keep their 8 most
+    significant bits. With ``size=None`` the image keeps its size.
 
     Raises:
         DecodeError: the file is empty, unreadable, truncated, holds corrupt data, is not an
             image, has too many pixels, or has a pixel format with no RGB conversion.
         UsageError: a bad ``size`` or ``resize``.
-    """
-    size = check_target(size, resize)
-    data = _read(path)
-    with _open(data, path) as image:
-        orientation = exif_orientation(image)
-        request = None if size is None else _draft_request(image.size, size, resize, orientation in _SIDEWAYS)
-        image = _decode(image, data, path, request)
-        if orientation in _UPRIGHT:
-            image = image.transpose(_UPRIGHT[orientation])
-        rgb = _to_rgb(image, path)
-        return rgb if size is None else _fit(rgb, size, resize)
-
-
-def check_image(path: str | os.PathLike) -> int:
-    """Decode ``path`` once, as :func:`load_rgb` would, to find damage; returns its EXIF orientation (1 to 8).
-
-    Raises:
-        DecodeError: what :func:`load_rgb` raises for the file.
-    """
-    data = _read(path)
-    with _open(data, path) as image:
-        orientation = exif_orientation(image)
-        _decode(image, data, path, None)
-    return orientation
-
-
-def copy_chw(image: Image.Image, out: np.ndarray) -> None:
-    """Copy the pixels of an RGB image into ``out``, a uint8 array of shape ``[3, height, width]``.
-
-    The pixels are read in place through Pillow's Arrow export when the image is one
-    block of memory (a copy otherwise), so the only copy is the one into ``out``.
-
-    Example:
-        >>> image = Image.new("RGB", (4, 2), (10, 20, 30))
-        >>> out = np.empty((3, 2, 4), np.uint8)
-        >>> copy_chw(image, out)
-        >>> out[:, 0, 0].tolist()
-        [10, 20, 30]
-    """
-    if image.mode != "RGB":
-        raise ValueError(f"copy_chw needs an RGB image, got mode {image.mode}")
-    if out.shape != (3, image.height, image.width) or out.dtype != np.uint8:
-        raise ValueError(f"out must be uint8 of shape (3, {image.height}, {image.width}), got {out.dtype} {out.shape}")
-    try:
-        rgbx = nanoarrow.c_array(image).view().child(0).buffer(1)  # Pillow stores RGB as RGBX
-        pixels = np.frombuffer(rgbx, np.uint8).reshape(image.height, image.width, 4)
-    except ValueError:  # "rows are not contiguous": a large image spread over several blocks
-        pixels = np.asarray(image)
-    np.copyto(out, pixels[:, :, :3].transpose(2, 0, 1))
-
-
-def decode_image(path: str | os.PathLike, size: tuple[int, int] | None = None, resize: Resize = "crop") -> torch.Tensor:
-    """Decode ``path`` into a uint8 tensor ``[3, height, width]``; see :func:`load_rgb`.
 
     Example:
         >>> import matplotlib.cbook
         >>> decode_image(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False), (240, 320)).shape
         torch.Size([3, 240, 320])
     """
-    image = load_rgb(path, size, resize)
-    out = torch.empty((3, image.height, image.width), dtype=torch.uint8)
-    copy_chw(image, out.numpy())
-    return out
+    return _decode(path, check_target(size, resize), resize).contiguous()
+
+
+def decode_into(path: str | os.PathLike, out: np.ndarray, resize: Resize = "crop") -> None:
+    """Decode ``path`` as :func:`decode_image` does, fitted to ``out``'s size, straight into ``out``
+    (uint8 ``[3, height, width]``), with no copy but that one.
+
+    Raises:
+        DecodeError: see :func:`decode_image`.
+    """
+    np.copyto(out, _decode(path, tuple(out.shape[1:]), resize).numpy())
+
+
+def check_image(path: str | os.PathLike) -> int:
+    """Decode ``path`` once, as :func:`decode_image` would, to find damage; returns its EXIF orientation (1 to 8).
+
+    Raises:
+        DecodeError: what :func:`decode_image` raises for the file.
+    """
+    data = _read(path)
+    with _open(data, path) as image:
+        orientation = exif_orientation(image)
+        _pixels(image, data, path, None)
+    return orientation
+
+
+def _decode(path: str | os.PathLike, size: tuple[int, int] | None, resize: str) -> torch.Tensor:
+    """The upright RGB pixels of ``path``, fitted to ``size``: ``[3, H, W]``, often a strided view."""
+    data = _read(path)
+    with _open(data, path) as image:
+        orientation = exif_orientation(image)
+        request = None if size is None else _draft_request(image.size, size, resize, orientation in _SIDEWAYS)
+        pixels = _pixels(image, data, path, request)
+    chw = _upright(pixels, orientation).permute(2, 0, 1)
+    return chw if size is None else _fit(chw, size, resize)
 
 
 def exif_orientation(image: Image.Image) -> int:
@@ -218,20 +200,34 @@ def _open(data: bytes, path: str | os.PathLike) -> Image.Image:
     return image
 
 
-def _decode(image: Image.Image, data: bytes, path: str | os.PathLike, request: tuple[int, int] | None) -> Image.Image:
-    """The loaded pixels of an opened image, in stored orientation; JPEGs checked strictly by libjpeg-turbo."""
+def _pixels(image: Image.Image, data: bytes, path: str | os.PathLike, request: tuple[int, int] | None) -> np.ndarray:
+    """RGB uint8 ``[H, W, 3]`` pixels of an opened image, in stored orientation; JPEGs checked strictly.
+
+    ``request``: the smallest stored ``(width, height)`` wanted; a JPEG may then decode at a reduced scale.
+    """
     if image.format == "JPEG":
         colorspace = {"RGB": "RGB", "L": "GRAY"}.get(image.mode)
         pixels = _decode_jpeg(data, path, colorspace or "CMYK", request)
-        if colorspace is not None and pixels is not None:
-            return Image.fromarray(pixels[:, :, 0] if colorspace == "GRAY" else pixels)
+        if colorspace == "RGB" and pixels is not None:
+            return pixels
+        if colorspace == "GRAY" and pixels is not None:
+            return np.repeat(pixels, 3, axis=2)
         if request is not None:  # CMYK and the rare JPEGs libjpeg-turbo cannot read: Pillow, at reduced scale
             image.draft(None, request)
     try:
         image.load()
     except _PILLOW_DAMAGE as error:
         raise DecodeError(path, f"truncated or corrupt ({type(error).__name__}: {error})") from None
-    return image
+    return np.array(_to_rgb(image, path))  # a writable copy: torch refuses read-only arrays
+
+
+def _upright(pixels: np.ndarray, orientation: int) -> torch.Tensor:
+    """``[H, W, 3]`` pixels shown upright for an EXIF orientation (as ``ImageOps.exif_transpose``)."""
+    upright = torch.from_numpy(pixels)
+    if orientation in _SIDEWAYS:  # stored sideways: swap the axes first
+        upright = upright.transpose(0, 1)
+    flips = [axis for axis, flip in enumerate(_FLIPS[orientation]) if flip]
+    return upright.flip(flips) if flips else upright
 
 
 def _decode_jpeg(
@@ -282,28 +278,29 @@ def _to_rgb(image: Image.Image, path: str | os.PathLike) -> Image.Image:
         raise DecodeError(path, f"no conversion from pixel mode {image.mode} to RGB") from None
 
 
-def _fit(image: Image.Image, size: tuple[int, int], resize: str) -> Image.Image:
-    height, width = size
-    if image.size == (width, height):
-        return image
-    bilinear = Image.Resampling.BILINEAR
+def _fit(chw: torch.Tensor, size: tuple[int, int], resize: str) -> torch.Tensor:
+    """``[3, H, W]`` pixels fitted to ``size``: cropped (cover, cut the centre), padded or stretched."""
+    height, width = chw.shape[1:]
+    target_height, target_width = size
+    if (height, width) == size:
+        return chw
     if resize == "stretch":
-        return image.resize((width, height), bilinear)
-    image_width, image_height = image.size
+        return _resize(chw, size)
     if resize == "crop":
-        scale = max(width / image_width, height / image_height)
-        return image.resize((width, height), bilinear, box=_centred_box(image.size, (width / scale, height / scale)))
-    scale = min(width / image_width, height / image_height)
-    inner = (min(width, max(1, round(image_width * scale))), min(height, max(1, round(image_height * scale))))
-    canvas = Image.new("RGB", (width, height))
-    canvas.paste(image.resize(inner, bilinear), ((width - inner[0]) // 2, (height - inner[1]) // 2))
+        scale = max(target_height / height, target_width / width)
+        covering = (max(target_height, round(height * scale)), max(target_width, round(width * scale)))
+        top, left = (covering[0] - target_height) // 2, (covering[1] - target_width) // 2
+        return _resize(chw, covering)[:, top : top + target_height, left : left + target_width]
+    scale = min(target_height / height, target_width / width)
+    inner = (min(target_height, max(1, round(height * scale))), min(target_width, max(1, round(width * scale))))
+    top, left = (target_height - inner[0]) // 2, (target_width - inner[1]) // 2
+    canvas = torch.zeros((3, *size), dtype=torch.uint8)
+    canvas[:, top : top + inner[0], left : left + inner[1]] = _resize(chw, inner)
     return canvas
 
 
-def _centred_box(image_size: tuple[int, int], box_size: tuple[float, float]) -> tuple[float, float, float, float]:
-    """``(left, top, right, bottom)`` of a box of ``box_size`` centred in the image, kept inside it:
-    ``box_size`` comes from a float division and may exceed the image by a rounding error."""
-    (image_width, image_height), (box_width, box_height) = image_size, box_size
-    left = max(0.0, (image_width - box_width) / 2)
-    top = max(0.0, (image_height - box_height) / 2)
-    return left, top, min(float(image_width), left + box_width), min(float(image_height), top + box_height)
+def _resize(chw: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Antialiased bilinear resize of uint8 ``[3, H, W]`` (torch's uint8 path: Pillow's pixels)."""
+    if tuple(chw.shape[1:]) == size:
+        return chw
+    return torch.nn.functional.interpolate(chw[None], size=size, mode="bilinear", antialias=True)[0]
