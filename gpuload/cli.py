@@ -101,9 +101,22 @@ def _add_build(subparsers) -> None:
     parser.add_argument("src", type=Path, help="ImageFolder: one subfolder per class")
     parser.add_argument("--out", type=Path, default=None, help="dataset folder (default: <SRC>.memmap)")
     parser.add_argument(
-        "--size", type=parse_size, default=None, help="HxW of the stored images (default: their common size)"
+        "--size", type=parse_size, default=None, help="raw: HxW of the stored images (default: their common size)"
     )
-    parser.add_argument("--resize", choices=RESIZE_MODES, default="crop", help="how other sizes fit (default: crop)")
+    parser.add_argument(
+        "--format", choices=("raw", "jpeg"), default="raw",
+        help="raw: uint8 pixels at one size (fastest to load); jpeg: the JPEG bytes, each image at its own "
+        "size (10-20x smaller, for datasets larger than RAM) (default: raw)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--resize", choices=RESIZE_MODES, default="crop", help="raw: how other sizes fit (default: crop)"
+    )
+    parser.add_argument("--max-side", type=int, default=None, help="jpeg: scale larger images down to this side")
+    parser.add_argument("--quality", type=int, default=90, help="jpeg: quality of re-encoded images (default: 90)")
+    parser.add_argument(
+        "--classes-from", type=Path, default=None, metavar="DATASET",
+        help="use the class list (and labels) of this dataset, e.g. the training set's for a validation set",
+    )  # fmt: skip
     parser.add_argument("--workers", type=int, default=None, help="decoding threads (default: cores)")
     parser.add_argument(
         "--strict", action="store_true", help="fail on the first unreadable image instead of skipping it"
@@ -124,18 +137,21 @@ def _add_build(subparsers) -> None:
 def _run_build(args) -> int:
     from .store.build import build_memmap
     from .store.dataset import MemmapImageDataset
+    from .store.manifest import Manifest
 
+    classes = Manifest.read(args.classes_from).classes if args.classes_from is not None else None
     started = time.perf_counter()
     out = build_memmap(
-        args.src, args.out, size=args.size, resize=args.resize, workers=args.workers,
-        strict=args.strict, overwrite=args.overwrite, sync=args.sync,
+        args.src, args.out, format=args.format, size=args.size, resize=args.resize, max_side=args.max_side,
+        quality=args.quality, classes=classes, workers=args.workers, strict=args.strict,
+        overwrite=args.overwrite, sync=args.sync,
     )  # fmt: skip
     seconds = time.perf_counter() - started
     dataset = MemmapImageDataset(out)
-    _, height, width = dataset.image_shape
-    nbytes = dataset.data.images.numel()
+    nbytes = sum(dataset.manifest.files.values())
+    what = f"3x{'x'.join(map(str, dataset.image_shape[1:]))}" if dataset.image_shape else "JPEGs at their own sizes"
     print(
-        f"built {out}: {len(dataset)} images of 3x{height}x{width} ({nbytes / 1e9:.2f} GB) in "
+        f"built {out}: {len(dataset)} images of {what} ({nbytes / 1e9:.2f} GB) in "
         f"{len(dataset.classes)} classes, {len(dataset.skipped)} skipped, {seconds:.1f} s "
         f"({len(dataset) / seconds:.0f} images/s)"
     )
@@ -158,10 +174,20 @@ def _run_info(args) -> int:
     if args.json:
         print(json.dumps(info, indent=1))
         return 0
-    shape = "x".join(map(str, info["image_shape"]))
     print(info["path"])
-    print(f"  images:  {info['images']} x {shape} uint8, {info['bytes_on_disk'] / 1e9:.2f} GB on disk")
-    print(f"  source:  {info['source']} (resize: {info['resize']}, {info['skipped']} files skipped)")
+    on_disk = f"{info['bytes_on_disk'] / 1e9:.2f} GB on disk"
+    if info["storage"] == "raw":
+        shape = "x".join(map(str, info["image_shape"]))
+        print(f"  images:  {info['images']} x {shape} uint8 (raw), {on_disk}")
+        print(f"  source:  {info['source']} (resize: {info['resize']}, {info['skipped']} files skipped)")
+    else:
+        jpeg = info["jpeg"]
+        reencoded = ", ".join(f"{count} {reason}" for reason, count in jpeg["reencoded"].items()) or "none"
+        print(f"  images:  {info['images']} JPEGs, each at its own size, {on_disk}")
+        print(f"  source:  {info['source']} ({info['skipped']} files skipped)")
+        print(f"  re-encoded at quality {jpeg['quality']} (max side {jpeg['max_side'] or '-'}): {reencoded}")
+    if info["empty_classes"]:
+        print(f"  classes without images: {', '.join(info['empty_classes'])}")
     print(f"  built:   {info['created']} with gpuload {info['versions'].get('gpuload', '?')}")
     print(f"  classes: {len(info['classes'])}")
     width = max(len(name) for name in info["classes"])

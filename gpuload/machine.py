@@ -9,7 +9,9 @@ from datetime import datetime, timezone
 
 import torch
 
-__all__ = ["default_workers", "describe_machine", "machine_line"]
+from .errors import UsageError
+
+__all__ = ["default_workers", "describe_machine", "machine_line", "resolve_workers"]
 
 
 def default_workers() -> int:
@@ -23,6 +25,23 @@ def default_workers() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def resolve_workers(workers: int | None) -> int:
+    """``workers`` checked to be a positive int, or :func:`default_workers` when ``None``.
+
+    Raises:
+        UsageError: anything else.
+
+    Example:
+        >>> resolve_workers(3), resolve_workers(None) >= 1
+        (3, True)
+    """
+    if workers is None:
+        return default_workers()
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise UsageError(f"workers must be a positive integer, got {workers!r}")
+    return workers
 
 
 def describe_machine() -> dict:

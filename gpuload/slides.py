@@ -95,10 +95,8 @@ SNIPPETS = {
     ),
     "code_build_window": Snippet(
         "gpuload/store/build.py",
-        "_write_images",
-        start="window = 2 * workers + 2",
-        end="pending.append(",
-        steps=(("window",), ("free_buffers",)),
+        "_RawStore.submit",
+        steps=(("self.free.pop()",), ("self.pool.submit",)),
     ),
     "code_collate": Snippet(
         "gpuload/loading/collate.py", "Collate.__call__", steps=(("GatheredSamples",), ("pin_memory",))

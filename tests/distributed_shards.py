@@ -27,6 +27,9 @@ def main(dataset_path: str, out: str) -> None:
         "length": len(unseeded),
         "indices": [index_of[image.numpy().tobytes()] for images, _ in unseeded for image in images],
     }
+    if dist.get_rank() == 0:  # a validation loader on rank 0 only, unshuffled and unseeded: no collective
+        served["rank0_only"] = {"length": len(gpuload.DataLoader(dataset, batch_size=3, device="cpu"))}
+    dist.barrier()
     with open(f"{out}/rank{dist.get_rank()}.json", "w") as file:
         json.dump({"world_size": dist.get_world_size(), "served": served}, file)
     dist.destroy_process_group()

@@ -1,3 +1,4 @@
+import errno
 import json
 import os
 import shutil
@@ -180,8 +181,9 @@ class TestBadInputs:
 
     def test_not_enough_disk_space_fails_before_decoding(self, photo_folder, tmp_path, monkeypatch):
         monkeypatch.setattr(gpuload.store.build.shutil, "disk_usage", lambda path: _Usage())
-        with pytest.raises(OSError, match="the dataset needs 0.00 GB .* but .* has 0.00 GB free"):
+        with pytest.raises(OSError, match="the dataset needs 0.00 GB .* but .* has 0.00 GB free") as caught:
             build_memmap(photo_folder, tmp_path / "out.memmap", progress=False)
+        assert caught.value.errno == errno.ENOSPC  # so the command line prints one line, not a traceback
         assert not (tmp_path / "out.memmap").exists()
 
     def test_stale_temporary_folders_are_removed_before_checking_free_space(self, photo_folder, tmp_path, monkeypatch):
@@ -290,12 +292,20 @@ class TestLock:
         assert not stale.exists()
 
     def test_a_folder_named_like_a_build_but_holding_other_files_is_left_alone(self, photo_folder, tmp_path):
-        foreign = tmp_path / ".out.memmap.tmp-mine"
+        foreign = tmp_path / ".out.memmap.tmp-0badf00d"
         foreign.mkdir()
         (foreign / "thesis.tex").write_text("unchanged")
-        with pytest.warns(UserWarning, match="left .*tmp-mine alone"):
+        with pytest.warns(UserWarning, match="left .*tmp-0badf00d alone"):
             build_memmap(photo_folder, tmp_path / "out.memmap", progress=False)
         assert (foreign / "thesis.tex").read_text() == "unchanged"
+
+    def test_the_temporary_folder_of_another_output_with_a_longer_name_is_not_touched(self, photo_folder, tmp_path):
+        """.photos.memmap.old-v1.tmp-ab12cd34 is the build folder of photos.memmap.old-v1, under its own lock."""
+        running = tmp_path / ".out.memmap.old-v1.tmp-ab12cd34"
+        (running / "images.memmap").parent.mkdir()
+        (running / "images.memmap").write_bytes(b"\0")
+        build_memmap(photo_folder, tmp_path / "out.memmap", progress=False)
+        assert (running / "images.memmap").exists()
 
 
 LOCK_HOLDER = """
@@ -311,7 +321,7 @@ class TestCrashSafety:
     @pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
     def test_interrupted_build_leaves_nothing(self, photo_folder, tmp_path, monkeypatch, error):
         calls = []
-        real = gpuload.store.build._decode_into
+        real = gpuload.store.build._decode_raw
 
         def failing(*args):
             calls.append(1)
@@ -319,7 +329,7 @@ class TestCrashSafety:
                 raise error("stop")
             return real(*args)
 
-        monkeypatch.setattr(gpuload.store.build, "_decode_into", failing)
+        monkeypatch.setattr(gpuload.store.build, "_decode_raw", failing)
         with pytest.raises(error):
             build_memmap(photo_folder, tmp_path / "out.memmap", progress=False)
         assert not (tmp_path / "out.memmap").exists()
@@ -388,13 +398,13 @@ def kill(*args, **kwargs):
 moment = {moment!r}
 if moment == "writing":
     calls = []
-    real = build._decode_into
+    real = build._decode_raw
     def decode(*args):
         calls.append(1)
         if len(calls) == 5:
             kill()
         return real(*args)
-    build._decode_into = decode
+    build._decode_raw = decode
 elif moment == "after_swap":
     build.shutil.rmtree = kill
 else:

@@ -1,3 +1,6 @@
+import errno
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -227,3 +230,46 @@ def test_every_exif_orientation_is_shown_as_pillow_shows_it(tmp_path, orientatio
     with Image.open(tmp_path / "o.png") as image:
         expected = ImageOps.exif_transpose(image).convert("RGB")
     assert mean_abs_diff(decode_image(tmp_path / "o.png"), expected) == 0
+
+
+class TestBoundedWork:
+    @pytest.mark.parametrize("width, height", [(4000, 2), (2, 4000), (20000, 1)])
+    @pytest.mark.parametrize("resize", RESIZE_MODES)
+    def test_never_resizes_more_pixels_than_the_image_or_the_target_has(
+        self, tmp_path, monkeypatch, width, height, resize
+    ):
+        """A 1x20000 image cropped to 480x640 was first scaled to 640x12800000 pixels (a 2x4000 PNG took 8 s
+        and 3.2 GB): only the part that is kept may be resized."""
+        Image.fromarray(np.full((height, width, 3), 90, np.uint8)).save(tmp_path / "thin.png")
+        sizes = []
+        real = gpuload.store.decode._resize
+        monkeypatch.setattr(gpuload.store.decode, "_resize", lambda chw, size: sizes.append(size) or real(chw, size))
+        assert decode_image(tmp_path / "thin.png", (480, 640), resize).shape == (3, 480, 640)
+        assert all(h * w <= 4 * 480 * 640 for h, w in sizes)
+
+
+class TestEnvironmentErrors:
+    @pytest.mark.parametrize("code", [errno.EMFILE, errno.ENOMEM, errno.ESTALE, errno.EINTR])
+    def test_errors_of_the_machine_are_not_damaged_files(self, tmp_path, monkeypatch, code):
+        photo().save(tmp_path / "a.jpg")
+
+        def failing_open(*args, **kwargs):
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr("builtins.open", failing_open)
+        with pytest.raises(OSError) as caught:
+            decode_image(tmp_path / "a.jpg")
+        assert not isinstance(caught.value, DecodeError) and caught.value.errno == code
+
+    @pytest.mark.parametrize("make", ["missing", "folder", "unreadable"])
+    def test_files_that_cannot_be_read_are_reported(self, tmp_path, make):
+        path = tmp_path / "a.jpg"
+        if make == "folder":
+            path.mkdir()
+        elif make == "unreadable":
+            photo().save(path)
+            path.chmod(0)
+            if os.access(path, os.R_OK):  # root reads anything
+                pytest.skip("running as root: the permission cannot be taken away")
+        with pytest.raises(DecodeError, match="cannot read"):
+            decode_image(path)

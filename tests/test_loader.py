@@ -467,6 +467,17 @@ class TestResume:
         assert len(served_indices(loader)) == 23  # a new iteration is a new epoch, as before
         assert loader.state_dict() == state(2, 0)
 
+    @pytest.mark.parametrize("drop_last", [False, True])
+    def test_a_checkpoint_at_the_last_batch_is_the_next_epoch(self, drop_last):
+        """Saved in the loop body at the last step, before StopIteration: resuming must not run an empty epoch."""
+        loader = DataLoader(indexed_data(23), batch_size=4, shuffle=True, seed=1, drop_last=drop_last, device="cpu")
+        for _ in loader:
+            saved = loader.state_dict()
+        assert saved == state(1, 0)
+        resumed = DataLoader(indexed_data(23), batch_size=4, shuffle=True, seed=0, drop_last=drop_last, device="cpu")
+        resumed.load_state_dict(saved)
+        assert len(served_indices(resumed)) == (20 if drop_last else 23)  # a whole epoch 1
+
     def test_state_dict_right_after_loading_is_the_loaded_state(self):
         loader = DataLoader(indexed_data(23), batch_size=4, shuffle=True, seed=9, device="cpu")
         loaded = state(5, 12, batch_size=3, world_size=2)
@@ -496,7 +507,8 @@ class TestResume:
                 states.append([loader.state_dict()["global_position"]])
                 next(iterator)
                 states[-1].append(loader.state_dict()["global_position"])
-        assert states == [[6, 10]] * 3  # 2 x 3, then 4 x 3 capped at the dataset's length
+        assert states == [[6, 0]] * 3  # 2 x 3; then every batch was served: epoch 1 at 0
+        assert loader.state_dict()["epoch"] == 1
 
     def test_set_epoch_to_another_epoch_discards_the_resume(self):
         loader = DataLoader(indexed_data(), batch_size=4, shuffle=True, seed=1, device="cpu")
@@ -563,14 +575,19 @@ class TestResume:
         first = [run(rank, world_size, batch_size, None, stop) for rank in range(world_size)]
         saved = first[0][1]
         assert all(other == saved for _, other in first)  # every rank reports the same state
-        resumed = [run(rank, new_world_size, new_batch_size, saved, None)[0] for rank in range(new_world_size)]
+        finished = saved["epoch"] == 3  # every batch of epoch 2 was served: the state is the next epoch
+        assert finished or saved["epoch"] == 2
+        if finished:
+            resumed = [[] for _ in range(world_size)]
+        else:
+            resumed = [run(rank, new_world_size, new_batch_size, saved, None)[0] for rank in range(new_world_size)]
         served = sum((sum(batches, []) for batches, _ in first), []) + sum(sum(resumed, []), [])
         assert set(served) == set(range(length))
-        position = saved["global_position"]
+        position = length if finished else saved["global_position"]
         padding_before = sum(len(sum(batches, [])) for batches, _ in first) - position
         assert 0 <= padding_before <= -length % world_size
         assert len(served) == length + padding_before + (-(length - position) % new_world_size)
-        if (new_world_size, new_batch_size) == (world_size, batch_size):  # bit-identical to uninterrupted
+        if finished or (new_world_size, new_batch_size) == (world_size, batch_size):  # bit-identical to uninterrupted
             uninterrupted = [run(rank, world_size, batch_size, None, None)[0] for rank in range(world_size)]
             assert [batches + rest for (batches, _), rest in zip(first, resumed)] == uninterrupted
 
@@ -593,6 +610,14 @@ class TestTransform:
         reference = self.batches()
         again = self.batches(threads=threads, prefetch=prefetch)
         assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(reference, again))
+
+    def test_a_compiled_transform_gets_the_seeded_generator_too(self):
+        reference = self.batches()
+        augment = torch.compile(RandomResizedCrop(3, flip=True, brightness=0.5))
+        loader = DataLoader(indexed_data(40, (12, 16)), batch_size=4, shuffle=True, seed=3, device="cpu",
+                            transform=augment, threads=1)  # fmt: skip
+        compiled = [images.clone() for images, _ in loader]
+        assert all(torch.equal(a[0], b) for a, b in zip(reference, compiled))
 
     def test_each_epoch_and_batch_draws_anew(self):
         augment = RandomResizedCrop(3, flip=True)
@@ -652,6 +677,7 @@ def test_distributed_shards_with_torchrun(built_dataset, tmp_path):
         assert not shards[0] & shards[1]
         assert shards[0] | shards[1] == set(range(20))
     assert ranks[0]["served"]["0"]["indices"] != ranks[0]["served"]["1"]["indices"]
+    assert ranks[0]["served"]["rank0_only"]["length"] == 4  # and the run did not hang on a collective
 
 
 # The CUDA stream protocol has parts that no CPU test exercises. Each scenario of

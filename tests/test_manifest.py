@@ -48,7 +48,10 @@ def test_owned_paths(tmp_path):
         ({"checksums": ["0123456789abcdef"]}, "1 checksums for 2 samples"),
         ({"samples": [["cat/1.jpg", 0], ["dog/2.jpg", 2]]}, r"a sample label is outside 0..1"),
         ({"classes": ["cat", "cat"]}, "a class name appears twice"),
-        ({"files": {"images.memmap": 1}}, r"files lists \['images.memmap'\], not meta.json and the two arrays"),
+        (
+            {"files": {"images.memmap": 1}},
+            r"files lists \[.images.memmap.\], not \[.images.memmap., .labels.memmap., .meta.json.\]",
+        ),
     ],
 )
 def test_inconsistent_manifests_are_refused(tmp_path, changes, message):
@@ -127,3 +130,10 @@ def test_foreign_or_damaged_files_are_refused(tmp_path, text, message):
     (tmp_path / "manifest.json").write_text(text)
     with pytest.raises(DatasetError, match=message):
         Manifest.read(tmp_path)
+
+
+def test_removing_the_digests_does_not_hide_an_edit(tmp_path):
+    manifest().write(tmp_path)
+    edit(tmp_path, "classes", ["dog", "cat"])
+    edit(tmp_path, "digests", {})
+    assert Manifest.read(tmp_path).edited_fields() == list(DIGESTED)

@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 from torchvision.datasets import ImageFolder
 
+from gpuload import UsageError
 from gpuload.store.scan import scan_image_folder, walk_images
 
 
@@ -99,3 +100,29 @@ class TestSymlinks:
         with pytest.warns(UserWarning, match="already scanned"):
             files, repeats = scan_with_timeout(walk_images, looped)
         assert len(files) == 20 and len(repeats) == 3
+
+
+class TestGivenClasses:
+    def test_labels_follow_the_given_list(self, photo_copy):
+        classes = ["sleeve_right", "face", "collar", "background", "sleeve_left", "hat"]
+        with pytest.warns(UserWarning, match="class 'hat' has no image"):
+            index = scan_image_folder(photo_copy, classes=classes)
+        assert index.classes == classes and index.empty_classes == ["hat"]
+        assert ("face/0000.jpg", 1) in index.samples and ("sleeve_right/0003.jpg", 0) in index.samples
+        assert len(index.samples) == 20
+
+    def test_a_class_folder_not_in_the_list_is_an_error(self, photo_copy):
+        with pytest.raises(UsageError, match="has class folders that are not in the given classes: face, sleeve_left"):
+            scan_image_folder(photo_copy, classes=["background", "collar", "sleeve_right"])
+
+    @pytest.mark.parametrize("classes", [[], ["face", "face"], "face", ["face", ""]])
+    def test_bad_lists(self, photo_copy, classes):
+        with pytest.raises(UsageError, match="classes must be a list of distinct class names"):
+            scan_image_folder(photo_copy, classes=classes)
+
+    def test_a_folder_without_class_folders(self, tmp_path, photo_folder):
+        flat = tmp_path / "face"
+        flat.mkdir()
+        (flat / "a.jpg").write_bytes((photo_folder / "face" / "0000.jpg").read_bytes())
+        index = scan_image_folder(flat, classes=["collar", "face"])
+        assert index.samples == [("a.jpg", 1)] and index.empty_classes == ["collar"]

@@ -19,13 +19,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..machine import default_workers
 from ..store.dataset import ImageData, MemmapImageDataset
+from .crop import CenterCropDecode, RandomResizedCropDecode, decode_crops
 from .order import distributed_rank, epoch_order
 
 __all__ = ["DataLoader"]
 
 # As torch's DataLoader: what shapes the batches is fixed once made (here also the buffers' device and count).
-_FIXED = frozenset({"dataset", "batch_size", "sampler", "drop_last", "device", "prefetch", "transform"})
+_FIXED = frozenset({"dataset", "batch_size", "sampler", "drop_last", "device", "prefetch", "transform", "decode"})
 _EXIT_JOIN_S = 10  # at exit, how long to wait for each producer's last gather
 _POLL_S = 0.1  # how often a waiting producer looks at the stop flag, in case no notification reached it
 _STATE_KEYS = ("epoch", "global_position", "batch_size", "world_size", "dataset_length", "seed")
@@ -67,20 +69,28 @@ class DataLoader:
         generator: a ``torch.Generator`` to draw ``seed`` from when ``seed`` is ``None``.
         seed: the base seed of the permutations; drawn from ``generator`` or torch's global RNG
             when ``None``, so ``torch.manual_seed`` makes the order reproducible, as with torch.
-            Under ``torch.distributed`` rank 0's draw is broadcast to all ranks (a collective
-            call in the constructor: every rank must construct its loader).
+            Under ``torch.distributed``, when the seed decides anything (``shuffle``, a ``transform``,
+            a random ``decode``), rank 0's draw is broadcast to all ranks: a collective call in the
+            constructor, so every rank must construct that loader.
         device: where batches go, ``"cpu"`` or ``"cuda"``; ``"cuda"`` when available, else ``"cpu"``.
             Other devices (``"mps"``, ``"xpu"``...) are refused: load to the CPU and move the batches.
         prefetch: batches prepared ahead of the consumer (host buffers: ``prefetch + 2``).
-        threads: background threads gathering batches (default: 2; each gather also uses
-            torch's intra-op threads, and two gatherers hide each other's hand-off gaps:
-            measured on 2 cores, 98% of a bare ``index_select`` loop against 87% with one).
+        threads: background threads preparing batches. Raw datasets: 2 by default (each gather
+            also uses torch's intra-op threads, and two gatherers hide each other's hand-off gaps:
+            measured on 2 cores, 98% of a bare ``index_select`` loop against 87% with one). Jpeg
+            datasets: the number of cores (each thread decodes its batch).
         transform: applied to each uint8 image batch on ``device`` right after its copy, by the
             background threads (on CUDA on the loader's side stream, before the batch is handed
             over), without autograd; e.g. :class:`gpuload.RandomResizedCrop` for a user who prefers
-            augmentation outside the model. When it takes a ``generator`` argument it gets one
-            seeded by ``(seed, epoch, rank, the batch's position in the epoch)``: its random draws
-            do not depend on thread timing and replay exactly after a resume.
+            augmentation outside the model. When it (or the module that ``torch.compile`` wrapped)
+            takes a ``generator`` argument it gets one seeded by ``(seed, epoch, rank, the batch's
+            position in the epoch)``: its random draws do not depend on thread timing and replay
+            exactly after a resume. A transform without one (an ``nn.Sequential``, a lambda) that
+            draws from torch's global generator gets draws that depend on thread timing; pass
+            ``threads=1`` or a transform with a ``generator`` argument.
+        decode: for a jpeg dataset, how each image is decoded into the batch:
+            :class:`gpuload.RandomResizedCropDecode` (training) or :class:`gpuload.CenterCropDecode`
+            (evaluation); see :mod:`gpuload.loading.crop`. Not for raw datasets.
 
     Raises:
         TypeError: an argument of the wrong type (``batch_size=4.0``, ``shuffle=None``...).
@@ -113,9 +123,13 @@ class DataLoader:
         seed: int | None = None,
         device: str | torch.device | None = None,
         prefetch: int = 3,
-        threads: int = 2,
+        threads: int | None = None,
         transform: Callable[..., torch.Tensor] | None = None,
+        decode: RandomResizedCropDecode | CenterCropDecode | None = None,
     ) -> None:
+        jpeg = isinstance(dataset, MemmapImageDataset) and dataset.storage == "jpeg"
+        if threads is None:
+            threads = default_workers() if jpeg else 2
         for name, value in (("batch_size", batch_size), ("prefetch", prefetch), ("threads", threads)):
             _check_int(name, value)
             if value < 1:
@@ -138,17 +152,31 @@ class DataLoader:
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable, got {type(transform).__name__}: {transform!r}")
         data = dataset.data if isinstance(dataset, MemmapImageDataset) else dataset
-        if not (hasattr(data, "images") and hasattr(data, "labels")):
+        if not (jpeg or hasattr(data, "images")) or not hasattr(data, "labels"):
             raise TypeError(f"DataLoader needs a MemmapImageDataset or an ImageData, got {type(dataset).__name__}")
+        if jpeg and not isinstance(decode, (RandomResizedCropDecode, CenterCropDecode)):
+            raise ValueError(
+                "a jpeg dataset's images have their own sizes: pass decode=gpuload.RandomResizedCropDecode(224) "
+                f"(training) or decode=gpuload.CenterCropDecode(224) (evaluation), got decode={decode!r}"
+            )
+        if not jpeg and decode is not None:
+            raise ValueError(
+                "decode= crops jpeg datasets at decode time; crop raw batches on the device with "
+                "transform=gpuload.RandomResizedCrop(...) or in the model"
+            )
         self.dataset = dataset
+        self.decode = decode
         # Plain tensors over the same memory: index_select on them skips tensordict's dispatch.
-        self._images = torch.Tensor.as_subclass(data.images, torch.Tensor)
+        self._images = None if jpeg else torch.Tensor.as_subclass(data.images, torch.Tensor)
         self._labels = torch.Tensor.as_subclass(data.labels, torch.Tensor)
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.sampler = sampler
         self.drop_last = drop_last
-        self.seed = seed if seed is not None else _draw_seed(generator)
+        # The seed decides the order and the random draws of transforms and decoded crops; when it decides
+        # nothing (an unshuffled loader, as for validation on rank 0 only), no collective is made.
+        random = shuffle or transform is not None or isinstance(decode, RandomResizedCropDecode)
+        self.seed = seed if seed is not None else _draw_seed(generator, broadcast=random)
         self.device = _resolve_device(device)
         self.prefetch = prefetch
         self.threads = threads
@@ -158,7 +186,8 @@ class DataLoader:
         self._position = _Position(0, 0, batch_size, distributed_rank()[1])  # what state_dict reports
         # + 2 buffers: on the CPU the batch being used and the one before it (still bound to the
         # loop variable while the next is fetched) are views of their buffers.
-        self._rings = _RingPool(partial(_Ring, self._images.shape[1:], batch_size, prefetch + 2, self.device))
+        shape = self._images.shape[1:] if self._images is not None else torch.Size((3, *decode.size))
+        self._rings = _RingPool(partial(_Ring, shape, batch_size, prefetch + 2, self.device))
         self._initialized = True
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -267,7 +296,11 @@ class DataLoader:
         transform = None
         if self.transform is not None:
             transform = _BatchTransform(self.transform, (self.seed, epoch, rank, start, self.batch_size * world_size))
-        return _EpochIterator(self, batches, self._position, transform)
+        if self._images is not None:
+            gather: _Gather = partial(_index_select, self._images)
+        else:
+            gather = partial(decode_crops, self.dataset, decode=self.decode, seed=self.seed, epoch=epoch)
+        return _EpochIterator(self, batches, self._position, gather, transform)
 
     def __repr__(self) -> str:
         return (
@@ -292,11 +325,20 @@ class _Position:
         self.global_position = min(self.global_position + samples * self.world_size, self.end)
 
 
-def _draw_seed(generator: torch.Generator | None) -> int:
-    """A seed from ``generator`` (or torch's global RNG); under ``torch.distributed``, rank 0's on every rank,
-    so that the ranks shard one permutation however each was seeded."""
+# Writes the images of a batch (its dataset indices) into a uint8 buffer [B, 3, H, W].
+_Gather = Callable[[torch.Tensor, torch.Tensor], object]
+
+
+def _index_select(images: torch.Tensor, indices: torch.Tensor, out: torch.Tensor) -> None:
+    """A raw dataset's batch: one gather straight from the memory-mapped pixels."""
+    torch.index_select(images, 0, indices, out=out)
+
+
+def _draw_seed(generator: torch.Generator | None, *, broadcast: bool) -> int:
+    """A seed from ``generator`` (or torch's global RNG); with ``broadcast`` under ``torch.distributed``,
+    rank 0's on every rank, so that the ranks shard one permutation however each was seeded."""
     seed = [int(torch.randint(0, 2**62, (), generator=generator))]
-    if dist.is_available() and dist.is_initialized():
+    if broadcast and dist.is_available() and dist.is_initialized():
         dist.broadcast_object_list(seed, src=0)
     return seed[0]
 
@@ -348,13 +390,13 @@ class _HostSlot:
         return self._references() != self._unheld
 
     def fill(
-        self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor, transform: Callable | None
+        self, gather: _Gather, labels: torch.Tensor, indices: torch.Tensor, transform: Callable | None
     ) -> tuple[torch.Tensor, torch.Tensor, None]:
         if self.held():
             self._allocate()  # the user kept a batch: it keeps that memory
         count = len(indices)
         batch_images, batch_labels = torch.from_numpy(self.images)[:count], torch.from_numpy(self.labels)[:count]
-        torch.index_select(images, 0, indices, out=batch_images)
+        gather(indices, batch_images)
         torch.index_select(labels, 0, indices, out=batch_labels)
         return batch_images if transform is None else transform(batch_images), batch_labels, None
 
@@ -373,13 +415,13 @@ class _PinnedSlot:
         return False  # the user gets device copies, never this buffer
 
     def fill(
-        self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor, transform: Callable | None
+        self, gather: _Gather, labels: torch.Tensor, indices: torch.Tensor, transform: Callable | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]:
         if self.event is not None:
             self.event.synchronize()  # the last copy out of this buffer has read it
         count = len(indices)
         host_images, host_labels = self.images[:count], self.labels[:count]
-        torch.index_select(images, 0, indices, out=host_images)
+        gather(indices, host_images)
         torch.index_select(labels, 0, indices, out=host_labels)
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             images = host_images.to(self.device, non_blocking=True)
@@ -437,7 +479,8 @@ class _BatchTransform:
     def __init__(self, function: Callable[..., torch.Tensor], key: tuple[int, int, int, int, int]) -> None:
         self.function = function
         self.seed, self.epoch, self.rank, self.start, self.step = key
-        signed = function.forward if isinstance(function, torch.nn.Module) else function  # a module's __call__ hides it
+        signed = getattr(function, "_orig_mod", function)  # what torch.compile wrapped
+        signed = signed.forward if isinstance(signed, torch.nn.Module) else signed  # a module's __call__ hides it
         try:
             self.takes_generator = "generator" in inspect.signature(signed).parameters
         except (TypeError, ValueError):  # a builtin without a signature
@@ -449,7 +492,7 @@ class _BatchTransform:
                 return self.function(images)
             position = self.start + number * self.step  # where this batch starts in the epoch's order
             digest = hashlib.blake2b(repr((self.seed, self.epoch, self.rank, position)).encode(), digest_size=8)
-            generator = torch.Generator(device=images.device).manual_seed(int.from_bytes(digest.digest()) >> 1)
+            generator = torch.Generator(device=images.device).manual_seed(int.from_bytes(digest.digest(), "big") >> 1)
             return self.function(images, generator=generator)
 
 
@@ -471,7 +514,7 @@ class _Pipeline:
     def __init__(
         self,
         ring: _Ring,
-        images: torch.Tensor,
+        gather: _Gather,
         labels: torch.Tensor,
         batches: list[torch.Tensor],
         ahead: int,
@@ -479,7 +522,7 @@ class _Pipeline:
         give_back: Callable[[_Ring], None],
         transform: _BatchTransform | None,
     ) -> None:
-        self.ring, self.images, self.labels, self.batches, self.ahead = ring, images, labels, batches, ahead
+        self.ring, self.gather, self.labels, self.batches, self.ahead = ring, gather, labels, batches, ahead
         self.transform = transform
         self.give_back = give_back  # called by the last producer to exit
         # Buffers the user may still hold (the last batch of the previous epoch is still bound
@@ -528,7 +571,7 @@ class _Pipeline:
         # on the CPU a view left behind would make its slot look held by the user.
         try:
             transform = None if self.transform is None else partial(self.transform, number=number)
-            item = (slot, *slot.fill(self.images, self.labels, self.batches[number], transform))
+            item = (slot, *slot.fill(self.gather, self.labels, self.batches[number], transform))
         except BaseException as error:  # raised in the consumer when it reaches this batch
             item = _Failed(error)
         with self.condition:
@@ -582,7 +625,12 @@ class _EpochIterator:
     """One epoch of a :class:`DataLoader`; closing it (or dropping it) stops its threads."""
 
     def __init__(
-        self, loader: DataLoader, batches: list[torch.Tensor], position: _Position, transform: _BatchTransform | None
+        self,
+        loader: DataLoader,
+        batches: list[torch.Tensor],
+        position: _Position,
+        gather: _Gather,
+        transform: _BatchTransform | None,
     ) -> None:
         self.position = position
         self.served = 0
@@ -590,7 +638,7 @@ class _EpochIterator:
         self.closed = False
         self._pipeline = _Pipeline(
             loader._rings.take(),
-            loader._images,
+            gather,
             loader._labels,
             batches,
             loader.prefetch,
@@ -634,6 +682,7 @@ class _EpochIterator:
             self._pipeline.release(slot)  # refilled only after its event: the copy is done
         self.served += 1
         self.position.advance(len(labels))
+        self.position.finished = self.served == self.total  # a checkpoint now resumes at the next epoch
         return images, labels
 
     def close(self) -> None:

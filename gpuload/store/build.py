@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import glob
+import errno
 import os
+import re
 import secrets
 import shutil
 import sys
 import warnings
 from collections import Counter, deque
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -20,10 +22,11 @@ from tensordict import MemoryMappedTensor, TensorDict
 from tqdm.auto import tqdm
 
 from ..errors import DatasetError, DecodeError, UsageError
-from ..machine import default_workers
+from ..machine import resolve_workers
 from .decode import Resize, check_target, decode_into, read_size
 from .files import OutputLock, check_apart, fsync_file, fsync_folder, rename_exchange, rename_noreplace, resolve
-from .manifest import MANIFEST_NAME, Manifest
+from .jpeg import REENCODE_REASONS, StoredJpeg, store_jpeg
+from .manifest import ARRAYS, MANIFEST_NAME, Manifest
 from .scan import ImageFolderIndex, scan_image_folder
 from .writer import BlockWriter
 
@@ -33,34 +36,40 @@ __all__ = ["build_memmap"]
 _BUILD_PATHS = {
     MANIFEST_NAME,
     "meta.json",
-    "images.memmap",
-    "labels.memmap",
+    *(f"{name}.memmap" for names in ARRAYS.values() for name in names),
     "_tensordict",
     "_tensordict/meta.json",
     "_tensordict/images.memmap",
     "_tensordict/labels.memmap",
 }
+FORMATS = tuple(ARRAYS)
 
 
 def build_memmap(
     src: str | os.PathLike,
     out: str | os.PathLike | None = None,
     *,
+    format: str = "raw",
     size: tuple[int, int] | None = None,
     resize: Resize = "crop",
+    max_side: int | None = None,
+    quality: int = 90,
+    classes: Sequence[str] | None = None,
     workers: int | None = None,
     strict: bool = False,
     overwrite: bool = False,
     sync: bool = True,
     progress: bool = True,
 ) -> Path:
-    """Decode the ImageFolder ``src`` into a memory-mapped dataset at ``out``; returns ``out``.
+    """Store the ImageFolder ``src`` as a memory-mapped dataset at ``out``; returns ``out``.
 
-    The images are decoded in parallel threads and streamed, in ImageFolder's order, into
-    ``out/images.memmap`` (uint8 ``[N, 3, H, W]``) beside ``labels.memmap`` (int64 ``[N]``), the
-    ``meta.json`` of a plain tensordict ``TensorDict`` (so ``tensordict.TensorDict.load_memmap(out)``
-    opens it anywhere) and a ``manifest.json``. Memory stays bounded by a few images per thread
-    whatever the number of images.
+    ``format="raw"`` decodes every image once into ``out/images.memmap`` (uint8 ``[N, 3, H, W]``,
+    one size for all): the fastest to load, as large as the pixels. ``format="jpeg"`` keeps each
+    image's JPEG bytes, at its own size, in ``out/data.memmap`` with ``offsets.memmap`` and
+    ``shapes.memmap`` beside: 10-20x smaller, for datasets larger than RAM, decoded (and cropped)
+    when loaded. Both keep ``labels.memmap`` (int64 ``[N]``), the ``meta.json`` of a plain tensordict
+    ``TensorDict`` (``tensordict.TensorDict.load_memmap(out)`` opens it anywhere) and a
+    ``manifest.json``, and are written in ImageFolder's order by parallel threads in bounded memory.
 
     Crash safety: the build holds a lock beside ``out`` (a second build of the same ``out`` fails
     at once), writes into a hidden sibling folder, flushes every file and the folder to disk
@@ -72,9 +81,14 @@ def build_memmap(
         src: an ImageFolder (one subfolder per class), or a folder of images (one class).
         out: where to write; defaults to ``<src>.memmap`` beside ``src``. It must not be ``src``,
             lie inside it, or contain it.
-        size: ``(height, width)`` of the stored images; by default the images' common size.
-        resize: how images of another size are fitted: ``"crop"``, ``"pad"`` or ``"stretch"``
+        format: ``"raw"`` (uint8 pixels) or ``"jpeg"`` (JPEG bytes).
+        size: raw: ``(height, width)`` of the stored images; by default the images' common size.
+        resize: raw: how images of another size are fitted: ``"crop"``, ``"pad"`` or ``"stretch"``
             (see :func:`gpuload.decode_image`).
+        max_side: jpeg: images with a longer side are scaled down to it (and re-encoded).
+        quality: jpeg: the quality of re-encoded images (see :mod:`gpuload.store.jpeg`).
+        classes: the class names, in label order (e.g. the training set's, for its validation set):
+            a class folder not in the list is an error, a listed class with no image is kept.
         workers: decoding threads; defaults to the number of cores.
         strict: raise on the first file that cannot be decoded instead of skipping it.
         overwrite: replace an existing ``out``, which must be a gpuload dataset and nothing else.
@@ -87,7 +101,7 @@ def build_memmap(
         FileNotFoundError: ``src`` does not exist or holds no image.
         FileExistsError: ``out`` exists and ``overwrite`` is false.
         UsageError: bad arguments, ``out`` overlapping ``src``, ``overwrite`` of a folder that
-            is not only a gpuload dataset, or images of several sizes and no ``size``.
+            is not only a gpuload dataset, or (raw) images of several sizes and no ``size``.
         BusyError: another build of ``out`` is running.
         DecodeError: with ``strict``, the first file that cannot be decoded; else, no file could be.
         OSError: not enough disk space, or a write failed.
@@ -103,10 +117,16 @@ def build_memmap(
     """
     src = resolve(src)
     out = resolve(out) if out is not None else src.with_name(f"{src.name}.memmap")
+    if format not in FORMATS:
+        raise UsageError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
     size = check_target(size, resize)
-    workers = default_workers() if workers is None else workers
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise UsageError(f"workers must be a positive integer, got {workers!r}")
+    if format == "jpeg" and size is not None:
+        raise UsageError("size applies to format='raw'; a jpeg dataset keeps each image's size (see max_side)")
+    if max_side is not None and (format != "jpeg" or not _positive_int(max_side)):
+        raise UsageError(f"max_side must be a positive integer, for format='jpeg' only, got {max_side!r}")
+    if not _positive_int(quality) or quality > 100:
+        raise UsageError(f"quality must be an integer from 1 to 100, got {quality!r}")
+    workers = resolve_workers(workers)
     check_apart(src, out, source_name="src", output_name="out")
     with OutputLock(out):
         _tidy(out)
@@ -114,23 +134,25 @@ def build_memmap(
             if not overwrite:
                 raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) or choose another out")
             _check_replaceable(out)
-        index = scan_image_folder(src)
+        index = scan_image_folder(src, classes=classes)
         unreadable: dict[int, str] = {}
         with ThreadPoolExecutor(workers, thread_name_prefix="gpuload-decode") as pool:
-            if size is None:
+            if format == "raw" and size is None:
                 size, unreadable = _common_size(index, pool, strict)
-            _check_free_space(out.parent, len(index.samples), size)
             tmp = out.with_name(f".{out.name}.tmp-{secrets.token_hex(4)}")
+            _check_free_space(out.parent, index, size)
             tmp.mkdir()
             try:
                 skipped = [
                     {"path": index.samples[position][0], "reason": reason} for position, reason in unreadable.items()
                 ]
                 todo = [position for position in range(len(index.samples)) if position not in unreadable]
-                kept, checksums = _write_images(
-                    tmp, index, todo, size, resize, pool, workers, skipped, strict, progress, sync
-                )
-                _finish(tmp, src, index, size, resize, kept, checksums, skipped, sync)
+                if format == "raw":
+                    store: _Store = _RawStore(tmp, pool, size, resize, workers, sync, len(todo))
+                else:
+                    store = _JpegStore(tmp, pool, max_side, quality, workers, sync, _source_bytes(index))
+                kept, checksums = _write(store, index, todo, skipped, strict, progress)
+                _finish(tmp, src, index, store, kept, checksums, skipped, sync)
                 _move_into_place(tmp, out, sync)
             except BaseException:
                 pool.shutdown(wait=True, cancel_futures=True)
@@ -139,11 +161,15 @@ def build_memmap(
     return out
 
 
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def _tidy(out: Path) -> None:
     """Finish what a killed build of ``out`` left (we hold the lock, so no build is running):
     put back a dataset that an interrupted overwrite had moved aside, then remove temporary folders."""
-    prefix = glob.escape(f".{out.name}.")
-    stale = sorted(out.parent.glob(f"{prefix}tmp-*")) + sorted(out.parent.glob(f"{prefix}old-*"))
+    ours = re.compile(re.escape(f".{out.name}.") + r"(tmp|old)-([0-9a-f]{8}|[0-9]+)")  # tokens; 0.1 used PIDs
+    stale = sorted(path for path in out.parent.iterdir() if ours.fullmatch(path.name))
     if not os.path.lexists(out):
         for old in stale:
             if ".old-" in old.name and _is_build_folder(old) and (old / MANIFEST_NAME).is_file():
@@ -220,40 +246,161 @@ def _read_size_or_error(path: Path) -> tuple[int, int] | DecodeError:
         return error
 
 
-def _check_free_space(folder: Path, count: int, size: tuple[int, int]) -> None:
-    needed = count * (3 * size[0] * size[1] + 8)
+def _check_free_space(folder: Path, index: ImageFolderIndex, size: tuple[int, int] | None) -> None:
+    """Refuse a build that cannot fit: the pixels (raw), or the source files' bytes (jpeg: the re-encoded
+    images are about as large)."""
+    count = len(index.samples)
+    if size is not None:
+        needed, what = count * (3 * size[0] * size[1] + 8), f"{count} images of 3x{size[0]}x{size[1]} bytes"
+    else:
+        needed, what = _source_bytes(index) + 24 * count, f"the JPEG bytes of {count} images"
     free = shutil.disk_usage(folder if folder.exists() else folder.parent).free
     if needed > free:
         raise OSError(
-            f"the dataset needs {needed / 1e9:.2f} GB ({count} images of 3x{size[0]}x{size[1]} bytes) "
-            f"but {folder} has {free / 1e9:.2f} GB free; choose a smaller size or another out"
+            errno.ENOSPC,
+            f"the dataset needs {needed / 1e9:.2f} GB ({what}) but {folder} has {free / 1e9:.2f} GB free; "
+            f"choose a smaller size or another out",
         )
 
 
-def _decode_into(path: Path, size: tuple[int, int], resize: str, buffer: np.ndarray) -> int:
+def _source_bytes(index: ImageFolderIndex) -> int:
+    return sum(os.path.getsize(index.root / path) for path, _ in index.samples)
+
+
+class _Store:
+    """How one storage writes the images of a build: a job per image in the thread pool, then, in
+    ImageFolder's order, what the job made is appended to the dataset's files."""
+
+    arrays: tuple[str, ...]
+
+    def submit(self, path: Path) -> Future:
+        raise NotImplementedError
+
+    def append(self, result) -> str:
+        """Write what a job made; returns its checksum (hex)."""
+        raise NotImplementedError
+
+    def release(self, future: Future) -> None:
+        """The job's result was written or skipped."""
+
+    def close(self, count: int) -> dict[str, torch.Tensor]:
+        """Finish the files; returns the arrays (memory-mapped), for the tensordict metadata."""
+        raise NotImplementedError
+
+    def manifest_fields(self) -> dict:
+        raise NotImplementedError
+
+
+class _RawStore(_Store):
+    """uint8 pixels at one size, decoded into a fixed window of reused buffers."""
+
+    arrays = ARRAYS["raw"]
+
+    def __init__(
+        self,
+        tmp: Path,
+        pool: ThreadPoolExecutor,
+        size: tuple[int, int],
+        resize: str,
+        workers: int,
+        sync: bool,
+        count: int,
+    ) -> None:
+        self.tmp, self.pool, self.size, self.resize = tmp, pool, size, resize
+        self.window = 2 * workers + 2  # decoded images in flight: bounds memory
+        self.free = [np.empty((3, *size), np.uint8) for _ in range(self.window)]
+        self.busy: dict[Future, np.ndarray] = {}
+        self.writer = BlockWriter(tmp / "images.memmap", count * 3 * size[0] * size[1], write_behind=sync)
+
+    def submit(self, path: Path) -> Future:
+        buffer = self.free.pop()
+        future = self.pool.submit(_decode_raw, path, self.resize, buffer)
+        self.busy[future] = buffer
+        return future
+
+    def append(self, checksum: int) -> str:
+        return f"{checksum:016x}"
+
+    def release(self, future: Future) -> None:
+        buffer = self.busy.pop(future)
+        if future.exception() is None:
+            self.writer.write(buffer)
+        self.free.append(buffer)
+
+    def close(self, count: int) -> dict[str, torch.Tensor]:
+        self.writer.close()
+        return {
+            "images": MemoryMappedTensor.from_filename(self.tmp / "images.memmap", torch.uint8, (count, 3, *self.size))
+        }
+
+    def manifest_fields(self) -> dict:
+        return {"image_shape": [3, *self.size], "resize": self.resize}
+
+
+def _decode_raw(path: Path, resize: str, buffer: np.ndarray) -> int:
     decode_into(path, buffer, resize)
     return xxhash.xxh3_64_intdigest(buffer)
 
 
-def _write_images(
-    tmp: Path,
-    index: ImageFolderIndex,
-    todo: list[int],
-    size: tuple[int, int],
-    resize: str,
-    pool: ThreadPoolExecutor,
-    workers: int,
-    skipped: list[dict],
-    strict: bool,
-    progress: bool,
-    sync: bool,
+class _JpegStore(_Store):
+    """Each image's JPEG bytes, appended to one data file, with their offsets and shapes."""
+
+    arrays = ARRAYS["jpeg"]
+
+    def __init__(
+        self,
+        tmp: Path,
+        pool: ThreadPoolExecutor,
+        max_side: int | None,
+        quality: int,
+        workers: int,
+        sync: bool,
+        expected_bytes: int,
+    ) -> None:
+        self.tmp, self.pool, self.max_side, self.quality = tmp, pool, max_side, quality
+        self.window = 4 * workers + 4  # small results: more in flight hides the slow re-encodes
+        self.writer = BlockWriter(tmp / "data.memmap", expected_bytes, write_behind=sync)
+        self.offsets, self.shapes = [0], []
+        self.reencoded = dict.fromkeys(REENCODE_REASONS, 0)
+
+    def submit(self, path: Path) -> Future:
+        return self.pool.submit(store_jpeg, path, max_side=self.max_side, quality=self.quality)
+
+    def append(self, stored: StoredJpeg) -> str:
+        self.writer.write(np.frombuffer(stored.data, np.uint8))
+        self.offsets.append(self.writer.written)
+        self.shapes.append(stored.shape)
+        if stored.reencoded is not None:
+            self.reencoded[stored.reencoded] += 1
+        return f"{stored.checksum:016x}"
+
+    def close(self, count: int) -> dict[str, torch.Tensor]:
+        self.writer.close()
+        arrays = {"offsets": np.array(self.offsets, np.int64), "shapes": np.array(self.shapes, np.int32).reshape(-1, 2)}
+        for name, array in arrays.items():
+            with open(self.tmp / f"{name}.memmap", "xb") as file:
+                file.write(array.tobytes())
+        data = MemoryMappedTensor.from_filename(self.tmp / "data.memmap", torch.uint8, (self.writer.written,))
+        return {"data": data} | {
+            name: MemoryMappedTensor.from_filename(self.tmp / f"{name}.memmap", dtype, array.shape)
+            for (name, array), dtype in zip(arrays.items(), (torch.int64, torch.int32))
+        }
+
+    def manifest_fields(self) -> dict:
+        reencoded = {reason: count for reason, count in self.reencoded.items() if count}
+        return {
+            "image_shape": None,
+            "resize": None,
+            "jpeg": {"quality": self.quality, "max_side": self.max_side, "reencoded": reencoded},
+        }
+
+
+def _write(
+    store: _Store, index: ImageFolderIndex, todo: list[int], skipped: list[dict], strict: bool, progress: bool
 ) -> tuple[list[int], list[str]]:
-    """Decode the samples at positions ``todo`` in parallel and write them in order;
-    returns the positions of the samples kept and their checksums."""
-    image_bytes = 3 * size[0] * size[1]
-    window = 2 * workers + 2  # decoded images in flight: bounds memory
-    free_buffers = [np.empty((3, *size), np.uint8) for _ in range(window)]
-    pending: deque = deque()
+    """Run the store's jobs for the samples at positions ``todo``, at most a window at once, and append
+    their results in order; returns the positions of the samples kept and their checksums."""
+    pending: deque[tuple[int, Future]] = deque()
     positions = iter(todo)
     kept: list[int] = []
     checksums: list[str] = []
@@ -261,34 +408,28 @@ def _write_images(
     def submit_next() -> None:
         position = next(positions, None)
         if position is not None:
-            buffer = free_buffers.pop()
-            path = index.root / index.samples[position][0]
-            pending.append((position, buffer, pool.submit(_decode_into, path, size, resize, buffer)))
+            pending.append((position, store.submit(index.root / index.samples[position][0])))
 
-    with (
-        BlockWriter(tmp / "images.memmap", len(todo) * image_bytes, write_behind=sync) as writer,
-        tqdm(total=len(todo), unit="img", desc="build-memmap", disable=not progress, file=sys.stderr) as bar,
-    ):
-        for _ in range(window):
+    with tqdm(total=len(todo), unit="img", desc="build-memmap", disable=not progress, file=sys.stderr) as bar:
+        for _ in range(store.window):
             submit_next()
         while pending:
-            position, buffer, future = pending.popleft()
+            position, future = pending.popleft()
             try:
-                checksum = future.result()
+                result = future.result()
             except DecodeError as error:
                 if strict:
                     raise
                 skipped.append({"path": index.samples[position][0], "reason": error.reason})
                 bar.set_postfix(skipped=len(skipped), refresh=False)
             else:
-                writer.write(buffer)
+                checksums.append(store.append(result))
                 kept.append(position)
-                checksums.append(f"{checksum:016x}")
-            free_buffers.append(buffer)
+            store.release(future)
             submit_next()
             bar.update()
-        if not kept:
-            raise DecodeError(index.root, f"no image could be decoded; first problem: {skipped[0]['reason']}")
+    if not kept:
+        raise DecodeError(index.root, f"no image could be decoded; first problem: {skipped[0]['reason']}")
     return kept, checksums
 
 
@@ -296,8 +437,7 @@ def _finish(
     tmp: Path,
     src: Path,
     index: ImageFolderIndex,
-    size: tuple[int, int],
-    resize: str,
+    store: _Store,
     kept: list[int],
     checksums: list[str],
     skipped: list[dict],
@@ -307,25 +447,24 @@ def _finish(
     labels = np.array([index.samples[position][1] for position in kept], dtype=np.int64)
     with open(tmp / "labels.memmap", "xb") as file:
         file.write(labels.tobytes())
-    count = len(kept)
-    images_mm = MemoryMappedTensor.from_filename(tmp / "images.memmap", torch.uint8, (count, 3, *size))
-    labels_mm = MemoryMappedTensor.from_filename(tmp / "labels.memmap", torch.int64, (count,))
-    TensorDict(images=images_mm, labels=labels_mm, batch_size=[count]).memmap_(
-        prefix=tmp, copy_existing=False, existsok=True
-    )
-    del images_mm, labels_mm
-    files = {name: (tmp / name).stat().st_size for name in ("images.memmap", "labels.memmap", "meta.json")}
+    arrays = store.close(len(kept))
+    arrays["labels"] = MemoryMappedTensor.from_filename(tmp / "labels.memmap", torch.int64, (len(kept),))
+    batch = [len(kept)] if "images" in arrays else []  # jpeg arrays have no common first dimension
+    TensorDict(arrays, batch_size=batch).memmap_(prefix=tmp, copy_existing=False, existsok=True)
+    del arrays
+    files = {name: (tmp / name).stat().st_size for name in (*(f"{a}.memmap" for a in store.arrays), "meta.json")}
     Manifest(
         source=str(src),
         classes=index.classes,
         samples=[list(index.samples[position]) for position in kept],
         checksums=checksums,
-        image_shape=[3, *size],
-        resize=resize,
         skipped=sorted(skipped, key=lambda entry: entry["path"]),
         versions=_versions(),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        storage="raw" if "images" in store.arrays else "jpeg",
+        empty_classes=index.empty_classes,
         files=files,
+        **store.manifest_fields(),
     ).write(tmp)
     for name in (*files, MANIFEST_NAME):
         (tmp / name).chmod(0o444)

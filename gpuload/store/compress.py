@@ -16,7 +16,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..errors import CompressError, DecodeError, UsageError
-from ..machine import default_workers
+from ..machine import resolve_workers
 from .decode import check_image
 from .files import OutputLock, check_apart, fsync_folder, resolve
 from .scan import IMG_EXTENSIONS, walk_images
@@ -132,9 +132,7 @@ def compress_folder(
     src, dst = resolve(src), resolve(dst)
     if not isinstance(quality, int) or isinstance(quality, bool) or not 1 <= quality <= 31:
         raise UsageError(f"quality must be an integer from 1 (best) to 31 (smallest), got {quality!r}")
-    workers = default_workers() if workers is None else workers
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise UsageError(f"workers must be a positive integer, got {workers!r}")
+    workers = resolve_workers(workers)
     if not src.is_dir():
         raise FileNotFoundError(f"{src} is not a folder; pass the folder of photos to compress")
     check_apart(src, dst, source_name="SRC", output_name="DST")

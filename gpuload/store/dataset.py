@@ -5,16 +5,20 @@ from __future__ import annotations
 import mmap
 import os
 import sys
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+import simplejpeg
 import torch
+import xxhash
 from tensordict import tensorclass
 
 from ..errors import DatasetError
 from .manifest import Manifest
 
-__all__ = ["GatheredSamples", "ImageData", "MemmapImageDataset"]
+__all__ = ["GatheredSamples", "ImageData", "JpegData", "MemmapImageDataset"]
 
 # Linux's MAP_NORESERVE (Python 3.11's mmap module has no constant for it): a private mapping
 # without it is charged in full against RAM + swap, so datasets larger than that could not open.
@@ -39,6 +43,23 @@ class ImageData:
     labels: torch.Tensor
 
 
+@tensorclass
+class JpegData:
+    """Where each stored JPEG lies in the data file, its image's size and its label (a jpeg dataset).
+
+    Attributes:
+        starts: int64 ``[N]``: the byte offset of each JPEG in ``data.memmap``.
+        lengths: int64 ``[N]``: its length in bytes.
+        shapes: int32 ``[N, 2]``: its image's ``(height, width)``.
+        labels: int64 ``[N]``.
+    """
+
+    starts: torch.Tensor
+    lengths: torch.Tensor
+    shapes: torch.Tensor
+    labels: torch.Tensor
+
+
 class GatheredSamples(Sequence):
     """Samples gathered from the memmap in one copy per field.
 
@@ -58,18 +79,24 @@ class GatheredSamples(Sequence):
 
 
 class MemmapImageDataset(torch.utils.data.Dataset):
-    """A dataset built by :func:`gpuload.build_memmap`, opened read-only.
+    """A dataset built by :func:`gpuload.build_memmap`, opened read-only, raw or jpeg.
 
     It behaves like ``torchvision.datasets.ImageFolder`` with ``PILToTensor``: ``ds[i]`` is
     ``(uint8 [3, H, W] image, int label)``, and ``classes``, ``class_to_idx``, ``samples``
-    and ``targets`` mean the same. ``data`` is the whole :class:`ImageData`, mapped
-    copy-on-write without reserving memory (``MAP_PRIVATE | MAP_NORESERVE``): writing into its
-    tensors never reaches the files, its fields cannot be replaced, and a dataset far larger
-    than RAM + swap opens at once, its pages read from disk only when touched. Pickling it
-    (for DataLoader workers) sends the path, not the pixels.
+    and ``targets`` mean the same. ``storage`` says how the images are kept (from the manifest).
 
-    The files must not change while they are mapped: a file truncated under a running reader
-    ends that process with ``SIGBUS`` (the kernel's answer to reading a page that no longer exists).
+    - ``"raw"``: ``data`` is the whole :class:`ImageData`, mapped copy-on-write without reserving
+      memory (``MAP_PRIVATE | MAP_NORESERVE``): writing into its tensors never reaches the files,
+      its fields cannot be replaced, and a dataset far larger than RAM + swap opens at once, its
+      pages read from disk only when touched.
+    - ``"jpeg"``: ``data`` is a :class:`JpegData` (offsets, sizes, labels, in memory); each image's
+      bytes are read with one ``pread`` of their range when asked for (:meth:`read_jpeg`), their
+      checksum checked, and ``ds[i]`` decodes them exactly (libjpeg-turbo's accurate DCT) at the
+      image's own size. :class:`gpuload.DataLoader` crops them at decode time.
+
+    Pickling it (for DataLoader workers) sends the path, not the data. The files must not change
+    while a process reads them: a raw file truncated under a running reader ends that process
+    with ``SIGBUS`` (the kernel's answer to reading a page that no longer exists).
 
     Args:
         path: the folder that :func:`gpuload.build_memmap` wrote.
@@ -84,16 +111,24 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         >>> src = make_sample_folder(Path(tempfile.mkdtemp()) / "photos", images_per_class=1, size=(12, 16))
         >>> ds = MemmapImageDataset(build_memmap(src, progress=False))
         >>> image, label = ds[0]
-        >>> image.dtype, image.shape[0], ds.classes[label] in ds.classes
-        (torch.uint8, 3, True)
+        >>> image.dtype, image.shape[0], ds.classes[label] in ds.classes, ds.storage
+        (torch.uint8, 3, True, 'raw')
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path).absolute()
         self.manifest: Manifest = Manifest.read(self.path)
+        self.storage: str = self.manifest.storage
         self.classes: list[str] = list(self.manifest.classes)
-        self.image_shape: tuple[int, int, int] = tuple(self.manifest.image_shape)
-        self.data: ImageData = _open_data(self.path, self.manifest)
+        _check_files(self.path, self.manifest)
+        if self.storage == "raw":
+            self.image_shape: tuple[int, int, int] | None = tuple(self.manifest.image_shape)
+            self.data: ImageData | JpegData = _open_raw(self.path, self.manifest)
+        else:
+            self.image_shape = None
+            self.data = _open_jpeg_index(self.path, self.manifest)
+            self._jpegs = _JpegFile(self.path / self.manifest.array_path("data"))
+            self._checksums = np.array([int(checksum, 16) for checksum in self.manifest.checksums], dtype=np.uint64)
 
     @property
     def class_to_idx(self) -> dict[str, int]:
@@ -114,16 +149,38 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         """``{"path", "reason"}`` for each source file that the build could not decode."""
         return self.manifest.skipped
 
+    def read_jpeg(self, index: int) -> bytes:
+        """The stored JPEG bytes of image ``index`` (jpeg datasets), checked against their build checksum.
+
+        Raises:
+            DatasetError: the bytes on disk differ from what was built (disk damage), naming the
+                image and its source.
+        """
+        start, length = int(self.data.starts[index]), int(self.data.lengths[index])
+        data = self._jpegs.read(start, length)
+        if xxhash.xxh3_64_intdigest(data) != self._checksums[index]:
+            raise DatasetError(
+                f"{self.path}: image {index} ({self.manifest.samples[index][0]}) does not match its build "
+                f"checksum: the file is damaged; run gpuload verify, then rebuild the dataset"
+            )
+        return data
+
     def __len__(self) -> int:
         return self.data.batch_size[0]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         if not -len(self) <= index < len(self):
             raise IndexError(f"index {index} is out of range for a dataset of {len(self)} images")
-        return self.data.images[index].clone(), int(self.data.labels[index])
+        if self.storage == "raw":
+            return self.data.images[index].clone(), int(self.data.labels[index])
+        index = index % len(self)
+        pixels = decode_stored(self.read_jpeg(index), self, index)
+        return torch.from_numpy(pixels).permute(2, 0, 1).contiguous(), int(self.data.labels[index])
 
-    def __getitems__(self, indices: Sequence[int]) -> GatheredSamples:
-        """Gather a batch with one copy per field; used by ``torch.utils.data.DataLoader``."""
+    def __getitems__(self, indices: Sequence[int]) -> Sequence[tuple[torch.Tensor, int]]:
+        """Gather a batch (raw: with one copy per field); used by ``torch.utils.data.DataLoader``."""
+        if self.storage == "jpeg":
+            return [self[index] for index in indices]
         return GatheredSamples(self.data[torch.as_tensor(indices, dtype=torch.long)])
 
     def __getstate__(self) -> dict:
@@ -133,14 +190,50 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         self.__init__(state["path"])
 
     def __repr__(self) -> str:
-        height, width = self.image_shape[1:]
+        size = "x".join(map(str, self.image_shape[1:])) if self.image_shape else "each its own"
         return (
-            f"{type(self).__name__}({str(self.path)!r}, images={len(self)}, size={height}x{width}, "
-            f"classes={len(self.classes)})"
+            f"{type(self).__name__}({str(self.path)!r}, storage={self.storage!r}, images={len(self)}, "
+            f"size={size}, classes={len(self.classes)})"
         )
 
 
-def _open_data(path: Path, manifest: Manifest) -> ImageData:
+def decode_stored(data: bytes, dataset: MemmapImageDataset, index: int, **options) -> np.ndarray:
+    """Decode the stored JPEG of image ``index`` (RGB ``[H, W, 3]``; ``options`` go to simplejpeg).
+
+    Raises:
+        DatasetError: it does not decode (it passed its checksum: the build stored a bad file).
+    """
+    try:
+        return simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True, **options)
+    except ValueError as error:
+        raise DatasetError(
+            f"{dataset.path}: image {index} ({dataset.manifest.samples[index][0]}) does not decode ({error}); "
+            f"rebuild the dataset"
+        ) from None
+
+
+class _JpegFile:
+    """The data file of a jpeg dataset, read with ``pread``: only each image's bytes are read (no
+    readahead, ``POSIX_FADV_RANDOM``), and nothing stays mapped, so its pages can be evicted."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
+        self._closer = weakref.finalize(self, os.close, self.fd)
+
+    def read(self, start: int, length: int) -> bytes:
+        data = os.pread(self.fd, length, start)
+        while len(data) < length:  # a short read: rare, but allowed
+            more = os.pread(self.fd, length - len(data), start + len(data))
+            if not more:
+                raise DatasetError(f"{self.path} ends before byte {start + length}: the file was truncated")
+            data += more
+        return data
+
+
+def _check_files(path: Path, manifest: Manifest) -> None:
     for name, size in manifest.files.items():
         file = path / name
         if not file.is_file():
@@ -149,10 +242,26 @@ def _open_data(path: Path, manifest: Manifest) -> ImageData:
             raise DatasetError(
                 f"{path} is damaged: {name} has {file.stat().st_size:,} bytes, the manifest says {size:,}"
             )
+
+
+def _open_raw(path: Path, manifest: Manifest) -> ImageData:
     count = len(manifest.samples)
     images = _map(path, manifest.array_path("images"), torch.uint8, (count, *manifest.image_shape))
     labels = _map(path, manifest.array_path("labels"), torch.int64, (count,))
     return ImageData(images=images, labels=labels, batch_size=[count]).lock_()
+
+
+def _open_jpeg_index(path: Path, manifest: Manifest) -> JpegData:
+    count = len(manifest.samples)
+    offsets = _map(path, manifest.array_path("offsets"), torch.int64, (count + 1,)).clone()
+    shapes = _map(path, manifest.array_path("shapes"), torch.int32, (count, 2)).clone()
+    labels = _map(path, manifest.array_path("labels"), torch.int64, (count,)).clone()
+    lengths = offsets[1:] - offsets[:-1]
+    if offsets[0] != 0 or bool((lengths <= 0).any()) or int(offsets[-1]) != manifest.files.get("data.memmap"):
+        raise DatasetError(f"{path} is damaged: offsets.memmap does not cut data.memmap into {count} images")
+    if bool((shapes <= 0).any()):
+        raise DatasetError(f"{path} is damaged: shapes.memmap holds a size that is not positive")
+    return JpegData(starts=offsets[:-1], lengths=lengths, shapes=shapes, labels=labels, batch_size=[count]).lock_()
 
 
 def _map(folder: Path, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:

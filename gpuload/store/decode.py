@@ -17,12 +17,15 @@ Only what comes out of the decoders on the file's bytes is reported as damage
 
 from __future__ import annotations
 
+import errno
 import io
 import math
 import os
 import struct
 import zlib
-from typing import Literal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import BinaryIO, Literal
 
 import numpy as np
 import simplejpeg
@@ -46,7 +49,7 @@ __all__ = [
 Resize = Literal["crop", "pad", "stretch"]
 
 _ORIENTATION = ExifTags.Base.Orientation
-_SIDEWAYS = {5, 6, 7, 8}  # EXIF orientations that swap width and height
+SIDEWAYS = {5, 6, 7, 8}  # EXIF orientations that swap width and height
 # (flip rows, flip columns) after swapping the axes of sideways orientations (5 to 8): what shows
 # each EXIF orientation upright, as ImageOps.exif_transpose does
 _FLIPS = {
@@ -60,6 +63,9 @@ _FLIPS = {
     8: (True, False),
 }
 _SIXTEEN_BIT = {"I", "I;16", "I;16B", "I;16L", "I;16N"}
+_COVER_LIMIT = 4  # crop mode resizes the whole image when it covers at most 4 times the target's pixels
+# Errors reading a file that are about the file: gone, a folder, unreadable, a damaged disk block.
+_FILE_ERRNOS = {errno.ENOENT, errno.EISDIR, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.EIO, errno.ELOOP}
 # What Pillow raises on the bytes of a damaged or foreign file while identifying or decoding it.
 _PILLOW_DAMAGE = (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error, zlib.error)
 
@@ -97,10 +103,13 @@ def read_size(path: str | os.PathLike) -> tuple[int, int]:
     Raises:
         DecodeError: the file is empty, unreadable, not an image, or has too many pixels.
     """
-    with _open(_read(path), path) as image:
-        width, height = image.size
-        if exif_orientation(image) in _SIDEWAYS:
-            width, height = height, width
+    with _reading(path), open(path, "rb") as file:  # Pillow reads only the header of an opened file
+        if os.fstat(file.fileno()).st_size == 0:
+            raise DecodeError(path, "empty file (0 bytes)")
+        with open_image(file, path) as image:
+            width, height = image.size
+            if exif_orientation(image) in SIDEWAYS:
+                width, height = height, width
     return height, width
 
 
@@ -142,20 +151,20 @@ def check_image(path: str | os.PathLike) -> int:
     Raises:
         DecodeError: what :func:`decode_image` raises for the file.
     """
-    data = _read(path)
-    with _open(data, path) as image:
+    data = read_bytes(path)
+    with open_image(data, path) as image:
         orientation = exif_orientation(image)
-        _pixels(image, data, path, None)
+        decode_pixels(image, data, path, None)
     return orientation
 
 
 def _decode(path: str | os.PathLike, size: tuple[int, int] | None, resize: str) -> torch.Tensor:
     """The upright RGB pixels of ``path``, fitted to ``size``: ``[3, H, W]``, often a strided view."""
-    data = _read(path)
-    with _open(data, path) as image:
+    data = read_bytes(path)
+    with open_image(data, path) as image:
         orientation = exif_orientation(image)
-        request = None if size is None else _draft_request(image.size, size, resize, orientation in _SIDEWAYS)
-        pixels = _pixels(image, data, path, request)
+        request = None if size is None else _draft_request(image.size, size, resize, orientation in SIDEWAYS)
+        pixels = decode_pixels(image, data, path, request)
     chw = _upright(pixels, orientation).permute(2, 0, 1)
     return chw if size is None else _fit(chw, size, resize)
 
@@ -169,20 +178,34 @@ def exif_orientation(image: Image.Image) -> int:
     return orientation if orientation in range(1, 9) else 1
 
 
-def _read(path: str | os.PathLike) -> bytes:
+@contextmanager
+def _reading(path: str | os.PathLike) -> Iterator[None]:
+    """Errors reading ``path`` that are about the file become a :class:`DecodeError`; the machine's
+    (EMFILE, ENOMEM, ESTALE...) propagate."""
     try:
-        with open(path, "rb") as file:
-            data = file.read()
-    except OSError as error:  # gone, unreadable, a folder named like an image, a disk error
+        yield
+    except OSError as error:
+        if error.errno not in _FILE_ERRNOS:
+            raise
         raise DecodeError(path, f"cannot read ({type(error).__name__}: {error.strerror or error})") from None
+
+
+def read_bytes(path: str | os.PathLike) -> bytes:
+    with _reading(path), open(path, "rb") as file:
+        data = file.read()
     if not data:
         raise DecodeError(path, "empty file (0 bytes)")
     return data
 
 
-def _open(data: bytes, path: str | os.PathLike) -> Image.Image:
+def open_image(source: bytes | BinaryIO, path: str | os.PathLike) -> Image.Image:
+    """Pillow's lazy ``Image.open`` of a file's bytes (or an open file), with the decompression-bomb guard.
+
+    Raises:
+        DecodeError: not an image, a damaged header, or too many pixels.
+    """
     try:
-        image = Image.open(io.BytesIO(data))
+        image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
     except Image.DecompressionBombError as error:
         raise DecodeError(path, f"too many pixels, a possible decompression bomb ({error})") from None
     except Image.UnidentifiedImageError:
@@ -200,7 +223,9 @@ def _open(data: bytes, path: str | os.PathLike) -> Image.Image:
     return image
 
 
-def _pixels(image: Image.Image, data: bytes, path: str | os.PathLike, request: tuple[int, int] | None) -> np.ndarray:
+def decode_pixels(
+    image: Image.Image, data: bytes, path: str | os.PathLike, request: tuple[int, int] | None
+) -> np.ndarray:
     """RGB uint8 ``[H, W, 3]`` pixels of an opened image, in stored orientation; JPEGs checked strictly.
 
     ``request``: the smallest stored ``(width, height)`` wanted; a JPEG may then decode at a reduced scale.
@@ -224,7 +249,7 @@ def _pixels(image: Image.Image, data: bytes, path: str | os.PathLike, request: t
 def _upright(pixels: np.ndarray, orientation: int) -> torch.Tensor:
     """``[H, W, 3]`` pixels shown upright for an EXIF orientation (as ``ImageOps.exif_transpose``)."""
     upright = torch.from_numpy(pixels)
-    if orientation in _SIDEWAYS:  # stored sideways: swap the axes first
+    if orientation in SIDEWAYS:  # stored sideways: swap the axes first
         upright = upright.transpose(0, 1)
     flips = [axis for axis, flip in enumerate(_FLIPS[orientation]) if flip]
     return upright.flip(flips) if flips else upright
@@ -289,8 +314,14 @@ def _fit(chw: torch.Tensor, size: tuple[int, int], resize: str) -> torch.Tensor:
     if resize == "crop":
         scale = max(target_height / height, target_width / width)
         covering = (max(target_height, round(height * scale)), max(target_width, round(width * scale)))
-        top, left = (covering[0] - target_height) // 2, (covering[1] - target_width) // 2
-        return _resize(chw, covering)[:, top : top + target_height, left : left + target_width]
+        if covering[0] * covering[1] <= _COVER_LIMIT * target_height * target_width:
+            # torchvision's Resize + CenterCrop: the pixels around the centre box weigh on its edges
+            top, left = (covering[0] - target_height) // 2, (covering[1] - target_width) // 2
+            return _resize(chw, covering)[:, top : top + target_height, left : left + target_width]
+        # a far longer image (a 1x20000 strip): cut the centre box out first, so only it is resized
+        box = (min(height, max(1, round(target_height / scale))), min(width, max(1, round(target_width / scale))))
+        top, left = (height - box[0]) // 2, (width - box[1]) // 2
+        return _resize(chw[:, top : top + box[0], left : left + box[1]], size)
     scale = min(target_height / height, target_width / width)
     inner = (min(target_height, max(1, round(height * scale))), min(target_width, max(1, round(width * scale))))
     top, left = (target_height - inner[0]) // 2, (target_width - inner[1]) // 2

@@ -135,11 +135,9 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
     """Ask the kernel to start writing a file's range to disk now, without waiting for it
     (``sync_file_range(SYNC_FILE_RANGE_WRITE)``, Linux): a later ``fsync`` then waits only for what
     was written since. Does nothing where the call does not exist."""
-    sync_file_range = getattr(_LIBC, "sync_file_range", None)
-    if sync_file_range is None:
+    if _SYNC_FILE_RANGE is None:
         return
-    sync_file_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
-    if sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE) != 0:
+    if _SYNC_FILE_RANGE(fd, offset, length, _SYNC_FILE_RANGE_WRITE) != 0:
         code = ctypes.get_errno()
         if code not in (errno.EINVAL, errno.ENOSYS, errno.ESPIPE):
             raise OSError(code, os.strerror(code))
@@ -178,3 +176,6 @@ def _renameat2(source: Path, target: Path, flags: int) -> bool:
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)  # this process's C library
+_SYNC_FILE_RANGE = getattr(_LIBC, "sync_file_range", None)
+if _SYNC_FILE_RANGE is not None:  # 64-bit offsets: the default int conversion would cut them
+    _SYNC_FILE_RANGE.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)

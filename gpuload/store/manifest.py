@@ -12,21 +12,32 @@ import json
 import os
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import xxhash
 
 from ..errors import DatasetError
 
-__all__ = ["DIGESTED", "FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "RESIZE_MODES", "DatasetError", "Manifest"]
+__all__ = [
+    "ARRAYS",
+    "DIGESTED",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "RESIZE_MODES",
+    "DatasetError",
+    "Manifest",
+]
 
 FORMAT = "gpuload.memmap"
 FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 RESIZE_MODES: tuple[str, ...] = ("crop", "pad", "stretch")
 # The fields that give the arrays their meaning: their digests are checked by ``verify``.
-DIGESTED = ("storage", "classes", "samples", "checksums", "image_shape", "resize", "files")
+DIGESTED = ("storage", "classes", "samples", "checksums", "image_shape", "resize", "jpeg", "files")
+# The arrays of each storage, besides meta.json (a plain tensordict TensorDict of them).
+ARRAYS = {"raw": ("images", "labels"), "jpeg": ("data", "offsets", "shapes", "labels")}
 # Version 1 (gpuload 0.1.0) kept the arrays in _tensordict/ beside two tensordict meta.json files.
 _V1_FILES = ("meta.json", "_tensordict/meta.json", "_tensordict/images.memmap", "_tensordict/labels.memmap")
 _HEX16 = re.compile(r"[0-9a-f]{16}")
@@ -40,13 +51,16 @@ class Manifest:
         source: the folder the images came from, absolute.
         classes: class names; a label is an index into this list.
         samples: ``[path relative to source, label]`` per image, in dataset order.
-        checksums: xxh3-64 of each image's bytes (hex), in dataset order.
-        image_shape: ``[3, height, width]``.
-        resize: how images of another size were fitted (``crop``, ``pad`` or ``stretch``).
+        checksums: xxh3-64 (hex) of each image's stored bytes (pixels, or JPEG bytes), in dataset order.
+        image_shape: ``[3, height, width]`` of every image (raw), ``None`` (jpeg: each image its own size).
+        resize: how images of another size were fitted (``crop``, ``pad`` or ``stretch``; raw only).
         skipped: ``{"path": ..., "reason": ...}`` per source file that could not be decoded.
         versions: gpuload and library versions of the build.
         created: build time, ISO 8601.
-        storage: how the images are stored: ``"raw"`` (uint8 pixels).
+        storage: how the images are stored: ``"raw"`` (uint8 pixels) or ``"jpeg"`` (JPEG bytes).
+        jpeg: for ``"jpeg"``: ``{"quality": ..., "max_side": ..., "reencoded": {reason: count}}``,
+            how the images that could not be stored as they were were re-encoded.
+        empty_classes: classes given to the build that have no image (their labels are kept).
         files: the dataset's files besides ``manifest.json``, relative path to size in bytes.
         digests: xxh3-64 (hex) of each field in :data:`DIGESTED`, as written at build time.
     """
@@ -55,8 +69,8 @@ class Manifest:
     classes: list[str]
     samples: list[list]
     checksums: list[str]
-    image_shape: list[int]
-    resize: str
+    image_shape: list[int] | None
+    resize: str | None
     skipped: list[dict] = field(default_factory=list)
     versions: dict = field(default_factory=dict)
     created: str = ""
@@ -64,11 +78,13 @@ class Manifest:
     format_version: int = FORMAT_VERSION
     checksum: str = "xxh3_64"
     storage: str = "raw"
+    jpeg: dict = field(default_factory=dict)
+    empty_classes: list[str] = field(default_factory=list)
     files: dict = field(default_factory=dict)
     digests: dict = field(default_factory=dict)
 
     def array_path(self, name: str) -> str:
-        """Where the array ``name`` (``images`` or ``labels``) lies, relative to the dataset folder."""
+        """Where the array ``name`` (see :data:`ARRAYS`) lies, relative to the dataset folder."""
         return f"_tensordict/{name}.memmap" if self.format_version == 1 else f"{name}.memmap"
 
     def owned_paths(self) -> set[str]:
@@ -77,17 +93,22 @@ class Manifest:
 
     def edited_fields(self) -> list[str]:
         """The digested fields whose content no longer matches its build-time digest (none for version 1)."""
-        return [
-            name for name, digest in _digests(self).items() if name in self.digests and self.digests[name] != digest
-        ]
+        if self.format_version == 1:
+            return []
+        return [name for name, digest in _digests(self._fields()).items() if self.digests.get(name) != digest]
 
     def write(self, folder: str | os.PathLike) -> Path:
         """Write a new ``manifest.json`` into ``folder`` with the digests of its fields; returns its path."""
-        self.digests = _digests(self)
+        fields = self._fields()
+        self.digests = fields["digests"] = _digests(fields)
         path = Path(folder) / MANIFEST_NAME
         with open(path, "x", encoding="utf-8") as file:
-            json.dump(asdict(self), file, separators=(",", ":"))
+            json.dump(fields, file, separators=(",", ":"))
         return path
+
+    def _fields(self) -> dict:
+        """The fields by name, sharing their values (``asdict`` would deep-copy a million samples)."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
     @classmethod
     def read(cls, folder: str | os.PathLike) -> Manifest:
@@ -142,18 +163,18 @@ class Manifest:
             problems.append(f"a sample label is outside 0..{len(self.classes) - 1}")
         if len(set(self.classes)) != len(self.classes):
             problems.append("a class name appears twice")
-        if self.format_version > 1 and set(self.files) != {
-            "meta.json",
-            self.array_path("images"),
-            self.array_path("labels"),
-        }:
-            problems.append(f"files lists {sorted(self.files)}, not meta.json and the two arrays")
+        arrays = {"meta.json", *(self.array_path(name) for name in ARRAYS[self.storage])}
+        if self.format_version > 1 and set(self.files) != arrays:
+            problems.append(f"files lists {sorted(self.files)}, not {sorted(arrays)}")
+        if (self.storage == "raw") != (self.image_shape is not None and self.resize is not None):
+            problems.append(f"a {self.storage} dataset with image_shape {self.image_shape} and resize {self.resize!r}")
+        if self.storage == "jpeg" and set(self.jpeg) != {"quality", "max_side", "reencoded"}:
+            problems.append(f"jpeg is {self.jpeg}, not quality, max_side and reencoded")
         if problems:
             raise DatasetError(f"{path} is inconsistent: {'; '.join(problems)}; rebuild the dataset")
 
 
-def _digests(manifest: Manifest) -> dict[str, str]:
-    fields = asdict(manifest)
+def _digests(fields: dict) -> dict[str, str]:
     return {
         name: f"{xxhash.xxh3_64_intdigest(json.dumps(fields[name], separators=(',', ':')).encode()):016x}"
         for name in DIGESTED
@@ -178,11 +199,22 @@ def _is_str(value) -> bool:
     return isinstance(value, str)
 
 
+def _is_jpeg_settings(value) -> bool:
+    if not isinstance(value, dict) or not value:
+        return isinstance(value, dict)
+    max_side = value.get("max_side")
+    return (
+        _is_int(value.get("quality"), 1)
+        and (max_side is None or _is_int(max_side, 1))
+        and _str_dict(_is_int)(value.get("reencoded"))
+    )
+
+
 _FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
     "format": (_is_str, "a string"),
     "format_version": (_is_int, "an integer"),
     "checksum": (lambda value: value == "xxh3_64", '"xxh3_64"'),
-    "storage": (lambda value: value == "raw", '"raw"'),
+    "storage": (lambda value: value in ARRAYS, '"raw" or "jpeg"'),
     "source": (_is_str, "a string (the source folder)"),
     "classes": (
         _list_of(lambda name: isinstance(name, str) and name != "", empty=False),
@@ -201,11 +233,22 @@ _FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
     ),
     "image_shape": (
         lambda value: (
-            isinstance(value, list) and len(value) == 3 and value[0] == 3 and all(_is_int(side, 1) for side in value)
+            value is None
+            or (
+                isinstance(value, list)
+                and len(value) == 3
+                and value[0] == 3
+                and all(_is_int(side, 1) for side in value)
+            )
         ),
-        "[3, height, width] with positive integers",
+        "[3, height, width] with positive integers (null for jpeg)",
     ),
-    "resize": (lambda value: value in RESIZE_MODES, f"one of {', '.join(RESIZE_MODES)}"),
+    "resize": (
+        lambda value: value is None or value in RESIZE_MODES,
+        f"one of {', '.join(RESIZE_MODES)} (null for jpeg)",
+    ),
+    "jpeg": (_is_jpeg_settings, 'an object {"quality", "max_side", "reencoded"} (empty for raw)'),
+    "empty_classes": (_list_of(_is_str), "a list of class names"),
     "skipped": (
         _list_of(
             lambda item: isinstance(item, dict) and set(item) == {"path", "reason"} and all(map(_is_str, item.values()))

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..errors import UsageError
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolderIndex", "scan_image_folder", "walk_images"]
 
@@ -28,28 +31,37 @@ class ImageFolderIndex:
         classes: the class names, sorted; a class's index is its position.
         samples: ``(path relative to root, class index)`` per image, in ImageFolder's order.
         repeats: ``(link, folder it leads to)`` per folder symlink that led to a folder already scanned.
+        empty_classes: the given classes that have no image here.
     """
 
     root: Path
     classes: list[str]
     samples: list[tuple[str, int]]
     repeats: list[tuple[str, str]] = field(default_factory=list)
+    empty_classes: list[str] = field(default_factory=list)
 
     @property
     def class_to_idx(self) -> dict[str, int]:
         return {name: index for index, name in enumerate(self.classes)}
 
 
-def scan_image_folder(root: str | os.PathLike) -> ImageFolderIndex:
+def scan_image_folder(root: str | os.PathLike, *, classes: Sequence[str] | None = None) -> ImageFolderIndex:
     """Scan ``root`` like ``torchvision.datasets.ImageFolder``: same classes, order and extensions.
 
     ``root`` holds one subfolder per class. A folder with no subfolders but images
     directly inside is read as a single class named after the folder.
 
+    With ``classes`` (e.g. a training set's, to build its validation set with the same
+    ``class_to_idx``), a class's label is its position in that list; a class folder that is not
+    in it is an error, and a listed class without a folder or images is allowed and listed in
+    ``empty_classes`` (with a warning).
+
     Raises:
         NotADirectoryError: ``root`` is not a folder.
         PermissionError: ``root`` cannot be read.
-        FileNotFoundError: ``root`` does not exist, holds no image, or has a class folder with no image.
+        FileNotFoundError: ``root`` does not exist, holds no image, or (without ``classes``) has a
+            class folder with no image.
+        UsageError: ``classes`` is not a list of distinct names, or a class folder is not in it.
 
     Example:
         >>> import tempfile, pathlib
@@ -66,33 +78,61 @@ def scan_image_folder(root: str | os.PathLike) -> ImageFolderIndex:
     if not root.is_dir():
         raise NotADirectoryError(f"{root} is not a folder; pass a folder of images (one subfolder per class)")
     try:
-        classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+        folders = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
     except PermissionError as error:
         raise PermissionError(f"cannot read {root}: {error.strerror}") from None
-    if not classes:
-        names = sorted(
-            entry.name for entry in os.scandir(root) if entry.is_file() and entry.name.lower().endswith(IMG_EXTENSIONS)
-        )
-        if not names:
-            raise FileNotFoundError(
-                f"{root} holds no image and no class folder; supported extensions are: {', '.join(IMG_EXTENSIONS)}"
-            )
-        return ImageFolderIndex(root=root, classes=[root.name], samples=[(name, 0) for name in names])
+    if not folders:
+        return _scan_flat_folder(root, classes)
+    names = folders if classes is None else _check_classes(root, folders, classes)
     # The class folders belong to their classes: a link to one from elsewhere is a repeat.
-    seen = {_identity(root)} | {_identity(root / name) for name in classes}
+    seen = {_identity(root)} | {_identity(root / name) for name in folders}
     samples, repeats = [], []
-    for label, name in enumerate(classes):
+    for label, name in enumerate(names):
+        if name not in folders:
+            continue
         files, found_repeats = _walk(root, root / name, seen)
         samples += [(path, label) for path in files]
         repeats += found_repeats
-    empty = sorted(set(classes) - {classes[label] for _, label in samples})
-    if empty:
+    empty = sorted(set(names) - {names[label] for _, label in samples})
+    if empty and classes is None:
         raise FileNotFoundError(
             f"Found no valid file for the classes {', '.join(empty)}. "
             f"Supported extensions are: {', '.join(IMG_EXTENSIONS)}"
         )
+    if not samples:
+        raise FileNotFoundError(f"{root} holds no image of the classes {', '.join(names[:5])}")
     _warn(repeats)
-    return ImageFolderIndex(root=root, classes=classes, samples=samples, repeats=repeats)
+    for name in empty:
+        warnings.warn(f"class {name!r} has no image in {root}; its label is kept", stacklevel=2)
+    return ImageFolderIndex(root=root, classes=names, samples=samples, repeats=repeats, empty_classes=empty)
+
+
+def _check_classes(root: Path, folders: list[str], classes: Sequence[str]) -> list[str]:
+    names = list(classes) if not isinstance(classes, str) else []
+    if not names or not all(isinstance(name, str) and name for name in names) or len(set(names)) != len(names):
+        raise UsageError(f"classes must be a list of distinct class names, got {classes!r}")
+    unknown = [name for name in folders if name not in set(names)]
+    if unknown:
+        raise UsageError(
+            f"{root} has class folders that are not in the given classes: {', '.join(unknown[:5])}"
+            f"{' ...' if len(unknown) > 5 else ''}; add them to the classes or move them away"
+        )
+    return names
+
+
+def _scan_flat_folder(root: Path, classes: Sequence[str] | None) -> ImageFolderIndex:
+    """A folder of images without class folders: one class named after the folder."""
+    files = sorted(
+        entry.name for entry in os.scandir(root) if entry.is_file() and entry.name.lower().endswith(IMG_EXTENSIONS)
+    )
+    if not files:
+        raise FileNotFoundError(
+            f"{root} holds no image and no class folder; supported extensions are: {', '.join(IMG_EXTENSIONS)}"
+        )
+    names = [root.name] if classes is None else _check_classes(root, [root.name], classes)
+    label = names.index(root.name)
+    empty = [name for name in names if name != root.name]
+    return ImageFolderIndex(root=root, classes=names, samples=[(name, label) for name in files], empty_classes=empty)
 
 
 def walk_images(root: Path) -> tuple[list[str], list[tuple[str, str]]]:

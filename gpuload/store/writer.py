@@ -28,7 +28,7 @@ class BlockWriter:
 
     Args:
         path: the file to create; it must not exist.
-        capacity: the most bytes that will be written.
+        capacity: the bytes expected (reserved up front; writing more grows the file).
         write_behind: start the disk writes during the build (for a build that fsyncs at the end).
 
     Example:

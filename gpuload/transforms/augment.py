@@ -19,9 +19,10 @@ from torch import nn
 
 from ..errors import UsageError
 
-__all__ = ["RandomResizedCrop", "interpolation_weights", "resized_crop_params"]
+__all__ = ["CROP_DRAWS", "RandomResizedCrop", "interpolation_weights", "resized_crop_boxes", "resized_crop_params"]
 
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 boxes, then falls back to a centre crop
+CROP_DRAWS = _ATTEMPTS + 1  # pairs of uniform draws per box: (area, aspect) per attempt, then (top, left)
 _GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
 
 
@@ -37,10 +38,8 @@ def resized_crop_params(
 ) -> torch.Tensor:
     """One random crop box per sample, distributed as torchvision's ``RandomResizedCrop.get_params``.
 
-    For each sample, up to 10 attempts draw an area fraction uniformly from ``scale`` and a log aspect
-    ratio uniformly from ``log(ratio)``; the first box that fits the image is placed uniformly at
-    random, and when none fits the box is the largest centre crop within ``ratio``. All samples and
-    attempts are drawn at once on ``device``, with no host synchronisation.
+    All samples and attempts are drawn at once on ``device``, with no host synchronisation; see
+    :func:`resized_crop_boxes`.
 
     Returns:
         float32 ``[batch, 4]``: ``top, left, height, width`` of each box, whole numbers.
@@ -50,7 +49,28 @@ def resized_crop_params(
         >>> boxes.shape, bool(((boxes[:, 0] + boxes[:, 2]) <= 480).all())
         (torch.Size([4, 4]), True)
     """
-    uniform = _rand((batch, _ATTEMPTS + 1, 2), device, generator)
+    return resized_crop_boxes(_rand((batch, CROP_DRAWS, 2), device, generator), height, width, scale, ratio)
+
+
+def resized_crop_boxes(
+    uniform: torch.Tensor,
+    height: int | torch.Tensor,
+    width: int | torch.Tensor,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+) -> torch.Tensor:
+    """torchvision's ``RandomResizedCrop.get_params`` for a batch, from uniform draws ``[B, 11, 2]`` in [0, 1).
+
+    For each sample, up to 10 attempts take an area fraction uniformly from ``scale`` and a log
+    aspect ratio uniformly from ``log(ratio)``; the first box that fits the image is placed with the
+    last pair of draws, and when none fits the box is the largest centre crop within ``ratio``.
+    ``height`` and ``width`` are the image's, or one per sample (``[B]``).
+
+    Returns:
+        float32 ``[B, 4]``: ``top, left, height, width`` of each box, whole numbers.
+    """
+    if isinstance(height, torch.Tensor):  # one size per sample: a column, against the attempts' rows
+        height, width = height[:, None].to(uniform.dtype), width[:, None].to(uniform.dtype)
     area = height * width * (scale[0] + (scale[1] - scale[0]) * uniform[:, :_ATTEMPTS, 0])
     log_low, log_high = math.log(ratio[0]), math.log(ratio[1])
     aspect = torch.exp(log_low + (log_high - log_low) * uniform[:, :_ATTEMPTS, 1])
@@ -58,17 +78,18 @@ def resized_crop_params(
     box_height = torch.round(torch.sqrt(area / aspect))
     fits = (box_width > 0) & (box_width <= width) & (box_height > 0) & (box_height <= height)
     first = fits.to(torch.uint8).argmax(dim=1, keepdim=True)  # the first attempt that fits
-    found = fits.any(dim=1)
+    found = fits.any(dim=1, keepdim=True)
     fallback_height, fallback_width = _centre_crop_size(height, width, ratio)
-    box_height = torch.where(found, box_height.gather(1, first).squeeze(1), fallback_height)
-    box_width = torch.where(found, box_width.gather(1, first).squeeze(1), fallback_width)
+    box_height = torch.where(found, box_height.gather(1, first), fallback_height)
+    box_width = torch.where(found, box_width.gather(1, first), fallback_width)
+    place = uniform[:, _ATTEMPTS:, :]
     top = torch.where(
-        found, torch.floor(uniform[:, _ATTEMPTS, 0] * (height - box_height + 1)), torch.floor((height - box_height) / 2)
+        found, torch.floor(place[..., 0] * (height - box_height + 1)), torch.floor((height - box_height) / 2)
     )
     left = torch.where(
-        found, torch.floor(uniform[:, _ATTEMPTS, 1] * (width - box_width + 1)), torch.floor((width - box_width) / 2)
+        found, torch.floor(place[..., 1] * (width - box_width + 1)), torch.floor((width - box_width) / 2)
     )
-    return torch.stack([top, left, box_height, box_width], dim=1)
+    return torch.cat([top, left, box_height, box_width], dim=1)
 
 
 def _rand(shape: tuple, device: torch.device | str, generator: torch.Generator | None) -> torch.Tensor:
@@ -80,13 +101,21 @@ def _rand(shape: tuple, device: torch.device | str, generator: torch.Generator |
     return torch.rand(shape, device=device, generator=generator)
 
 
-def _centre_crop_size(height: int, width: int, ratio: tuple[float, float]) -> tuple[int, int]:
-    """torchvision's fallback: the whole image, narrowed to the nearest aspect ratio in ``ratio``."""
-    if width / height < min(ratio):
-        return int(round(width / min(ratio))), width
-    if width / height > max(ratio):
-        return height, int(round(height * max(ratio)))
-    return height, width
+def _centre_crop_size(height, width, ratio: tuple[float, float]) -> tuple:
+    """torchvision's fallback: the whole image, narrowed to the nearest aspect ratio in ``ratio``
+    (ints, or tensors of one size per sample)."""
+    low, high = min(ratio), max(ratio)
+    if not isinstance(height, torch.Tensor):
+        if width / height < low:
+            return round(width / low), width
+        if width / height > high:
+            return height, round(height * high)
+        return height, width
+    aspect = width / height
+    return (
+        torch.where(aspect < low, torch.round(width / low), height),
+        torch.where(aspect > high, torch.round(height * high), width),
+    )
 
 
 def interpolation_weights(
@@ -97,7 +126,8 @@ def interpolation_weights(
     Output pixel ``o`` of sample ``b`` is centred at ``start + (o + 0.5) * step`` in input pixels; its
     taps are the triangle filter widened by ``max(step, 1)`` (antialiasing when shrinking), limited to
     input pixels ``low <= x < high`` and normalised: the resampling of Pillow and of
-    ``torch.nn.functional.interpolate(..., antialias=True)``. All arguments but the sizes are ``[B]``.
+    ``torch.nn.functional.interpolate(..., antialias=True)``. An output pixel centred outside
+    ``[low, high)`` gets a row of zeros. All arguments but the sizes are ``[B]``.
 
     Example:
         >>> one = torch.ones(1)
@@ -110,8 +140,11 @@ def interpolation_weights(
     support = torch.clamp(step, min=1.0)[:, None, None]
     taps = torch.clamp(1 - (pixels[None, None, :] - centres[:, :, None]).abs() / support, min=0)
     inside = (pixels[None, :] > low[:, None]) & (pixels[None, :] < high[:, None])
-    taps = taps * inside[:, None, :]
-    return taps / taps.sum(dim=2, keepdim=True)
+    # An output pixel centred outside the input (eval with a side larger than the resized image)
+    # gets a row of zeros: the black border torchvision's CenterCrop pads with.
+    within = (centres >= low[:, None]) & (centres < high[:, None])
+    taps = taps * inside[:, None, :] * within[:, :, None]
+    return taps / taps.sum(dim=2, keepdim=True).clamp(min=torch.finfo(taps.dtype).tiny)
 
 
 class RandomResizedCrop(nn.Module):
@@ -231,8 +264,7 @@ class RandomResizedCrop(nn.Module):
             resized = (short, int(short * width / height))
         else:
             resized = (int(short * height / width), short)
-        top = int(round((resized[0] - out_height) / 2.0))
-        left = int(round((resized[1] - out_width) / 2.0))
+        top, left = _centre_offset(resized[0], out_height), _centre_offset(resized[1], out_width)
         ones = torch.ones(batch, device=device)
         step_y, step_x = height / resized[0], width / resized[1]
         return (
@@ -260,6 +292,11 @@ class RandomResizedCrop(nn.Module):
             + ("" if self.crop else ", crop=False")
             + f", dtype={self.dtype}"
         )
+
+
+def _centre_offset(resized: int, out: int) -> int:
+    """Where torchvision's ``CenterCrop`` starts in a side of ``resized`` pixels: negative when it pads."""
+    return int(round((resized - out) / 2.0)) if out <= resized else -((out - resized) // 2)
 
 
 def _resample(pixels: torch.Tensor, weights_y: torch.Tensor, weights_x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,80 @@
+"""The JPEG store: which sources are kept as they are, and how the others are re-encoded.
+
+Every stored image must decode upright, fast, with libjpeg-turbo's DCT-domain scaling: a baseline
+JPEG in RGB (YCbCr) or grayscale with no EXIF rotation is stored byte for byte (after a strict
+decode that finds damage, as for raw builds). Anything else, a progressive JPEG (2-3x slower to
+decode, and it cannot skip rows), an EXIF-rotated one, a CMYK or 12-bit one, a PNG, or an image
+larger than ``max_side``, is decoded upright and re-encoded at ``quality``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import simplejpeg
+import xxhash
+
+from .decode import SIDEWAYS, decode_image, decode_pixels, exif_orientation, open_image, read_bytes
+
+__all__ = ["REENCODE_REASONS", "StoredJpeg", "store_jpeg"]
+
+REENCODE_REASONS = ("not_jpeg", "progressive", "exif_rotated", "not_rgb_or_gray", "larger_than_max_side")
+
+
+class StoredJpeg:
+    """The bytes to store for one source, their checksum, the image's ``(height, width)``, and why
+    it was re-encoded (``None``: stored as it was).
+
+    A small buffer of Python's own ``bytes``; the writer appends it to the data file.
+    """
+
+    __slots__ = ("data", "checksum", "shape", "reencoded")
+
+    def __init__(self, data: bytes, shape: tuple[int, int], reencoded: str | None) -> None:
+        self.data, self.shape, self.reencoded = data, shape, reencoded
+        self.checksum = xxhash.xxh3_64_intdigest(data)
+
+
+def store_jpeg(path: str | os.PathLike, *, max_side: int | None = None, quality: int = 90) -> StoredJpeg:
+    """What the JPEG store keeps for ``path``.
+
+    Raises:
+        DecodeError: the file is damaged or not an image (what a raw build would skip).
+
+    Example:
+        >>> import matplotlib.cbook
+        >>> stored = store_jpeg(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False), max_side=300)
+        >>> stored.shape, stored.reencoded
+        ((300, 256), 'larger_than_max_side')
+    """
+    data = read_bytes(path)
+    with open_image(data, path) as image:
+        orientation = exif_orientation(image)
+        height, width = image.height, image.width
+        if orientation in SIDEWAYS:
+            height, width = width, height
+        reason = _reencode_reason(image, orientation, (height, width), max_side)
+        if reason is None:
+            decode_pixels(image, data, path, None)  # a strict decode: damage is found here, as in a raw build
+            return StoredJpeg(data, (height, width), None)
+    if max_side is not None and max(height, width) > max_side:
+        scale = max_side / max(height, width)
+        height, width = max(1, round(height * scale)), max(1, round(width * scale))
+    pixels = decode_image(path, (height, width), "stretch").permute(1, 2, 0).numpy()
+    encoded = simplejpeg.encode_jpeg(np.ascontiguousarray(pixels), quality=quality, colorsubsampling="420")
+    return StoredJpeg(encoded, (height, width), reason)
+
+
+def _reencode_reason(image, orientation: int, shape: tuple[int, int], max_side: int | None) -> str | None:
+    if image.format != "JPEG":
+        return "not_jpeg"
+    if image.info.get("progressive") or image.info.get("progression"):
+        return "progressive"
+    if orientation != 1:
+        return "exif_rotated"
+    if image.mode not in ("RGB", "L"):
+        return "not_rgb_or_gray"
+    if max_side is not None and max(shape) > max_side:
+        return "larger_than_max_side"
+    return None
