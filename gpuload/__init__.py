@@ -22,11 +22,14 @@ _LAZY = {
     "find_ffmpeg": ".store.compress",
     "GatheredSamples": ".store.dataset",
     "ImageData": ".store.dataset",
+    "JpegData": ".store.dataset",
     "MemmapImageDataset": ".store.dataset",
     "decode_image": ".store.decode",
     "verify_memmap": ".store.verify",
     "describe_memmap": ".store.verify",
     "Collate": ".loading.collate",
+    "CenterCropDecode": ".loading.crop",
+    "RandomResizedCropDecode": ".loading.crop",
     "DataLoader": ".loading.loader",
     "IMAGENET_MEAN": ".transforms.normalize",
     "IMAGENET_STD": ".transforms.normalize",
@@ -44,6 +47,7 @@ __all__ = [
     "IMAGENET_STD",
     "SAMPLE_CLASSES",
     "BusyError",
+    "CenterCropDecode",
     "Collate",
     "CompressError",
     "CompressReport",
@@ -54,9 +58,11 @@ __all__ = [
     "GatheredSamples",
     "GpuloadError",
     "ImageData",
+    "JpegData",
     "MemmapImageDataset",
     "Normalize",
     "RandomResizedCrop",
+    "RandomResizedCropDecode",
     "UsageError",
     "build_memmap",
     "compress_folder",
@@ -85,12 +91,13 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
     from .loading.collate import Collate
+    from .loading.crop import CenterCropDecode, RandomResizedCropDecode
     from .loading.loader import DataLoader
     from .machine import default_workers, describe_machine, machine_line
     from .sample import SAMPLE_CLASSES, make_sample_folder
     from .store.build import build_memmap
     from .store.compress import CompressReport, compress_folder, find_ffmpeg
-    from .store.dataset import GatheredSamples, ImageData, MemmapImageDataset
+    from .store.dataset import GatheredSamples, ImageData, JpegData, MemmapImageDataset
     from .store.decode import decode_image
     from .store.verify import describe_memmap, verify_memmap
     from .transforms.augment import RandomResizedCrop

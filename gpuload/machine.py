@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import sys
@@ -11,7 +12,7 @@ import torch
 
 from .errors import UsageError
 
-__all__ = ["default_workers", "describe_machine", "machine_line", "resolve_workers"]
+__all__ = ["default_workers", "describe_machine", "machine_line", "resolve_workers", "single_threaded_torch"]
 
 
 def default_workers() -> int:
@@ -42,6 +43,20 @@ def resolve_workers(workers: int | None) -> int:
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise UsageError(f"workers must be a positive integer, got {workers!r}")
     return workers
+
+
+def single_threaded_torch() -> None:
+    """Run this thread's torch CPU ops without intra-op threads, leaving every other thread as it is.
+
+    For worker threads that each already keep a core busy (decoding): an OpenMP parallel region
+    started from each of them brings its own team of threads, and the teams fight for the cores
+    (measured: 2 decoding threads of a jpeg loader went 3-5x slower). OpenMP's thread count is a
+    per-thread setting; torch sets this thread's on its first use, so it is set after that.
+    ``torch.set_num_threads`` would change it for the whole process.
+    """
+    torch.get_num_threads()
+    if _OMP_SET_NUM_THREADS is not None:
+        _OMP_SET_NUM_THREADS(1)
 
 
 def describe_machine() -> dict:
@@ -77,6 +92,9 @@ def machine_line(machine: dict | None = None) -> str:
     machine = machine or describe_machine()
     gpu = f"{machine['gpu']} (CUDA {machine['cuda']})" if machine.get("gpu") else "no GPU"
     return f"{machine['cpu']}, {machine['cores']} cores, {machine['memory_gib']} GiB, {gpu}; torch {machine['torch']}"
+
+
+_OMP_SET_NUM_THREADS = getattr(ctypes.CDLL(None), "omp_set_num_threads", None)  # torch's OpenMP, if it uses it
 
 
 def _cpu_name() -> str:

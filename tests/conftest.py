@@ -49,6 +49,12 @@ def built_dataset(photo_folder, tmp_path_factory) -> Path:
     return build_memmap(photo_folder, tmp_path_factory.mktemp("built") / "photos.memmap", progress=False)
 
 
+@pytest.fixture(scope="session")
+def jpeg_dataset(photo_folder, tmp_path_factory) -> Path:
+    """``photo_folder`` built into a jpeg dataset (its JPEGs stored as they are). Do not modify it."""
+    return build_memmap(photo_folder, tmp_path_factory.mktemp("built") / "photos.jpeg", format="jpeg", progress=False)
+
+
 @pytest.fixture
 def photo_copy(photo_folder, tmp_path) -> Path:
     """A copy of ``photo_folder`` that a test may change."""

@@ -77,6 +77,26 @@ class TestBuildMemmap:
         assert "expected HEIGHTxWIDTH" in capsys.readouterr().err
 
 
+class TestJpegFormat:
+    def test_build_info_and_classes_from(self, capsys, photo_copy, built_dataset, tmp_path):
+        code, out, _ = run(capsys, "build-memmap", str(photo_copy), "--out", str(tmp_path / "j"), "--format", "jpeg")
+        assert code == 0 and "20 images of JPEGs at their own sizes" in out
+        code, out, _ = run(capsys, "info", str(tmp_path / "j"))
+        assert code == 0 and "20 JPEGs, each at its own size" in out and "re-encoded at quality 90" in out
+        (photo_copy / "extra").mkdir()
+        (photo_copy / "extra" / "a.jpg").write_bytes((photo_copy / "face" / "0000.jpg").read_bytes())
+        code, _, err = run(
+            capsys, "build-memmap", str(photo_copy), "--out", str(tmp_path / "v"), "--classes-from", str(built_dataset)
+        )
+        assert code == 2 and "has class folders that are not in the given classes: extra" in err
+
+    def test_size_with_jpeg_is_refused(self, capsys, photo_folder, tmp_path):
+        code, _, err = run(
+            capsys, "build-memmap", str(photo_folder), "--out", str(tmp_path / "j"), "--format", "jpeg", "--size", "8x8"
+        )
+        assert code == 2 and "size applies to format='raw'" in err
+
+
 class TestInfoAndVerify:
     def test_info(self, capsys, built_dataset):
         code, out, _ = run(capsys, "info", str(built_dataset))

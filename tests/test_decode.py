@@ -242,8 +242,10 @@ class TestBoundedWork:
         and 3.2 GB): only the part that is kept may be resized."""
         Image.fromarray(np.full((height, width, 3), 90, np.uint8)).save(tmp_path / "thin.png")
         sizes = []
-        real = gpuload.store.decode._resize
-        monkeypatch.setattr(gpuload.store.decode, "_resize", lambda chw, size: sizes.append(size) or real(chw, size))
+        real = gpuload.store.decode.resize_image
+        monkeypatch.setattr(
+            gpuload.store.decode, "resize_image", lambda chw, size: sizes.append(size) or real(chw, size)
+        )
         assert decode_image(tmp_path / "thin.png", (480, 640), resize).shape == (3, 480, 640)
         assert all(h * w <= 4 * 480 * 640 for h, w in sizes)
 

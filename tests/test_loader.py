@@ -21,6 +21,7 @@ from torch.utils.data import DistributedSampler
 
 from gpuload import DataLoader, ImageData, MemmapImageDataset, RandomResizedCrop
 from gpuload.loading import loader as loader_module
+from gpuload.loading.crop import CenterCropDecode, RandomResizedCropDecode, decode_crops
 from gpuload.loading.order import epoch_order
 
 
@@ -658,6 +659,61 @@ class TestTransform:
     def test_a_transform_must_be_callable(self):
         with pytest.raises(TypeError, match="transform must be callable"):
             DataLoader(indexed_data(), transform="flip")
+
+
+class TestJpegDatasets:
+    """A jpeg dataset is decoded (and cropped) into the ring by the loader's threads."""
+
+    def batches(self, jpeg_dataset, decode, **kwargs) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        loader = DataLoader(MemmapImageDataset(jpeg_dataset), batch_size=6, shuffle=True, seed=2, device="cpu",
+                            decode=decode, **kwargs)  # fmt: skip
+        return [(images.clone(), labels.clone()) for images, labels in loader]
+
+    def test_batches_are_the_decoded_crops_of_the_epoch_order(self, jpeg_dataset):
+        dataset = MemmapImageDataset(jpeg_dataset)
+        decode = RandomResizedCropDecode(16)
+        batches = self.batches(jpeg_dataset, decode)
+        assert [len(labels) for _, labels in batches] == [6, 6, 6, 2]
+        order = epoch_order(20, epoch=0, seed=2, shuffle=True)
+        expected = torch.empty((20, 3, 16, 16), dtype=torch.uint8)
+        decode_crops(dataset, order, expected, decode, seed=2, epoch=0)
+        assert torch.equal(torch.cat([images for images, _ in batches]), expected)
+        assert torch.cat([labels for _, labels in batches]).tolist() == dataset.data.labels[order].tolist()
+
+    @pytest.mark.parametrize("threads", [1, 3])
+    def test_the_crops_do_not_depend_on_the_threads(self, jpeg_dataset, threads):
+        decode = RandomResizedCropDecode(16)
+        reference = self.batches(jpeg_dataset, decode, threads=2)
+        again = self.batches(jpeg_dataset, decode, threads=threads, prefetch=1)
+        assert all(torch.equal(a[0], b[0]) for a, b in zip(reference, again))
+
+    def test_a_resumed_epoch_replays_the_same_crops(self, jpeg_dataset):
+        dataset = MemmapImageDataset(jpeg_dataset)
+        decode = RandomResizedCropDecode(16)
+        whole = self.batches(jpeg_dataset, decode)
+        loader = DataLoader(dataset, batch_size=6, shuffle=True, seed=2, device="cpu", decode=decode)
+        iterator = iter(loader)
+        next(iterator)
+        resumed = DataLoader(dataset, batch_size=6, shuffle=True, seed=9, device="cpu", decode=decode)
+        resumed.load_state_dict(loader.state_dict())
+        rest = [images for images, _ in resumed]
+        assert all(torch.equal(a, b[0]) for a, b in zip(rest, whole[1:]))
+
+    def test_evaluation_decode(self, jpeg_dataset):
+        images, _ = next(iter(DataLoader(MemmapImageDataset(jpeg_dataset), batch_size=4, decode=CenterCropDecode(24))))
+        assert images.shape == (4, 3, 24, 24)
+
+    def test_a_jpeg_dataset_needs_a_decode_and_a_raw_one_refuses_it(self, jpeg_dataset, built_dataset):
+        with pytest.raises(ValueError, match="a jpeg dataset's images have their own sizes: pass decode="):
+            DataLoader(MemmapImageDataset(jpeg_dataset), batch_size=4)
+        with pytest.raises(ValueError, match="decode= crops jpeg datasets at decode time"):
+            DataLoader(MemmapImageDataset(built_dataset), batch_size=4, decode=CenterCropDecode(8))
+
+    def test_threads_default_to_the_cores(self, jpeg_dataset):
+        from gpuload import default_workers
+
+        loader = DataLoader(MemmapImageDataset(jpeg_dataset), batch_size=4, decode=CenterCropDecode(8))
+        assert loader.threads == default_workers()
 
 
 def test_distributed_shards_with_torchrun(built_dataset, tmp_path):

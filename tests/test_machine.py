@@ -1,4 +1,10 @@
-from gpuload import default_workers, describe_machine, machine_line
+import threading
+
+import pytest
+import torch
+
+from gpuload import UsageError, default_workers, describe_machine, machine, machine_line
+from gpuload.machine import resolve_workers, single_threaded_torch
 
 
 def test_describes_cpu_memory_and_versions():
@@ -13,3 +19,30 @@ def test_one_line():
     assert machine_line(machine) == "Some CPU, 2 cores, 23.5 GiB, no GPU; torch 2.14.1"
     machine.update(gpu="NVIDIA H100", cuda="13.0")
     assert machine_line(machine) == "Some CPU, 2 cores, 23.5 GiB, NVIDIA H100 (CUDA 13.0); torch 2.14.1"
+
+
+def test_resolve_workers():
+    assert resolve_workers(None) == default_workers() and resolve_workers(3) == 3
+    for bad in (0, -1, 2.0, True, "2"):
+        with pytest.raises(UsageError, match="workers must be a positive integer"):
+            resolve_workers(bad)
+
+
+@pytest.mark.skipif(machine._OMP_SET_NUM_THREADS is None, reason="torch does not use OpenMP here")
+def test_single_threaded_torch_changes_only_the_calling_thread():
+    seen = {}
+
+    def worker():
+        single_threaded_torch()
+        seen["worker"] = torch.get_num_threads()
+
+    def other():
+        seen["other"] = torch.get_num_threads()
+
+    before = torch.get_num_threads()
+    for target in (worker, other):
+        thread = threading.Thread(target=target)
+        thread.start()
+        thread.join()
+    assert seen["worker"] == 1
+    assert seen["other"] == before == torch.get_num_threads()

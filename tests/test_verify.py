@@ -112,3 +112,29 @@ def test_verify_does_not_change_the_dataset(writable_copy):
     verify_memmap(writable_copy, sources=3, progress=False)
     assert {path: path.read_bytes() for path in writable_copy.rglob("*") if path.is_file()} == before
     shutil.rmtree(writable_copy)
+
+
+class TestJpeg:
+    def test_intact_with_every_source(self, jpeg_dataset):
+        assert verify_memmap(jpeg_dataset, sources="all", progress=False) == []
+
+    def test_re_encoded_images_are_compared_within_the_tolerance(self, photo_copy, tmp_path):
+        from conftest import write_odd_image
+
+        write_odd_image(photo_copy / "face" / "rotated.jpg", "exif_rotated")
+        out = build_memmap(photo_copy, tmp_path / "out", format="jpeg", max_side=40, progress=False)
+        assert verify_memmap(out, sources="all", progress=False) == []
+
+    def test_a_flipped_byte_is_found(self, jpeg_dataset, tmp_path):
+        copy = Path(shutil.copytree(jpeg_dataset, tmp_path / "copy"))
+        data = copy / "data.memmap"
+        data.chmod(0o644)
+        raw = bytearray(data.read_bytes())
+        raw[len(raw) // 2] ^= 0x01
+        data.write_bytes(bytes(raw))
+        problems = verify_memmap(copy, progress=False)
+        assert len(problems) == 1 and problems[0].startswith("1 images do not match their build checksum:")
+
+    def test_describe(self, jpeg_dataset):
+        info = describe_memmap(jpeg_dataset)
+        assert info["storage"] == "jpeg" and info["image_shape"] is None and info["images"] == 20

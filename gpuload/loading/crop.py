@@ -16,14 +16,17 @@ replays it exactly. Their distribution is torchvision's ``RandomResizedCrop`` (t
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import numpy as np
 import torch
 
 from ..errors import UsageError
-from ..store.dataset import MemmapImageDataset, decode_stored
-from ..transforms.augment import CROP_DRAWS, _check_range, _check_size, resized_crop_boxes
+from ..machine import single_threaded_torch
+from ..store.dataset import MemmapImageDataset, decode_jpeg_bytes
+from ..store.decode import resize_image
+from ..transforms.augment import CROP_DRAWS, centre_offset, check_range, check_size, resized_crop_boxes
 
 __all__ = ["CenterCropDecode", "RandomResizedCropDecode", "counter_uniforms", "decode_crops"]
 
@@ -33,6 +36,11 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 class RandomResizedCropDecode:
     """Decode each image of a jpeg dataset already cropped: a random resized crop (torchvision's
     distribution), optionally mirrored, for training.
+
+    Each image is decoded at the smallest DCT scale (1/8, 1/4, 1/2 or 1) at which its box is still
+    at least the output's size; the box is then cut out (at that scale its edges move by up to half
+    a pixel) and resized. With ``fast=False`` and a box smaller than twice the output, the pixels are
+    exactly torchvision's ``resized_crop(antialias=True)`` of the full decode.
 
     Args:
         size: output side, or ``(height, width)``.
@@ -44,7 +52,7 @@ class RandomResizedCropDecode:
 
     Example:
         >>> decode = RandomResizedCropDecode(224)
-        >>> boxes, flips = decode.boxes(torch.tensor([[480, 640], [300, 200]]), torch.tensor([0, 1]), seed=0, epoch=0)
+        >>> boxes, flips = decode.draw(torch.tensor([[480, 640], [300, 200]]), torch.tensor([0, 1]), seed=0, epoch=0)
         >>> boxes.shape, flips.shape
         (torch.Size([2, 4]), torch.Size([2]))
     """
@@ -58,15 +66,14 @@ class RandomResizedCropDecode:
         flip: bool = True,
         fast: bool = True,
     ) -> None:
-        self.size = _check_size(size)
-        self.scale = _check_range("scale", scale, low=0.0, high=1.0)
-        self.ratio = _check_range("ratio", ratio, low=0.0, high=math.inf)
+        self.size = check_size(size)
+        self.scale = check_range("scale", scale, low=0.0, high=1.0)
+        self.ratio = check_range("ratio", ratio, low=0.0, high=math.inf)
         if not isinstance(flip, bool) or not isinstance(fast, bool):
             raise UsageError(f"flip and fast must be bools, got {flip!r} and {fast!r}")
         self.flip, self.fast = flip, fast
-        self.dct_scaling = True
 
-    def boxes(
+    def draw(
         self, shapes: torch.Tensor, indices: torch.Tensor, *, seed: int, epoch: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The crop box (``top, left, height, width``) and flip of each sample, from its image's
@@ -77,42 +84,73 @@ class RandomResizedCropDecode:
         flips = uniform[:, -1] < 0.5 if self.flip else torch.zeros(len(indices), dtype=torch.bool)
         return boxes, flips
 
+    def decode(
+        self, data: bytes, shape: list[int], box: list[float], flip: bool, name: Callable[[], str]
+    ) -> torch.Tensor:
+        """One image: decoded at the smallest DCT scale that keeps its box at least the output's
+        size, the box cut out, resized and maybe mirrored; ``[3, S, S]``."""
+        (height, width), (top, left, box_height, box_width) = shape, box
+        out_height, out_width = self.size
+        denominator = next((d for d in (8, 4, 2) if box_height >= d * out_height and box_width >= d * out_width), 1)
+        pixels = decode_jpeg_bytes(
+            data, name, fast=self.fast, min_height=-(-height // denominator), min_width=-(-width // denominator)
+        )
+        scale_y, scale_x = pixels.shape[0] / height, pixels.shape[1] / width
+        y0, x0 = int(top * scale_y), int(left * scale_x)
+        y1 = max(y0 + 1, min(pixels.shape[0], round((top + box_height) * scale_y)))
+        x1 = max(x0 + 1, min(pixels.shape[1], round((left + box_width) * scale_x)))
+        resized = resize_image(torch.from_numpy(pixels)[y0:y1, x0:x1].permute(2, 0, 1), self.size)
+        return resized.flip(-1) if flip else resized
+
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(size={self.size}, scale={self.scale}, ratio={self.ratio}, flip={self.flip}, fast={self.fast})"
+        return (
+            f"{type(self).__name__}(size={self.size}, scale={self.scale}, ratio={self.ratio}, "
+            f"flip={self.flip}, fast={self.fast})"
+        )
 
 
 class CenterCropDecode:
-    """Decode each image of a jpeg dataset already cropped for evaluation: the shorter side resized
-    to ``round(size / ratio)`` (256 for 224) and the centre cut out, as torchvision's ``Resize(256)``
-    + ``CenterCrop(224)``; decoded exactly (accurate DCT, full scale).
+    """Decode each image of a jpeg dataset exactly (accurate DCT, full scale), then torchvision's
+    evaluation transform: the shorter side resized to ``round(size / ratio)`` (``Resize(256)`` for
+    224) and the centre cut out (``CenterCrop(224)``, which pads an image too small with zeros).
 
     Example:
-        >>> boxes, flips = CenterCropDecode(224).boxes(torch.tensor([[480, 640]]), torch.tensor([0]), seed=0, epoch=0)
-        >>> boxes.tolist(), flips.tolist()
-        ([[30.0, 110.0, 420.0, 420.0]], [False])
+        >>> CenterCropDecode(224)
+        CenterCropDecode(size=(224, 224), ratio=0.8750)
     """
 
     def __init__(self, size: int | Sequence[int], *, ratio: float = 224 / 256) -> None:
-        self.size = _check_size(size)
-        if not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+        self.size = check_size(size)
+        if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not 0 < ratio <= 1:
             raise UsageError(f"ratio must be in (0, 1], got {ratio!r}")
-        self.ratio, self.fast, self.dct_scaling = float(ratio), False, False
+        self.ratio = float(ratio)
 
-    def boxes(
-        self, shapes: torch.Tensor, indices: torch.Tensor, *, seed: int, epoch: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The centre box of each image in its own pixels: what the resize + centre crop keeps."""
-        height, width = shapes[:, 0].double(), shapes[:, 1].double()
-        scale = round(min(self.size) / self.ratio) / torch.minimum(height, width)  # the Resize's scale
-        box_height, box_width = torch.round(self.size[0] / scale), torch.round(self.size[1] / scale)
-        box_height, box_width = torch.minimum(box_height, height), torch.minimum(box_width, width)
-        top, left = torch.floor((height - box_height) / 2), torch.floor((width - box_width) / 2)
-        return torch.stack([top, left, box_height, box_width], dim=1).float(), torch.zeros(
-            len(indices), dtype=torch.bool
+    def draw(self, shapes: torch.Tensor, indices: torch.Tensor, *, seed: int, epoch: int) -> tuple[None, None]:
+        """Nothing is random."""
+        return None, None
+
+    def decode(self, data: bytes, shape: list[int], box: None, flip: None, name: Callable[[], str]) -> torch.Tensor:
+        """One image: decoded, resized as torchvision's ``Resize``, its centre cut out; ``[3, S, S]``."""
+        height, width = shape
+        short = round(min(self.size) / self.ratio)
+        resized = (short, int(short * width / height)) if height <= width else (int(short * height / width), short)
+        image = resize_image(torch.from_numpy(decode_jpeg_bytes(data, name)).permute(2, 0, 1), resized)
+        (top, to_top, rows), (left, to_left, columns) = (
+            _centre_window(resized[0], self.size[0]),
+            _centre_window(resized[1], self.size[1]),
         )
+        out = torch.zeros((3, *self.size), dtype=torch.uint8)
+        out[:, to_top : to_top + rows, to_left : to_left + columns] = image[:, top : top + rows, left : left + columns]
+        return out
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(size={self.size}, ratio={self.ratio:.4f})"
+
+
+def _centre_window(side: int, out: int) -> tuple[int, int, int]:
+    """torchvision's ``CenterCrop`` along one side: (start in the image, start in the output, length)."""
+    offset = centre_offset(side, out)
+    return max(0, offset), max(0, -offset), min(side, out)
 
 
 def decode_crops(
@@ -130,45 +168,14 @@ def decode_crops(
     Raises:
         DatasetError: an image's bytes fail their checksum or do not decode (named, with its source).
     """
+    single_threaded_torch()  # the loader runs one decoding thread per core already
     shapes = dataset.data.shapes[indices]
-    boxes, flips = decode.boxes(shapes, indices, seed=seed, epoch=epoch)
-    for row, (index, shape, box, flip) in enumerate(
-        zip(indices.tolist(), shapes.tolist(), boxes.tolist(), flips.tolist())
-    ):
-        out[row].copy_(_decode_crop(dataset, index, shape, box, flip, decode))
-
-
-def _decode_crop(
-    dataset: MemmapImageDataset,
-    index: int,
-    shape: list[int],
-    box: list[float],
-    flip: bool,
-    decode: RandomResizedCropDecode | CenterCropDecode,
-) -> torch.Tensor:
-    """One image: decoded at the smallest DCT scale that keeps its box at least the output's size,
-    the box cut out, resized and maybe mirrored; ``[3, S, S]``."""
-    (height, width), (top, left, box_height, box_width) = shape, box
-    out_height, out_width = decode.size
-    denominator = 1
-    if decode.dct_scaling:
-        denominator = next((d for d in (8, 4, 2) if box_height >= d * out_height and box_width >= d * out_width), 1)
-    pixels = decode_stored(
-        dataset.read_jpeg(index),
-        dataset,
-        index,
-        fastdct=decode.fast,
-        fastupsample=decode.fast,
-        min_height=-(-height // denominator),
-        min_width=-(-width // denominator),
-    )
-    scale_y, scale_x = pixels.shape[0] / height, pixels.shape[1] / width
-    y0, x0 = int(top * scale_y), int(left * scale_x)
-    y1 = max(y0 + 1, min(pixels.shape[0], round((top + box_height) * scale_y)))
-    x1 = max(x0 + 1, min(pixels.shape[1], round((left + box_width) * scale_x)))
-    crop = torch.from_numpy(pixels)[y0:y1, x0:x1].permute(2, 0, 1)[None]
-    resized = torch.nn.functional.interpolate(crop, size=decode.size, mode="bilinear", antialias=True)[0]
-    return resized.flip(-1) if flip else resized
+    boxes, flips = decode.draw(shapes, indices, seed=seed, epoch=epoch)
+    for row, (index, shape) in enumerate(zip(indices.tolist(), shapes.tolist())):
+        box = None if boxes is None else boxes[row].tolist()
+        flip = None if flips is None else bool(flips[row])
+        pixels = decode.decode(dataset.read_jpeg(index), shape, box, flip, partial(dataset.describe, index))
+        out[row].copy_(pixels)
 
 
 def counter_uniforms(seed: int, epoch: int, indices: torch.Tensor, count: int) -> torch.Tensor:

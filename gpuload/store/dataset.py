@@ -6,7 +6,8 @@ import mmap
 import os
 import sys
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from tensordict import tensorclass
 from ..errors import DatasetError
 from .manifest import Manifest
 
-__all__ = ["GatheredSamples", "ImageData", "JpegData", "MemmapImageDataset"]
+__all__ = ["GatheredSamples", "ImageData", "JpegData", "MemmapImageDataset", "decode_jpeg_bytes"]
 
 # Linux's MAP_NORESERVE (Python 3.11's mmap module has no constant for it): a private mapping
 # without it is charged in full against RAM + swap, so datasets larger than that could not open.
@@ -160,10 +161,14 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         data = self._jpegs.read(start, length)
         if xxhash.xxh3_64_intdigest(data) != self._checksums[index]:
             raise DatasetError(
-                f"{self.path}: image {index} ({self.manifest.samples[index][0]}) does not match its build "
-                f"checksum: the file is damaged; run gpuload verify, then rebuild the dataset"
+                f"{self.describe(index)} does not match its build checksum: the file is damaged; "
+                f"run gpuload verify, then rebuild the dataset"
             )
         return data
+
+    def describe(self, index: int) -> str:
+        """``"<dataset>: image <index> (<source path>)"``, for messages about one image."""
+        return f"{self.path}: image {index} ({self.manifest.samples[index][0]})"
 
     def __len__(self) -> int:
         return self.data.batch_size[0]
@@ -174,7 +179,7 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         if self.storage == "raw":
             return self.data.images[index].clone(), int(self.data.labels[index])
         index = index % len(self)
-        pixels = decode_stored(self.read_jpeg(index), self, index)
+        pixels = decode_jpeg_bytes(self.read_jpeg(index), partial(self.describe, index))
         return torch.from_numpy(pixels).permute(2, 0, 1).contiguous(), int(self.data.labels[index])
 
     def __getitems__(self, indices: Sequence[int]) -> Sequence[tuple[torch.Tensor, int]]:
@@ -197,19 +202,22 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         )
 
 
-def decode_stored(data: bytes, dataset: MemmapImageDataset, index: int, **options) -> np.ndarray:
-    """Decode the stored JPEG of image ``index`` (RGB ``[H, W, 3]``; ``options`` go to simplejpeg).
+def decode_jpeg_bytes(
+    data: bytes, name: Callable[[], str], *, fast: bool = False, min_height: int = 0, min_width: int = 0
+) -> np.ndarray:
+    """Decode a stored JPEG to RGB ``[H, W, 3]`` with libjpeg-turbo: exactly (accurate DCT and
+    upsampling) unless ``fast``, at the smallest DCT scale that keeps at least ``min_height`` x
+    ``min_width``. ``name()`` names the image in an error.
 
     Raises:
         DatasetError: it does not decode (it passed its checksum: the build stored a bad file).
     """
     try:
-        return simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True, **options)
+        return simplejpeg.decode_jpeg(
+            data, colorspace="RGB", fastdct=fast, fastupsample=fast, min_height=min_height, min_width=min_width
+        )
     except ValueError as error:
-        raise DatasetError(
-            f"{dataset.path}: image {index} ({dataset.manifest.samples[index][0]}) does not decode ({error}); "
-            f"rebuild the dataset"
-        ) from None
+        raise DatasetError(f"{name()} does not decode ({error}); rebuild the dataset") from None
 
 
 class _JpegFile:

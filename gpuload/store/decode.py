@@ -310,27 +310,27 @@ def _fit(chw: torch.Tensor, size: tuple[int, int], resize: str) -> torch.Tensor:
     if (height, width) == size:
         return chw
     if resize == "stretch":
-        return _resize(chw, size)
+        return resize_image(chw, size)
     if resize == "crop":
         scale = max(target_height / height, target_width / width)
         covering = (max(target_height, round(height * scale)), max(target_width, round(width * scale)))
         if covering[0] * covering[1] <= _COVER_LIMIT * target_height * target_width:
             # torchvision's Resize + CenterCrop: the pixels around the centre box weigh on its edges
             top, left = (covering[0] - target_height) // 2, (covering[1] - target_width) // 2
-            return _resize(chw, covering)[:, top : top + target_height, left : left + target_width]
+            return resize_image(chw, covering)[:, top : top + target_height, left : left + target_width]
         # a far longer image (a 1x20000 strip): cut the centre box out first, so only it is resized
         box = (min(height, max(1, round(target_height / scale))), min(width, max(1, round(target_width / scale))))
         top, left = (height - box[0]) // 2, (width - box[1]) // 2
-        return _resize(chw[:, top : top + box[0], left : left + box[1]], size)
+        return resize_image(chw[:, top : top + box[0], left : left + box[1]], size)
     scale = min(target_height / height, target_width / width)
     inner = (min(target_height, max(1, round(height * scale))), min(target_width, max(1, round(width * scale))))
     top, left = (target_height - inner[0]) // 2, (target_width - inner[1]) // 2
     canvas = torch.zeros((3, *size), dtype=torch.uint8)
-    canvas[:, top : top + inner[0], left : left + inner[1]] = _resize(chw, inner)
+    canvas[:, top : top + inner[0], left : left + inner[1]] = resize_image(chw, inner)
     return canvas
 
 
-def _resize(chw: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+def resize_image(chw: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """Antialiased bilinear resize of uint8 ``[3, H, W]`` (torch's uint8 path: Pillow's pixels)."""
     if tuple(chw.shape[1:]) == size:
         return chw

@@ -199,9 +199,9 @@ class RandomResizedCrop(nn.Module):
         eval_ratio: float = 224 / 256,
     ) -> None:
         super().__init__()
-        self.size = _check_size(size)
-        self.scale = _check_range("scale", scale, low=0.0, high=1.0)
-        self.ratio = _check_range("ratio", ratio, low=0.0, high=math.inf)
+        self.size = check_size(size)
+        self.scale = check_range("scale", scale, low=0.0, high=1.0)
+        self.ratio = check_range("ratio", ratio, low=0.0, high=math.inf)
         for name, value in (("brightness", brightness), ("contrast", contrast), ("saturation", saturation)):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise UsageError(f"{name} must be a number >= 0 (0 turns it off), got {value!r}")
@@ -264,7 +264,7 @@ class RandomResizedCrop(nn.Module):
             resized = (short, int(short * width / height))
         else:
             resized = (int(short * height / width), short)
-        top, left = _centre_offset(resized[0], out_height), _centre_offset(resized[1], out_width)
+        top, left = centre_offset(resized[0], out_height), centre_offset(resized[1], out_width)
         ones = torch.ones(batch, device=device)
         step_y, step_x = height / resized[0], width / resized[1]
         return (
@@ -294,7 +294,7 @@ class RandomResizedCrop(nn.Module):
         )
 
 
-def _centre_offset(resized: int, out: int) -> int:
+def centre_offset(resized: int, out: int) -> int:
     """Where torchvision's ``CenterCrop`` starts in a side of ``resized`` pixels: negative when it pads."""
     return int(round((resized - out) / 2.0)) if out <= resized else -((out - resized) // 2)
 
@@ -343,14 +343,14 @@ def _check_images(images: torch.Tensor, *, needs_rgb: bool) -> None:
         raise UsageError(f"colour jitter needs 3 channels (RGB), got {images.shape[1]}")
 
 
-def _check_size(size) -> tuple[int, int]:
+def check_size(size) -> tuple[int, int]:
     sides = (size, size) if isinstance(size, int) else tuple(size) if isinstance(size, Sequence) else ()
     if len(sides) != 2 or not all(isinstance(side, int) and not isinstance(side, bool) and side > 0 for side in sides):
         raise UsageError(f"size must be a positive int or (height, width) of positive ints, got {size!r}")
     return sides
 
 
-def _check_range(name: str, values, *, low: float, high: float) -> tuple[float, float]:
+def check_range(name: str, values, *, low: float, high: float) -> tuple[float, float]:
     if not isinstance(values, Sequence) or len(values) != 2 or not all(isinstance(v, (int, float)) for v in values):
         raise UsageError(f"{name} must be (min, max), got {values!r}")
     first, second = float(values[0]), float(values[1])

@@ -1,0 +1,146 @@
+import numpy as np
+import pytest
+import torch
+from conftest import photo
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_augment import ks_statistic
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+
+import gpuload.loading.crop
+from gpuload import MemmapImageDataset, UsageError, build_memmap
+from gpuload.loading.crop import CenterCropDecode, RandomResizedCropDecode, counter_uniforms, decode_crops
+
+
+@pytest.fixture(scope="module")
+def varied_jpegs(tmp_path_factory):
+    """A jpeg dataset of 12 photos of several sizes, landscape and portrait, stored as they are."""
+    root = tmp_path_factory.mktemp("varied") / "photos"
+    sizes = [(480, 640), (640, 480), (300, 301), (120, 900), (700, 200), (96, 128)] * 2
+    for number, size in enumerate(sizes):
+        (root / "a").mkdir(parents=True, exist_ok=True)
+        photo(size).save(root / "a" / f"{number:02d}.jpg", quality=92)
+    return MemmapImageDataset(build_memmap(root, format="jpeg", progress=False))
+
+
+def decoded(dataset, decode, indices, *, seed=0, epoch=0) -> torch.Tensor:
+    indices = torch.as_tensor(indices)
+    out = torch.empty((len(indices), 3, *decode.size), dtype=torch.uint8)
+    decode_crops(dataset, indices, out, decode, seed=seed, epoch=epoch)
+    return out
+
+
+class TestCounterUniforms:
+    @settings(max_examples=50, deadline=None)
+    @given(
+        seed=st.integers(0, 2**63 - 1),
+        epoch=st.integers(0, 10**6),
+        indices=st.lists(st.integers(0, 10**9), min_size=1, max_size=20),
+    )
+    def test_a_pure_function_of_seed_epoch_and_index(self, seed, epoch, indices):
+        together = counter_uniforms(seed, epoch, torch.tensor(indices), 5)
+        alone = torch.cat([counter_uniforms(seed, epoch, torch.tensor([index]), 5) for index in reversed(indices)])
+        assert torch.equal(together, alone.flip(0))
+        assert bool(((together >= 0) & (together < 1)).all())
+
+    def test_uniform_and_independent_across_indices_epochs_and_seeds(self):
+        draws = counter_uniforms(3, 0, torch.arange(20_000), 2)
+        assert ks_statistic(draws[:, 0].float(), torch.rand(20_000, generator=torch.Generator().manual_seed(0))) < 0.02
+        assert abs(float(torch.corrcoef(draws.T)[0, 1])) < 0.03
+        assert not torch.equal(draws, counter_uniforms(3, 1, torch.arange(20_000), 2))
+        assert not torch.equal(draws, counter_uniforms(4, 0, torch.arange(20_000), 2))
+
+
+class TestRandomResizedCropDecode:
+    @pytest.mark.parametrize("height, width", [(480, 640), (100, 1000)])
+    def test_box_distribution_equals_torchvision(self, height, width):
+        shapes = torch.tensor([[height, width]]).expand(10_000, 2)
+        ours, _ = RandomResizedCropDecode(224).draw(shapes, torch.arange(10_000), seed=1, epoch=0)
+        torch.manual_seed(2)
+        image = torch.empty(1, height, width)
+        theirs = torch.tensor(
+            [v2.RandomResizedCrop.get_params(image, [0.08, 1.0], [3 / 4, 4 / 3]) for _ in range(10_000)],
+            dtype=torch.float64,
+        )
+        for statistic in (
+            lambda b: b[:, 2] * b[:, 3],
+            lambda b: torch.log(b[:, 3] / b[:, 2]),
+            lambda b: b[:, 0],
+            lambda b: b[:, 1],
+        ):
+            assert ks_statistic(statistic(ours).float(), statistic(theirs).float()) <= 0.05
+
+    def test_exact_where_no_dct_scaling_applies(self, varied_jpegs):
+        """Accurate decode, boxes under twice the output: torchvision's resized_crop of the full decode."""
+        decode = RandomResizedCropDecode(200, fast=False, flip=False)
+        indices = torch.arange(12)
+        out = decoded(varied_jpegs, decode, indices)
+        boxes, _ = decode.draw(varied_jpegs.data.shapes, indices, seed=0, epoch=0)
+        for sample, box, index in zip(out, boxes.int().tolist(), range(12)):
+            if box[2] < 400 or box[3] < 400:
+                reference = F.resized_crop(varied_jpegs[index][0], *box, [200, 200], antialias=True)
+                assert torch.equal(sample, reference)
+
+    @pytest.mark.parametrize("fast", [False, True])
+    def test_dct_scaling_and_fast_decoding_stay_close(self, varied_jpegs, fast, monkeypatch):
+        """A box at least 2, 4 or 8 times the output is decoded at 1/2, 1/4 or 1/8 scale: libjpeg's
+        DCT-domain reduction smooths a little differently from an antialiased resize."""
+        scales = []
+        real = gpuload.loading.crop.decode_jpeg_bytes
+        monkeypatch.setattr(
+            gpuload.loading.crop,
+            "decode_jpeg_bytes",
+            lambda *a, **k: scales.append(k.get("min_height")) or real(*a, **k),
+        )
+        decode = RandomResizedCropDecode(48, scale=(0.5, 1.0), fast=fast, flip=False)
+        indices = torch.arange(12)
+        out = decoded(varied_jpegs, decode, indices, seed=7)
+        boxes, _ = decode.draw(varied_jpegs.data.shapes, indices, seed=7, epoch=0)
+        gaps = [
+            float(
+                (sample.float() - F.resized_crop(varied_jpegs[i][0], *box, [48, 48], antialias=True).float())
+                .abs()
+                .mean()
+            )
+            for i, (sample, box) in enumerate(zip(out, boxes.int().tolist()))
+        ]
+        heights = varied_jpegs.data.shapes[:, 0].tolist()
+        assert sum(scale < height for scale, height in zip(scales, heights)) >= 6  # most were decoded smaller
+        assert np.mean(gaps) < 5 and max(gaps) < 10
+
+    def test_flips_mirror_the_same_box_and_draws_depend_only_on_seed_epoch_index(self, varied_jpegs):
+        plain = decoded(varied_jpegs, RandomResizedCropDecode(32, flip=False), range(12), seed=5)
+        flipped = decoded(varied_jpegs, RandomResizedCropDecode(32), range(12), seed=5)
+        mirrored = [torch.equal(a.flip(-1), b) for a, b in zip(plain, flipped)]
+        assert all(m or torch.equal(a, b) for m, a, b in zip(mirrored, plain, flipped)) and 0 < sum(mirrored) < 12
+        reversed_order = decoded(varied_jpegs, RandomResizedCropDecode(32), list(reversed(range(12))), seed=5)
+        assert torch.equal(reversed_order.flip(0), flipped)
+        assert not torch.equal(decoded(varied_jpegs, RandomResizedCropDecode(32), range(12), seed=5, epoch=1), flipped)
+
+    @pytest.mark.parametrize(
+        ("kwargs", "message"),
+        [
+            ({"size": 0}, "size must be"),
+            ({"size": 8, "scale": (1.0, 0.5)}, "scale must be"),
+            ({"size": 8, "fast": 1}, "must be bools"),
+        ],
+    )
+    def test_bad_arguments(self, kwargs, message):
+        with pytest.raises(UsageError, match=message):
+            RandomResizedCropDecode(**kwargs)
+
+
+class TestCenterCropDecode:
+    @pytest.mark.parametrize("size", [224, (224, 160), (700, 700)])
+    def test_exactly_torchvision_resize_and_centre_crop(self, varied_jpegs, size):
+        decode = CenterCropDecode(size)
+        out = decoded(varied_jpegs, decode, range(12))
+        side = round(min(decode.size) / (224 / 256))
+        for index, sample in enumerate(out):
+            reference = v2.CenterCrop(decode.size)(v2.Resize(side, antialias=True)(varied_jpegs[index][0]))
+            assert torch.equal(sample, reference)
+
+    def test_bad_ratio(self):
+        with pytest.raises(UsageError, match=r"ratio must be in \(0, 1\]"):
+            CenterCropDecode(224, ratio=1.5)

@@ -1,0 +1,190 @@
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import simplejpeg
+import torch
+from conftest import SIZE, photo, write_bad_file, write_odd_image
+from PIL import Image
+
+from gpuload import DatasetError, MemmapImageDataset, UsageError, build_memmap, decode_image
+from gpuload.store.jpeg import store_jpeg
+
+
+def block_means_gap(first: np.ndarray, second: np.ndarray) -> float:
+    """Mean absolute difference of the 8x8 block means of two ``[H, W, 3]`` images."""
+    height, width = (side // 8 * 8 for side in first.shape[:2])
+
+    def means(image: np.ndarray) -> np.ndarray:
+        return image[:height, :width].astype(np.float64).reshape(height // 8, 8, width // 8, 8, 3).mean(axis=(1, 3))
+
+    return float(np.abs(means(first) - means(second)).mean())
+
+
+class TestStoreJpeg:
+    def test_a_baseline_rgb_jpeg_is_kept_byte_for_byte(self, photo_folder):
+        path = photo_folder / "face" / "0000.jpg"
+        stored = store_jpeg(path)
+        assert stored.data == path.read_bytes() and stored.reencoded is None and stored.shape == SIZE
+
+    @pytest.mark.parametrize(
+        ("kind", "name", "reason"),
+        [
+            ("exif_rotated", "rotated.jpg", "exif_rotated"),
+            ("cmyk", "cmyk.jpg", "not_rgb_or_gray"),
+            ("palette", "palette.png", "not_jpeg"),
+            ("sixteen_bit", "sixteen.png", "not_jpeg"),
+        ],
+    )
+    def test_the_rest_is_re_encoded_upright_as_it_decodes(self, tmp_path, kind, name, reason):
+        write_odd_image(tmp_path / name, kind)
+        stored = store_jpeg(tmp_path / name, quality=95)
+        assert stored.reencoded == reason
+        pixels = simplejpeg.decode_jpeg(stored.data)
+        assert pixels.shape[:2] == stored.shape
+        expected = decode_image(tmp_path / name).permute(1, 2, 0).numpy()
+        assert block_means_gap(pixels, expected) < 3  # the same picture, upright (JPEG keeps 8x8 means)
+
+    def test_a_progressive_jpeg_is_re_encoded(self, tmp_path):
+        photo().save(tmp_path / "p.jpg", quality=90, progressive=True)
+        assert store_jpeg(tmp_path / "p.jpg").reencoded == "progressive"
+
+    def test_a_grayscale_jpeg_is_kept(self, tmp_path):
+        write_odd_image(tmp_path / "g.jpg", "grayscale")
+        assert store_jpeg(tmp_path / "g.jpg").reencoded is None
+
+    def test_max_side_scales_down_keeping_the_aspect_ratio(self, tmp_path):
+        photo((300, 400)).save(tmp_path / "big.jpg", quality=90)
+        stored = store_jpeg(tmp_path / "big.jpg", max_side=200)
+        assert stored.shape == (150, 200) and stored.reencoded == "larger_than_max_side"
+        assert store_jpeg(tmp_path / "big.jpg", max_side=400).reencoded is None
+
+    @pytest.mark.parametrize("name", ["truncated_eoi.jpg", "corrupt.jpg", "notes.jpg"])
+    def test_damaged_files_are_decode_errors_as_in_raw_builds(self, tmp_path, name):
+        from gpuload import DecodeError
+
+        with pytest.raises(DecodeError):
+            store_jpeg(write_bad_file(tmp_path, name))
+
+
+class TestBuild:
+    def test_files_manifest_and_footprint(self, photo_folder, jpeg_dataset):
+        manifest = json.loads((jpeg_dataset / "manifest.json").read_text())
+        assert manifest["storage"] == "jpeg" and manifest["image_shape"] is None and manifest["resize"] is None
+        assert manifest["jpeg"] == {"quality": 90, "max_side": None, "reencoded": {}}
+        sources = sum(path.stat().st_size for path in photo_folder.rglob("*.jpg"))
+        assert manifest["files"]["data.memmap"] == sources  # the JPEGs as they were
+        assert sum(manifest["files"].values()) - sources < 50 * 20  # an index of a few bytes per image
+
+    def test_plain_tensordict_opens_it_in_a_process_without_gpuload(self, jpeg_dataset):
+        code = textwrap.dedent(f"""
+            import sys
+            from tensordict import TensorDict
+            data = TensorDict.load_memmap({str(jpeg_dataset)!r})
+            assert "gpuload" not in sys.modules
+            print(sorted(data.keys()), data["offsets"].shape[0], data["shapes"].shape[0])
+        """)
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.strip() == "['data', 'labels', 'offsets', 'shapes'] 21 20"
+
+    def test_mixed_sources_are_stored_and_counted(self, photo_copy, tmp_path):
+        write_odd_image(photo_copy / "face" / "rotated.jpg", "exif_rotated")
+        write_odd_image(photo_copy / "face" / "palette.png", "palette")
+        photo((200, 300)).save(photo_copy / "collar" / "big.jpg", quality=90)
+        write_bad_file(photo_copy / "collar", "truncated_eoi.jpg")
+        out = build_memmap(photo_copy, tmp_path / "out", format="jpeg", max_side=100, quality=80, progress=False)
+        dataset = MemmapImageDataset(out)
+        assert len(dataset) == 23 and [entry["path"] for entry in dataset.skipped] == ["collar/truncated_eoi.jpg"]
+        assert dataset.manifest.jpeg == {
+            "quality": 80,
+            "max_side": 100,
+            "reencoded": {"not_jpeg": 1, "exif_rotated": 1, "larger_than_max_side": 1},
+        }
+
+    @pytest.mark.parametrize(
+        ("kwargs", "message"),
+        [
+            ({"format": "png"}, "format must be one of raw, jpeg"),
+            ({"format": "jpeg", "size": (8, 8)}, "size applies to format='raw'"),
+            ({"max_side": 100}, "max_side must be a positive integer, for format='jpeg' only"),
+            ({"format": "jpeg", "max_side": 0}, "max_side must be a positive integer"),
+            ({"format": "jpeg", "quality": 101}, "quality must be an integer from 1 to 100"),
+        ],
+    )
+    def test_bad_arguments(self, photo_folder, tmp_path, kwargs, message):
+        with pytest.raises(UsageError, match=message):
+            build_memmap(photo_folder, tmp_path / "out", progress=False, **kwargs)
+        assert not (tmp_path / "out").exists()
+
+    def test_classes_of_another_dataset(self, photo_copy, built_dataset, tmp_path):
+        import shutil
+
+        shutil.rmtree(photo_copy / "collar")
+        classes = MemmapImageDataset(built_dataset).classes
+        with pytest.warns(UserWarning, match="class 'collar' has no image"):
+            out = build_memmap(photo_copy, tmp_path / "val", format="jpeg", classes=classes, progress=False)
+        dataset = MemmapImageDataset(out)
+        assert dataset.classes == classes and dataset.manifest.empty_classes == ["collar"]
+        assert dataset.class_to_idx == MemmapImageDataset(built_dataset).class_to_idx
+
+
+class TestDataset:
+    def test_items_are_the_exact_decodes_of_the_sources(self, photo_folder, jpeg_dataset):
+        dataset = MemmapImageDataset(jpeg_dataset)
+        assert dataset.storage == "jpeg" and dataset.image_shape is None and len(dataset) == 20
+        for index in (0, 7, 19):
+            image, label = dataset[index]
+            source, expected_label = dataset.samples[index]
+            assert torch.equal(image, decode_image(source)) and label == expected_label
+        assert dataset.data.shapes.tolist() == [list(SIZE)] * 20
+
+    def test_damaged_bytes_are_caught_at_load_time_naming_the_image(self, jpeg_dataset, tmp_path):
+        import shutil
+
+        copy = shutil.copytree(jpeg_dataset, tmp_path / "copy.jpeg")
+        data = copy / "data.memmap"
+        data.chmod(0o644)
+        raw = bytearray(data.read_bytes())
+        start = int(MemmapImageDataset(copy).data.starts[3])
+        raw[start + 700] ^= 0x10
+        data.write_bytes(bytes(raw))
+        dataset = MemmapImageDataset(copy)
+        with pytest.raises(DatasetError, match=r"image 3 \(background/0003.jpg\) does not match its build checksum"):
+            dataset[3]
+        assert dataset[2][0].shape == (3, *SIZE)
+
+    def test_pickles_as_its_path(self, jpeg_dataset):
+        import pickle
+
+        dataset = MemmapImageDataset(jpeg_dataset)
+        copy = pickle.loads(pickle.dumps(dataset))
+        assert torch.equal(copy[5][0], dataset[5][0])
+
+    def test_the_stock_dataloader_serves_single_images(self, jpeg_dataset):
+        loader = torch.utils.data.DataLoader(MemmapImageDataset(jpeg_dataset), batch_size=4)
+        images, labels = next(iter(loader))  # all 48x64 here, so they stack
+        assert images.shape == (4, 3, *SIZE) and labels.tolist() == [0, 0, 0, 0]
+
+    def test_a_truncated_index_is_refused(self, jpeg_dataset, tmp_path):
+        import shutil
+
+        copy = shutil.copytree(jpeg_dataset, tmp_path / "copy.jpeg")
+        offsets = copy / "offsets.memmap"
+        offsets.chmod(0o644)
+        values = np.fromfile(offsets, np.int64)
+        values[5] = values[4]  # an image of 0 bytes
+        values.tofile(offsets)
+        with pytest.raises(DatasetError, match="offsets.memmap does not cut data.memmap into 20 images"):
+            MemmapImageDataset(copy)
+
+
+def test_a_gray_image_stored_as_it_was_decodes_to_rgb(tmp_path):
+    write_odd_image(tmp_path / "src" / "gray.jpg", "grayscale")
+    Image.open(tmp_path / "src" / "gray.jpg").convert("RGB").save(tmp_path / "src" / "rgb.jpg")
+    dataset = MemmapImageDataset(build_memmap(tmp_path / "src", format="jpeg", progress=False))
+    image, _ = dataset[0]
+    assert image.shape[0] == 3 and torch.equal(image[0], image[1])
