@@ -7,6 +7,7 @@ import os
 import platform
 import sys
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 
@@ -94,7 +95,19 @@ def machine_line(machine: dict | None = None) -> str:
     return f"{machine['cpu']}, {machine['cores']} cores, {machine['memory_gib']} GiB, {gpu}; torch {machine['torch']}"
 
 
-_OMP_SET_NUM_THREADS = getattr(ctypes.CDLL(None), "omp_set_num_threads", None)  # torch's OpenMP, if it uses it
+def _torch_openmp() -> ctypes.CDLL | None:
+    """The OpenMP runtime torch loaded (its own copy in torch/lib, or the process's): another library's
+    OpenMP, loaded later, may own the global ``omp_set_num_threads`` symbol."""
+    bundled = sorted(Path(torch.__file__).parent.joinpath("lib").glob("lib*omp*.so*"))
+    for library in bundled:
+        try:
+            return ctypes.CDLL(str(library))  # already loaded: this is a handle to torch's copy
+        except OSError:
+            continue
+    return ctypes.CDLL(None)
+
+
+_OMP_SET_NUM_THREADS = getattr(_torch_openmp(), "omp_set_num_threads", None)
 
 
 def _cpu_name() -> str:

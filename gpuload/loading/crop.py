@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 from ..errors import UsageError
-from ..machine import single_threaded_torch
 from ..store.dataset import MemmapImageDataset, decode_jpeg_bytes
 from ..store.decode import resize_image
 from ..transforms.augment import CROP_DRAWS, centre_offset, check_range, check_size, resized_crop_boxes
@@ -168,7 +167,6 @@ def decode_crops(
     Raises:
         DatasetError: an image's bytes fail their checksum or do not decode (named, with its source).
     """
-    single_threaded_torch()  # the loader runs one decoding thread per core already
     shapes = dataset.data.shapes[indices]
     boxes, flips = decode.draw(shapes, indices, seed=seed, epoch=epoch)
     for row, (index, shape) in enumerate(zip(indices.tolist(), shapes.tolist())):

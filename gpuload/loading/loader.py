@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..machine import default_workers
+from ..machine import default_workers, single_threaded_torch
 from ..store.dataset import ImageData, MemmapImageDataset
 from .crop import CenterCropDecode, RandomResizedCropDecode, decode_crops
 from .order import distributed_rank, epoch_order
@@ -521,8 +521,10 @@ class _Pipeline:
         producers: int,
         give_back: Callable[[_Ring], None],
         transform: _BatchTransform | None,
+        decoding: bool,
     ) -> None:
         self.ring, self.gather, self.labels, self.batches, self.ahead = ring, gather, labels, batches, ahead
+        self.decoding = decoding
         self.transform = transform
         self.give_back = give_back  # called by the last producer to exit
         # Buffers the user may still hold (the last batch of the previous epoch is still bound
@@ -551,6 +553,8 @@ class _Pipeline:
                 thread.join(timeout)
 
     def _produce(self) -> None:
+        if self.decoding:
+            single_threaded_torch()  # one decoding thread per core already: no OpenMP team from each
         try:
             while (claim := self._claim()) is not None:
                 self._fill_and_publish(*claim)
@@ -645,6 +649,7 @@ class _EpochIterator:
             min(loader.threads, max(1, self.total)),
             loader._rings.give_back,
             transform,
+            decoding=loader._images is None,
         )
         self._held: deque[_Slot] = deque()  # CPU: slots of the last two batches yielded
         self._pipeline.start()
