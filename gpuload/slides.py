@@ -120,7 +120,7 @@ SNIPPETS = {
     ),
     "code_preprocess": Snippet(
         "gpuload/transforms/augment.py",
-        "_resample",
+        "resample",
         steps=(("weights_x.transpose",), ("torch.bmm(weights_y",)),
     ),
     "code_compile": Snippet(

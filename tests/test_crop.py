@@ -9,8 +9,14 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 import gpuload.loading.crop
-from gpuload import MemmapImageDataset, UsageError, build_memmap
-from gpuload.loading.crop import CenterCropDecode, RandomResizedCropDecode, counter_uniforms, decode_crops
+from gpuload import DataLoader, MemmapImageDataset, UsageError, build_memmap
+from gpuload.loading.crop import (
+    CenterCropDecode,
+    RandomResizedCropDecode,
+    counter_uniforms,
+    decode_batch,
+    decode_crops,
+)
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +150,34 @@ class TestCenterCropDecode:
     def test_bad_ratio(self):
         with pytest.raises(UsageError, match=r"ratio must be in \(0, 1\]"):
             CenterCropDecode(224, ratio=1.5)
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+class TestDecodeBatch:
+    """The GPU decode path (nvJPEG on CUDA), and its CPU fallback, which runs the same batched crop."""
+
+    def test_random_crops_match_torchvision(self, varied_jpegs, device):
+        decode = RandomResizedCropDecode(40, gpu=True)
+        indices = torch.arange(12)
+        out = decode_batch(varied_jpegs, indices, decode, seed=3, epoch=0, device=torch.device(device)).cpu()
+        boxes, flips = decode.draw(varied_jpegs.data.shapes, indices, seed=3, epoch=0)
+        for index, (sample, box, flip) in enumerate(zip(out, boxes.int().tolist(), flips.tolist())):
+            reference = F.resized_crop(varied_jpegs[index][0], *box, [40, 40], antialias=True)
+            assert float((sample.float() - (reference.flip(-1) if flip else reference).float()).abs().mean()) <= 0.6
+
+    def test_evaluation_matches_torchvision(self, varied_jpegs, device):
+        decode = CenterCropDecode(64, gpu=True)
+        out = decode_batch(varied_jpegs, torch.arange(12), decode, seed=0, epoch=0, device=torch.device(device)).cpu()
+        side = round(64 / (224 / 256))
+        for index, sample in enumerate(out):
+            reference = v2.CenterCrop(64)(v2.Resize(side, antialias=True)(varied_jpegs[index][0]))
+            assert float((sample.float() - reference.float()).abs().mean()) <= 0.6
+
+    def test_the_loader_serves_them(self, varied_jpegs, device):
+        loader = DataLoader(varied_jpegs, batch_size=5, shuffle=True, seed=1, device=device,
+                            decode=RandomResizedCropDecode(24, gpu=True))  # fmt: skip
+        shapes = [(images.shape, images.device.type, labels.device.type) for images, labels in loader]
+        assert shapes[0] == ((5, 3, 24, 24), device, device) and len(shapes) == 3

@@ -25,9 +25,17 @@ import torch
 from ..errors import UsageError
 from ..store.dataset import MemmapImageDataset, decode_jpeg_bytes
 from ..store.decode import resize_image
-from ..transforms.augment import CROP_DRAWS, centre_offset, check_range, check_size, resized_crop_boxes
+from ..transforms.augment import (
+    CROP_DRAWS,
+    centre_offset,
+    check_range,
+    check_size,
+    interpolation_weights,
+    resample,
+    resized_crop_boxes,
+)
 
-__all__ = ["CenterCropDecode", "RandomResizedCropDecode", "counter_uniforms", "decode_crops"]
+__all__ = ["CenterCropDecode", "RandomResizedCropDecode", "counter_uniforms", "decode_batch", "decode_crops"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -48,6 +56,7 @@ class RandomResizedCropDecode:
         flip: mirror each sample left-right with probability 1/2.
         fast: libjpeg-turbo's fast integer DCT and fast upsampling: faster, with pixels that differ
             slightly from the accurate decode (measured in ``experiments/jpeg_store.py``).
+        gpu: decode on the loader's CUDA device (see :func:`decode_batch`).
 
     Example:
         >>> decode = RandomResizedCropDecode(224)
@@ -64,13 +73,14 @@ class RandomResizedCropDecode:
         *,
         flip: bool = True,
         fast: bool = True,
+        gpu: bool = False,
     ) -> None:
         self.size = check_size(size)
         self.scale = check_range("scale", scale, low=0.0, high=1.0)
         self.ratio = check_range("ratio", ratio, low=0.0, high=math.inf)
-        if not isinstance(flip, bool) or not isinstance(fast, bool):
-            raise UsageError(f"flip and fast must be bools, got {flip!r} and {fast!r}")
-        self.flip, self.fast = flip, fast
+        if not all(isinstance(flag, bool) for flag in (flip, fast, gpu)):
+            raise UsageError(f"flip, fast and gpu must be bools, got {flip!r}, {fast!r} and {gpu!r}")
+        self.flip, self.fast, self.gpu = flip, fast, gpu
 
     def draw(
         self, shapes: torch.Tensor, indices: torch.Tensor, *, seed: int, epoch: int
@@ -112,17 +122,20 @@ class CenterCropDecode:
     """Decode each image of a jpeg dataset exactly (accurate DCT, full scale), then torchvision's
     evaluation transform: the shorter side resized to ``round(size / ratio)`` (``Resize(256)`` for
     224) and the centre cut out (``CenterCrop(224)``, which pads an image too small with zeros).
+    ``gpu``: decode on the loader's CUDA device (see :func:`decode_batch`).
 
     Example:
         >>> CenterCropDecode(224)
         CenterCropDecode(size=(224, 224), ratio=0.8750)
     """
 
-    def __init__(self, size: int | Sequence[int], *, ratio: float = 224 / 256) -> None:
+    def __init__(self, size: int | Sequence[int], *, ratio: float = 224 / 256, gpu: bool = False) -> None:
         self.size = check_size(size)
         if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not 0 < ratio <= 1:
             raise UsageError(f"ratio must be in (0, 1], got {ratio!r}")
-        self.ratio = float(ratio)
+        if not isinstance(gpu, bool):
+            raise UsageError(f"gpu must be a bool, got {gpu!r}")
+        self.ratio, self.gpu = float(ratio), gpu
 
     def draw(self, shapes: torch.Tensor, indices: torch.Tensor, *, seed: int, epoch: int) -> tuple[None, None]:
         """Nothing is random."""
@@ -174,6 +187,87 @@ def decode_crops(
         flip = None if flips is None else bool(flips[row])
         pixels = decode.decode(dataset.read_jpeg(index), shape, box, flip, partial(dataset.describe, index))
         out[row].copy_(pixels)
+
+
+def decode_batch(
+    dataset: MemmapImageDataset,
+    indices: torch.Tensor,
+    decode: RandomResizedCropDecode | CenterCropDecode,
+    *,
+    seed: int,
+    epoch: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """A batch of a jpeg dataset decoded on ``device`` and cropped all at once; uint8 ``[B, 3, S, S]``.
+
+    The calling thread only reads (and checks) the bytes. On CUDA, TorchCodec decodes the whole
+    batch in one nvJPEG call (``pip install gpuload[cuda]``); elsewhere, or without TorchCodec,
+    libjpeg-turbo decodes each image (the fallback, which runs the same crop). The images, padded
+    to the batch's largest, are resampled by two batched matrix products with per-sample
+    interpolation matrices, the resampler of :class:`gpuload.RandomResizedCrop`: each box (or
+    evaluation's resize + centre crop) and flip in one go.
+    """
+    shapes = dataset.data.shapes[indices]
+    blobs = [dataset.read_jpeg(index) for index in indices.tolist()]
+    images = _decode_all(blobs, indices, dataset, device)
+    height, width = int(shapes[:, 0].max()), int(shapes[:, 1].max())
+    compute = torch.float16 if device.type == "cuda" else torch.float32
+    padded = torch.zeros((len(images), 3, height, width), dtype=compute, device=device)
+    for row, image in enumerate(images):
+        padded[row, :, : image.shape[1], : image.shape[2]] = image
+    weights_y, weights_x = _batch_weights(decode, shapes.to(device), indices, seed, epoch, (height, width))
+    return resample(padded, weights_y.to(compute), weights_x.to(compute)).round().clamp(0, 255).to(torch.uint8)
+
+
+def _decode_all(
+    blobs: list[bytes], indices: torch.Tensor, dataset: MemmapImageDataset, device: torch.device
+) -> list[torch.Tensor]:
+    if device.type == "cuda":
+        try:
+            from torchcodec.decoders import decode_jpeg
+        except ImportError:
+            pass
+        else:
+            return decode_jpeg([torch.frombuffer(blob, dtype=torch.uint8) for blob in blobs], device=device)
+    return [
+        torch.from_numpy(decode_jpeg_bytes(blob, partial(dataset.describe, index))).permute(2, 0, 1).to(device)
+        for blob, index in zip(blobs, indices.tolist())
+    ]
+
+
+def _batch_weights(
+    decode: RandomResizedCropDecode | CenterCropDecode,
+    shapes: torch.Tensor,
+    indices: torch.Tensor,
+    seed: int,
+    epoch: int,
+    padded: tuple[int, int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample interpolation matrices over the padded batch, taps only inside each image's pixels."""
+    height, width = shapes[:, 0].double(), shapes[:, 1].double()
+    (out_height, out_width), device = decode.size, shapes.device
+    if isinstance(decode, RandomResizedCropDecode):
+        boxes, flips = decode.draw(shapes.cpu(), indices, seed=seed, epoch=epoch)
+        top, left, box_height, box_width = boxes.to(device).double().unbind(1)
+        weights_y = interpolation_weights(top, box_height / out_height, top, top + box_height, out_height, padded[0])
+        weights_x = interpolation_weights(left, box_width / out_width, left, left + box_width, out_width, padded[1])
+        return weights_y, torch.where(flips.to(device)[:, None, None], weights_x.flip(1), weights_x)
+    short = round(min(decode.size) / decode.ratio)  # torchvision's Resize(short), then CenterCrop(size)
+    landscape = height <= width
+    resized_height = torch.where(landscape, torch.full_like(height, short), torch.floor(short * height / width))
+    resized_width = torch.where(landscape, torch.floor(short * width / height), torch.full_like(width, short))
+    zero = torch.zeros_like(height)
+    step_y, step_x = height / resized_height, width / resized_width
+    top, left = _centre_offsets(resized_height, out_height) * step_y, _centre_offsets(resized_width, out_width) * step_x
+    return (
+        interpolation_weights(top, step_y, zero, height, out_height, padded[0]),
+        interpolation_weights(left, step_x, zero, width, out_width, padded[1]),
+    )
+
+
+def _centre_offsets(sides: torch.Tensor, out: int) -> torch.Tensor:
+    """:func:`gpuload.transforms.augment.centre_offset` for a tensor of sides."""
+    return torch.where(out <= sides, torch.round((sides - out) / 2), -torch.floor((out - sides) / 2))
 
 
 def counter_uniforms(seed: int, epoch: int, indices: torch.Tensor, count: int) -> torch.Tensor:

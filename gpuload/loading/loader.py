@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from ..machine import default_workers, single_threaded_torch
 from ..store.dataset import ImageData, MemmapImageDataset
-from .crop import CenterCropDecode, RandomResizedCropDecode, decode_crops
+from .crop import CenterCropDecode, RandomResizedCropDecode, decode_batch, decode_crops
 from .order import distributed_rank, epoch_order
 
 __all__ = ["DataLoader"]
@@ -298,6 +298,8 @@ class DataLoader:
             transform = _BatchTransform(self.transform, (self.seed, epoch, rank, start, self.batch_size * world_size))
         if self._images is not None:
             gather: _Gather = partial(_index_select, self._images)
+        elif self.decode.gpu:
+            gather = partial(_decode_on_device, self.dataset, self.decode, self.seed, epoch, self.device)
         else:
             gather = partial(decode_crops, self.dataset, decode=self.decode, seed=self.seed, epoch=epoch)
         return _EpochIterator(self, batches, self._position, gather, transform)
@@ -325,13 +327,27 @@ class _Position:
         self.global_position = min(self.global_position + samples * self.world_size, self.end)
 
 
-# Writes the images of a batch (its dataset indices) into a uint8 buffer [B, 3, H, W].
-_Gather = Callable[[torch.Tensor, torch.Tensor], object]
+# The images of a batch (its dataset indices): written into the uint8 host buffer [B, 3, H, W]
+# (returns None), or made on the loader's device (returns that tensor: jpeg decoded on the GPU).
+_Gather = Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None]
 
 
 def _index_select(images: torch.Tensor, indices: torch.Tensor, out: torch.Tensor) -> None:
     """A raw dataset's batch: one gather straight from the memory-mapped pixels."""
     torch.index_select(images, 0, indices, out=out)
+
+
+def _decode_on_device(
+    dataset: MemmapImageDataset,
+    decode: RandomResizedCropDecode | CenterCropDecode,
+    seed: int,
+    epoch: int,
+    device: torch.device,
+    indices: torch.Tensor,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """A jpeg batch decoded and cropped on the loader's device (``decode.gpu``); ``out`` is not used."""
+    return decode_batch(dataset, indices, decode, seed=seed, epoch=epoch, device=device)
 
 
 def _draw_seed(generator: torch.Generator | None, *, broadcast: bool) -> int:
@@ -396,7 +412,8 @@ class _HostSlot:
             self._allocate()  # the user kept a batch: it keeps that memory
         count = len(indices)
         batch_images, batch_labels = torch.from_numpy(self.images)[:count], torch.from_numpy(self.labels)[:count]
-        gather(indices, batch_images)
+        made = gather(indices, batch_images)
+        batch_images = batch_images if made is None else made
         torch.index_select(labels, 0, indices, out=batch_labels)
         return batch_images if transform is None else transform(batch_images), batch_labels, None
 
@@ -421,10 +438,10 @@ class _PinnedSlot:
             self.event.synchronize()  # the last copy out of this buffer has read it
         count = len(indices)
         host_images, host_labels = self.images[:count], self.labels[:count]
-        gather(indices, host_images)
         torch.index_select(labels, 0, indices, out=host_labels)
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-            images = host_images.to(self.device, non_blocking=True)
+            made = gather(indices, host_images)  # a batch decoded on the device is queued on the side stream
+            images = host_images.to(self.device, non_blocking=True) if made is None else made
             labels = host_labels.to(self.device, non_blocking=True)
             self.event = torch.cuda.Event()
             self.event.record(self.stream)  # the copy out of the pinned buffer, for its next fill

@@ -234,7 +234,7 @@ class RandomResizedCrop(nn.Module):
             weights_y, weights_x = self._weights(batch, height, width, images.device, generator)
             if self.training and self.flip:
                 weights_x = torch.where(self._coin(batch, images.device, generator), weights_x.flip(1), weights_x)
-            pixels = _resample(pixels, weights_y.to(compute), weights_x.to(compute))
+            pixels = resample(pixels, weights_y.to(compute), weights_x.to(compute))
         elif self.training and self.flip:
             pixels = torch.where(self._coin(batch, images.device, generator)[:, None], pixels.flip(3), pixels)
         if self.training and any(self.jitter):
@@ -299,7 +299,7 @@ def centre_offset(resized: int, out: int) -> int:
     return int(round((resized - out) / 2.0)) if out <= resized else -((out - resized) // 2)
 
 
-def _resample(pixels: torch.Tensor, weights_y: torch.Tensor, weights_x: torch.Tensor) -> torch.Tensor:
+def resample(pixels: torch.Tensor, weights_y: torch.Tensor, weights_x: torch.Tensor) -> torch.Tensor:
     """``Wy @ pixels @ Wx^T`` per sample and channel: ``[B, C, H, W]`` -> ``[B, C, S_y, S_x]``.
 
     Two batched matrix products over the samples, the channels folded into the rows, so no weight
