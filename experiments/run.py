@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from . import gpu_preprocess, jpeg_quality, memmap_vs_folder, train_augment, train_order, transfer_order
+from . import gpu_preprocess, jpeg_quality, jpeg_store, memmap_vs_folder, train_augment, train_order, transfer_order
 from ._common import add_device_argument
 
 EXPERIMENTS = {
@@ -22,6 +22,7 @@ EXPERIMENTS = {
     "memmap_vs_folder": memmap_vs_folder,
     "gpu_preprocess": gpu_preprocess,
     "train_augment": train_augment,
+    "jpeg_store": jpeg_store,
 }
 
 

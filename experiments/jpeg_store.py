@@ -1,0 +1,298 @@
+"""Raw or jpeg? Shuffled training batches with RandomResizedCrop(224) + flip, warm and cold page cache.
+
+The same compressed photos (640x480, ffmpeg -q:v 3), side by side in one run, each contender a full
+shuffled epoch of batches on ``--device`` (median of the repeats, min-max kept):
+- ``stock``: ``torch.utils.data.DataLoader`` over ``ImageFolder`` decoding with torchvision's
+  ``decode_jpeg``, v2 ``RandomResizedCrop(224, antialias=True)`` + ``RandomHorizontalFlip`` per
+  sample, ``num_workers`` = cores, ``pin_memory`` on CUDA, persistent workers: the stock loader at
+  its best;
+- ``spdl``: SPDL 0.8 (where it installs) decoding and cropping each image with FFmpeg filters in a
+  thread pool of as many threads as cores;
+- ``jpeg_crop``: a jpeg dataset, ``gpuload.DataLoader(decode=RandomResizedCropDecode(224))``
+  (fast DCT; ``jpeg_crop_exact``: accurate DCT); ``jpeg_gpu_decode`` on CUDA (nvJPEG);
+- ``jpeg_full``: the same dataset decoded whole (640x480, no crop), what FFCV's jpg mode does;
+- ``raw_crop``: a raw dataset and ``transform=gpuload.RandomResizedCrop(224, flip=True)`` on the
+  device; ``raw``: the raw batches alone (640x480).
+Cold: before every epoch the contender's files are evicted from the page cache
+(``posix_fadvise(POSIX_FADV_DONTNEED)``, mappings closed first), so every byte comes from the disk.
+Also reported: MB/s read from the store, and each store's size on disk. And, for the jpeg store's
+random reads, one ``pread`` per image against a mapping with ``MADV_RANDOM``, warm and cold.
+
+    python -m experiments.jpeg_store [--device cuda] [--images 2000] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+from torchvision.datasets import ImageFolder
+from torchvision.transforms import v2
+
+import gpuload
+
+from ._common import (
+    add_device_argument,
+    device_name,
+    figure,
+    median_spread,
+    photo_folders,
+    read_result,
+    resolve_device,
+    save_figure,
+    synchronize,
+    write_result,
+)
+
+SIZE = 224
+
+
+def evict(paths: list[Path]) -> None:
+    """Drop the files' clean pages from the page cache (they must not be mapped)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+class _TorchvisionJpeg:
+    """ImageFolder's loader: the file's bytes decoded by torchvision's decode_jpeg (picklable)."""
+
+    def __call__(self, path: str) -> torch.Tensor:
+        import warnings
+
+        from torchvision.io import decode_jpeg, read_file
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torchvision 0.29 deprecates its decoders
+            return decode_jpeg(read_file(path))
+
+
+def stock_loader(folder: Path, batch_size: int, device: torch.device):
+    transform = v2.Compose([v2.RandomResizedCrop(SIZE, antialias=True), v2.RandomHorizontalFlip()])
+    dataset = ImageFolder(str(folder), loader=_TorchvisionJpeg(), transform=transform)
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=gpuload.default_workers(),
+        persistent_workers=True,
+        pin_memory=device.type == "cuda",
+    )
+
+
+class SpdlLoader:
+    """SPDL's FFmpeg decoding with a random crop + scale filter per image, in a thread pool."""
+
+    def __init__(self, folder: Path, batch_size: int, device: torch.device, image_size: tuple[int, int]) -> None:
+        import spdl.io
+
+        self.spdl, self.device, self.batch_size, self.image_size = spdl.io, device, batch_size, image_size
+        self.files = sorted(folder.rglob("*.jpg"))
+        self.pool = ThreadPoolExecutor(gpuload.default_workers())
+        self.rng = np.random.default_rng(0)
+
+    def _load(self, item: tuple[Path, tuple[int, int, int, int], bool]) -> np.ndarray:
+        path, (top, left, height, width), flip = item
+        filters = f"crop={width}:{height}:{left}:{top},scale={SIZE}:{SIZE}" + (",hflip" if flip else "")
+        return self.spdl.to_numpy(self.spdl.load_image(str(path), filter_desc=filters + ",format=rgb24"))
+
+    def __iter__(self):
+        order = self.rng.permutation(len(self.files))
+        probe = torch.empty(1, *self.image_size)
+        for start in range(0, len(order) - self.batch_size + 1, self.batch_size):
+            items = [
+                (
+                    self.files[i],
+                    v2.RandomResizedCrop.get_params(probe, [0.08, 1.0], [3 / 4, 4 / 3]),
+                    self.rng.random() < 0.5,
+                )
+                for i in order[start : start + self.batch_size]
+            ]
+            batch = torch.from_numpy(np.stack(list(self.pool.map(self._load, items)))).permute(0, 3, 1, 2)
+            yield batch.to(self.device, non_blocking=True), None
+
+
+def contenders(
+    folder: Path, raw: Path, jpeg: Path, batch_size: int, device: torch.device, image_size: tuple[int, int]
+) -> dict:
+    """name -> (a function making the loader of one epoch, the files it reads)."""
+    sources = sorted(folder.rglob("*.jpg"))
+    raw_files = [raw / "images.memmap"]
+    jpeg_files = [jpeg / "data.memmap"]
+
+    def ours(path: Path, **options):
+        return lambda: gpuload.DataLoader(
+            gpuload.MemmapImageDataset(path), batch_size, shuffle=True, drop_last=True, device=device, **options
+        )
+
+    stock = stock_loader(folder, batch_size, device)  # one, with persistent workers, for every epoch
+    found = {
+        "stock": ((lambda: stock), sources),
+        "jpeg_crop": (ours(jpeg, decode=gpuload.RandomResizedCropDecode(SIZE)), jpeg_files),
+        "jpeg_crop_exact": (ours(jpeg, decode=gpuload.RandomResizedCropDecode(SIZE, fast=False)), jpeg_files),
+        "jpeg_full": (ours(jpeg, decode=gpuload.CenterCropDecode(image_size, ratio=1.0)), jpeg_files),
+        "raw_crop": (ours(raw, transform=gpuload.RandomResizedCrop(SIZE, flip=True)), raw_files),
+        "raw": (ours(raw), raw_files),
+    }
+    if device.type == "cuda":
+        found["jpeg_gpu_decode"] = (ours(jpeg, decode=gpuload.RandomResizedCropDecode(SIZE, gpu=True)), jpeg_files)
+    try:
+        spdl = SpdlLoader(folder, batch_size, device, image_size)
+    except ImportError:
+        print("  spdl is not installed (pip install gpuload[bench]): left out")
+    else:
+        found["spdl"] = ((lambda: spdl), sources)
+    return found
+
+
+def epoch(make_loader, device: torch.device) -> tuple[float, int]:
+    """Seconds and images of one epoch of a fresh loader (datasets reopened: a cold epoch maps nothing old)."""
+    loader = make_loader()
+    synchronize(device)
+    started = time.perf_counter()
+    images = 0
+    for batch, _ in loader:
+        images += len(batch)
+    synchronize(device)
+    return time.perf_counter() - started, images
+
+
+def read_rates(jpeg: Path, repeats: int) -> dict:
+    """Every stored JPEG read once in a random order: one pread each against a MADV_RANDOM mapping."""
+    dataset = gpuload.MemmapImageDataset(jpeg)
+    starts, lengths = dataset.data.starts.tolist(), dataset.data.lengths.tolist()
+    order = np.random.default_rng(0).permutation(len(dataset)).tolist()
+    path = jpeg / "data.memmap"
+
+    def with_pread() -> None:
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        for index in order:
+            os.pread(fd, lengths[index], starts[index])
+        os.close(fd)
+
+    def with_mmap() -> None:
+        with open(path, "rb") as file:
+            mapping = mmap.mmap(file.fileno(), 0, prot=mmap.PROT_READ)
+        mapping.madvise(mmap.MADV_RANDOM)
+        for index in order:
+            bytes(mapping[starts[index] : starts[index] + lengths[index]])
+        mapping.close()
+
+    rates: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        for cache in ("warm", "cold"):
+            for name, read in (("pread", with_pread), ("mmap_random", with_mmap)):
+                if cache == "cold":
+                    evict([path])
+                started = time.perf_counter()
+                read()
+                rates.setdefault(f"{name}_{cache}", []).append(len(order) / (time.perf_counter() - started))
+    return {name: median_spread(values) for name, values in rates.items()}
+
+
+def plot(result: dict) -> None:
+    rows = result["rows"]
+    names = list(dict.fromkeys(row["contender"] for row in rows))
+    fig, axes = figure(1, 1)
+    axis = axes[0][0]
+    for offset, cache in enumerate(("warm", "cold")):
+        values = [next(row for row in rows if (row["contender"], row["cache"]) == (n, cache)) for n in names]
+        positions = np.arange(len(names)) + (offset - 0.5) * 0.4
+        medians = [value["images_per_second"]["median"] for value in values]
+        axis.bar(positions, medians, 0.4, label=f"{cache} page cache")
+        for x, value in zip(positions, medians):
+            axis.text(x, value, f"{value:,.0f}", ha="center", va="bottom", fontsize=9)
+    axis.set_xticks(np.arange(len(names)), names, rotation=15)
+    axis.set_ylabel("images/s")
+    axis.grid(True, axis="y", alpha=0.3)
+    axis.legend()
+    sizes = result["bytes_on_disk"]
+    fig.suptitle(
+        f"{result['images']} photos of 640x480, RandomResizedCrop({SIZE}) + flip, to {result['device_name']}; "
+        f"store: raw {sizes['raw'] / 1e6:,.0f} MB, jpeg {sizes['jpeg'] / 1e6:,.0f} MB"
+    )
+    print(f"wrote {save_figure(fig, 'jpeg_store', result)}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_device_argument(parser)
+    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "gpuload-experiments")
+    parser.add_argument("--quick", action="store_true", help="few small images (a smoke test)")
+    parser.add_argument("--plot-only", action="store_true")
+    args = parser.parse_args(argv)
+    if args.plot_only:
+        return plot(read_result("jpeg_store"))
+    device = resolve_device(args.device)
+    size = (480, 640)
+    if args.quick:
+        args.images, args.batch_size, args.repeats, size = 100, 8, 1, (120, 160)
+    _, folder = photo_folders(args.workdir, args.images, size)
+    raw, jpeg = folder.with_suffix(".memmap"), folder.with_suffix(".jpeg")
+    for out, store in ((raw, "raw"), (jpeg, "jpeg")):
+        if not out.exists():
+            gpuload.build_memmap(folder, out, format=store, progress=False)
+    bytes_on_disk = {
+        "source": sum(path.stat().st_size for path in folder.rglob("*.jpg")),
+        "raw": sum(gpuload.MemmapImageDataset(raw).manifest.files.values()),
+        "jpeg": sum(gpuload.MemmapImageDataset(jpeg).manifest.files.values()),
+    }
+    rows = []
+    for name, (make_loader, files) in contenders(folder, raw, jpeg, args.batch_size, device, size).items():
+        read_bytes = sum(path.stat().st_size for path in files)
+        epoch(make_loader, device)  # warm-up: workers, pinned buffers, compile-free paths, page cache
+        for cache in ("warm", "cold"):
+            rates, megabytes = [], []
+            for _ in range(args.repeats):
+                if cache == "cold":
+                    evict(files)
+                seconds, images = epoch(make_loader, device)
+                rates.append(images / seconds)
+                megabytes.append(read_bytes * images / args.images / seconds / 1e6)
+            rows.append(
+                {"contender": name, "cache": cache, "images_per_second": median_spread(rates)}
+                | {"megabytes_per_second": median_spread(megabytes)}
+            )
+            print(f"  {name:<16} {cache}  {rows[-1]['images_per_second']['median']:8,.0f} images/s", flush=True)
+    reads = read_rates(jpeg, args.repeats)
+    for name, spread in reads.items():
+        print(f"  read {name:<18} {spread['median']:10,.0f} images/s")
+    stock = next(r for r in rows if (r["contender"], r["cache"]) == ("stock", "warm"))["images_per_second"]["median"]
+    ours = next(r for r in rows if (r["contender"], r["cache"]) == ("jpeg_crop", "warm"))["images_per_second"]["median"]
+    print(f"jpeg_crop = {ours / stock:.2f}x the stock loader with the same transform and workers (warm)")
+    print("bytes on disk: " + ", ".join(f"{k} {v / 1e6:,.1f} MB" for k, v in bytes_on_disk.items()))
+    path = write_result(
+        "jpeg_store",
+        {
+            "device": str(device),
+            "device_name": device_name(device),
+            "images": args.images,
+            "batch_size": args.batch_size,
+            "workers": gpuload.default_workers(),
+            "bytes_on_disk": bytes_on_disk,
+            "reads": reads,
+            "quick": args.quick,
+            "rows": rows,
+        },
+    )
+    print(f"wrote {path}")
+    plot(read_result("jpeg_store"))
+
+
+if __name__ == "__main__":
+    main()
