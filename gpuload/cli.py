@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     parser = argparse.ArgumentParser(prog="gpuload", description="Get image datasets onto the GPU fast.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_compress, _add_build, _add_info, _add_verify, _add_bench, _add_demo, _add_slides):
+    for add in (_add_compress, _add_build, _add_info, _add_verify, _add_bench, _add_demo):
         add(subparsers)
     args = parser.parse_args(argv)
     with warnings.catch_warnings():
@@ -266,25 +266,4 @@ def _run_demo(args) -> int:
     from .demo import run_demo
 
     run_demo(args.workdir, images=args.images)
-    return 0
-
-
-def _add_slides(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "slides", help="regenerate the talk (slides/slides.md) from slides/template.md and assets/results/*.json"
-    )
-    parser.add_argument("--repo", type=Path, default=Path("."), help="the gpuload repository (default: .)")
-    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if slides/slides.md is stale")
-    parser.set_defaults(run=_run_slides)
-
-
-def _run_slides(args) -> int:
-    from .slides import DECK, write_slides
-
-    stale = write_slides(args.repo, check=args.check)
-    deck = args.repo / DECK
-    if args.check:
-        print(f"{deck} is {'stale: run gpuload slides' if stale else 'up to date'}")
-        return int(stale)
-    print(f"{'wrote' if stale else 'unchanged:'} {deck}")
     return 0

@@ -13,7 +13,7 @@ from PIL import Image
 
 from gpuload import build_memmap, make_sample_folder
 from gpuload.sample import sample_photo
-from gpuload.slides import TEMPLATE
+from slides.generate import TEMPLATE
 
 SIZE = (48, 64)  # (height, width) of the small test photos
 

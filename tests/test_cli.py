@@ -3,7 +3,6 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 from conftest import write_bad_file
@@ -186,20 +185,3 @@ def test_the_public_api_is_still_reachable_lazily():
         assert getattr(gpuload, name) is not None
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         gpuload.nope  # noqa: B018
-
-
-def test_slides_check_and_write(capsys, bare_repo):
-    root = Path(__file__).resolve().parent.parent
-    assert main(["slides", "--repo", str(root), "--check"]) == 0
-    assert "is up to date" in capsys.readouterr().out
-    (bare_repo / "slides" / "slides.md").write_text("old talk")
-    assert main(["slides", "--repo", str(bare_repo), "--check"]) == 1
-    assert "stale" in capsys.readouterr().out
-    assert main(["slides", "--repo", str(bare_repo)]) == 0
-    assert capsys.readouterr().out.startswith("wrote ")
-    assert "there is no `assets/results/bench_cpu.json`" in (bare_repo / "slides" / "slides.md").read_text()
-
-
-def test_slides_outside_the_repository(capsys, tmp_path):
-    assert main(["slides", "--repo", str(tmp_path)]) == 2
-    assert "run this in the gpuload repository" in capsys.readouterr().err

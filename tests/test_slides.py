@@ -1,4 +1,4 @@
-"""The talk: ``gpuload slides`` output, and the built deck opened slide by slide in headless Chromium."""
+"""The talk: ``python -m slides.generate`` output, and the built deck opened slide by slide in headless Chromium."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuload.slides import DECK, HOW_TO_MEASURE, SNIPPETS, TEMPLATE, render_slides, write_slides
+from slides.generate import DECK, HOW_TO_MEASURE, SNIPPETS, TEMPLATE, render_slides, write_slides
+from slides.generate import main as generate_main
 
 ROOT = Path(__file__).resolve().parent.parent
 SLIDES = ROOT / "slides"
@@ -315,3 +316,20 @@ def test_results_from_a_gpu_fill_the_gpu_slides(bare_repo):
     assert f"reaches **{share}** of the pinned host-to-device limit" in deck
     assert "To cuda (NVIDIA H100 80GB HBM3), " in deck
     assert ", pinned: " in deck  # the transfer example prefers pinned memory on a GPU
+
+
+def test_generate_check_and_write(capsys, bare_repo):
+    root = Path(__file__).resolve().parent.parent
+    assert generate_main(["--repo", str(root), "--check"]) == 0
+    assert "is up to date" in capsys.readouterr().out
+    (bare_repo / "slides" / "slides.md").write_text("old talk")
+    assert generate_main(["--repo", str(bare_repo), "--check"]) == 1
+    assert "stale" in capsys.readouterr().out
+    assert generate_main(["--repo", str(bare_repo)]) == 0
+    assert capsys.readouterr().out.startswith("wrote ")
+    assert "there is no `assets/results/bench_cpu.json`" in (bare_repo / "slides" / "slides.md").read_text()
+
+
+def test_generate_outside_the_repository(capsys, tmp_path):
+    assert generate_main(["--repo", str(tmp_path)]) == 2
+    assert "run this in the gpuload repository" in capsys.readouterr().err

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuload.snippets import Snippet, SnippetError
+from slides.snippets import Snippet, SnippetError
 
 SOURCE = '''"""A module."""
 

@@ -1,4 +1,5 @@
-"""``gpuload slides``: the talk (``slides/slides.md``) from its template and what the experiments measured.
+"""The talk (``slides/slides.md``) from its template and what the experiments measured:
+``python -m slides.generate [--check]``, run in the repository.
 
 The template (``slides/template.md``) holds the story and the layout; every number, table, plot
 and code block on the slides is a ``${name}`` placeholder filled here from
@@ -8,17 +9,20 @@ missing (no GPU run yet, say) becomes a sentence saying so. Same inputs, same Ma
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from string import Template
 
-from .bench import BENCH_LABELS, gather_limit
-from .machine import machine_line
+from gpuload.bench import BENCH_LABELS, gather_limit
+from gpuload.machine import machine_line
+
 from .snippets import Snippet
 
-__all__ = ["SNIPPETS", "render_slides", "write_slides"]
+__all__ = ["SNIPPETS", "main", "render_slides", "write_slides"]
 
 TEMPLATE = Path("slides/template.md")
 DECK = Path("slides/slides.md")
@@ -240,7 +244,7 @@ def _source(result: dict, name: str) -> str:
 def _missing(name: str) -> str:
     return (
         f"**Not measured yet:** there is no `assets/results/{name}.json`. "
-        f"Run `{HOW_TO_MEASURE[name]}`, then `gpuload slides`."
+        f"Run `{HOW_TO_MEASURE[name]}`, then `python -m slides.generate`."
     )
 
 
@@ -289,7 +293,7 @@ def _title(results: dict[str, dict], root: Path) -> dict[str, str]:
         line = f"{machine_line(result['machine'])}, {result['machine']['date'][:10]}"
         machines.setdefault(line, []).append(name)
     if not machines:
-        return {"title_machines": "No results yet: run `python -m experiments.run`, then `gpuload slides`."}
+        return {"title_machines": "No results yet: run `python -m experiments.run`, then `python -m slides.generate`."}
     lines = [f"- {line}: {', '.join(names)}" for line, names in sorted(machines.items())]
     return {"title_machines": "Measured on:\n\n" + "\n".join(lines)}
 
@@ -563,7 +567,7 @@ def _memmap(results: dict[str, dict], root: Path) -> dict[str, str]:
         if not rows:
             values[key] = (
                 f"**No {device} run yet**: `python -m experiments.memmap_vs_folder --devices {device}` on a machine "
-                f"with {'a GPU' if device == 'cuda' else 'a CPU'}, then `gpuload slides`."
+                f"with {'a GPU' if device == 'cuda' else 'a CPU'}, then `python -m slides.generate`."
             )
             continue
         lines = []
@@ -667,3 +671,26 @@ SECTIONS: tuple[Section, ...] = (
     _preprocessing,
     _closing,
 )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m slides.generate [--repo DIR] [--check]``; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m slides.generate", description=__doc__.splitlines()[0])
+    parser.add_argument("--repo", type=Path, default=Path("."), help="the gpuload repository (default: .)")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if slides/slides.md is stale")
+    args = parser.parse_args(argv)
+    try:
+        stale = write_slides(args.repo, check=args.check)
+    except (OSError, ValueError) as error:
+        print(f"slides.generate: error: {error}", file=sys.stderr)
+        return 2
+    deck = args.repo / DECK
+    if args.check:
+        print(f"{deck} is {'stale: run python -m slides.generate' if stale else 'up to date'}")
+        return int(stale)
+    print(f"{'wrote' if stale else 'unchanged:'} {deck}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

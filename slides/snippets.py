@@ -29,7 +29,7 @@ class Snippet:
         max_height: CSS height above which the block scrolls, e.g. ``"380px"``.
 
     Example:
-        >>> root = Path(__file__).resolve().parent.parent
+        >>> root = Path(__file__).resolve().parent.parent  # the repository
         >>> snippet = Snippet("gpuload/transforms/normalize.py", "Normalize.forward", steps=(("return torch.addcmul",),))
         >>> snippet.lines(root)[0]
         'def forward(self, images: torch.Tensor) -> torch.Tensor:'
