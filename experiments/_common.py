@@ -132,10 +132,33 @@ def _meminfo_kib(field: str) -> int:
     return 0
 
 
+def result_name(name: str, device="cpu") -> str:
+    """The file name (no suffix) of a result and its plots: ``name`` for the CPU, ``name_cuda`` for a GPU.
+
+    ``device`` is a ``torch.device``, ``"cpu"``, ``"cuda[:N]"`` or ``"auto"`` (cuda when a GPU is there).
+    CPU results keep their plain names; a GPU run writes beside them, and the talk prefers it.
+
+    Example:
+        >>> result_name("transfer_order", "cpu"), result_name("transfer_order", "cuda:0")
+        ('transfer_order', 'transfer_order_cuda')
+    """
+    kind = _device_kind(device)
+    return name if kind == "cpu" else f"{name}_{kind}"
+
+
+def _device_kind(device) -> str:
+    import torch
+
+    if str(device) == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(device).type
+
+
 def write_result(name: str, payload: dict) -> Path:
-    """Write ``assets/results/<name>.json`` with the machine description added; returns its path."""
+    """Write ``assets/results/<name>.json`` (``<name>_cuda.json`` when ``payload["device"]`` is a GPU)
+    with the machine description added; returns its path."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    path = RESULTS / f"{result_name(name, payload.get('device', 'cpu'))}.json"
     payload = {"experiment": name, "machine": gpuload.describe_machine(), **payload}
     path.write_text(json.dumps(payload, indent=1) + "\n")
     return path
@@ -148,11 +171,11 @@ def elapsed(function, *args, **kwargs) -> float:
     return time.perf_counter() - started
 
 
-def read_result(name: str) -> dict:
-    """The JSON that :func:`write_result` wrote for ``name`` (for ``--plot-only``)."""
-    path = RESULTS / f"{name}.json"
+def read_result(name: str, device="cpu") -> dict:
+    """The JSON that :func:`write_result` wrote for ``name`` on ``device`` (for ``--plot-only``)."""
+    path = RESULTS / f"{result_name(name, device)}.json"
     if not path.is_file():
-        raise SystemExit(f"{path} does not exist: run the experiment first")
+        raise SystemExit(f"{path} does not exist: run the experiment first (with --device {_device_kind(device)})")
     return json.loads(path.read_text())
 
 
@@ -167,31 +190,112 @@ def device_name(device) -> str:
     return f"cpu ({machine['cpu']}, {machine['cores']} cores)"
 
 
-def figure(rows: int = 1, columns: int = 1, **kwargs):
-    """A matplotlib figure at slide size (1280x720 px) with readable fonts."""
+# The talk shows plots on Slidev's slide canvas (980x552 CSS px, scaled to the screen). A figure is
+# drawn at the size it is shown there, at 72 dpi, so that 1 pt of matplotlib is 1 px of the canvas, and
+# saved at PIXEL_DENSITY times that for sharp text on a projector; the talk shows the PNG at its
+# width / PIXEL_DENSITY. Every text is at least MIN_FONT_PX on the canvas (save_figure checks).
+CANVAS = (980, 552)
+PLOT_SIZE = (900, 360)  # a plot slide: the title and a takeaway line above and below it
+MIN_FONT_PX = 14
+PIXEL_DENSITY = 2
+FONT_SIZES = {
+    "font.size": 15,
+    "axes.titlesize": 16,
+    "axes.labelsize": 15,
+    "xtick.labelsize": 14,
+    "ytick.labelsize": 14,
+    "legend.fontsize": 14,
+    "legend.title_fontsize": 14,
+    "figure.titlesize": 17,
+}
+FOOTNOTE_PX = 14
+
+
+def result_device_name(result: dict) -> str:
+    """The device that produced a result, as :func:`device_name` wrote it (for results older than that field:
+    the CPU of its machine)."""
+    if "device_name" in result:
+        return result["device_name"]
+    machine = result["machine"]
+    return f"cpu ({machine['cpu']}, {machine['cores']} cores)"
+
+
+def figure(rows: int = 1, columns: int = 1, *, size: tuple[int, int] = PLOT_SIZE, **kwargs):
+    """A matplotlib figure of ``size`` canvas px (width, height) with fonts of at least ``MIN_FONT_PX``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"font.size": 13, "axes.titlesize": 14, "axes.labelsize": 13, "legend.fontsize": 11})
-    return plt.subplots(rows, columns, figsize=(12.8, 7.2), dpi=100, squeeze=False, **kwargs)
+    width, height = size
+    if not (0 < width <= CANVAS[0] and 0 < height <= CANVAS[1]):
+        raise ValueError(f"a figure must fit the {CANVAS[0]}x{CANVAS[1]} slide canvas, got {width}x{height}")
+    plt.rcParams.update(FONT_SIZES)
+    return plt.subplots(rows, columns, figsize=(width / 72, height / 72), dpi=72, squeeze=False, **kwargs)
 
 
-def save_figure(fig, name: str, result: dict, statistics: str = "medians, bars/bands: min-max") -> Path:
-    """Add the machine footnote (and what the marks show), save ``assets/<name>.png`` and close the figure."""
+def small_texts(fig) -> list[str]:
+    """The visible texts of ``fig`` smaller than ``MIN_FONT_PX`` on the canvas, and the figure-level
+    texts (titles, footnote) that run off its edges: what the back row could not read."""
+    from matplotlib.text import Text
+
+    renderer = fig.canvas.get_renderer()
+    scale = fig.dpi / 72  # canvas px per pt
+    problems = []
+    for text in fig.findobj(Text):
+        if not text.get_visible() or not text.get_text().strip():
+            continue
+        if text.get_fontsize() * scale < MIN_FONT_PX - 1e-6:
+            problems.append(f"{text.get_text()!r} at {text.get_fontsize() * scale:.1f} px")
+    edges = fig.bbox
+    titles = list(fig.texts) + [axis.title for axis in fig.axes]
+    for text in titles:
+        if not text.get_visible() or not text.get_text().strip():
+            continue
+        box = text.get_window_extent(renderer)
+        if box.x0 < edges.x0 - 1 or box.x1 > edges.x1 + 1:
+            problems.append(f"{text.get_text()!r} is wider than the figure")
+    return problems
+
+
+def legend_right(fig, axis, title: str | None = None) -> float:
+    """One legend for the whole figure, right of the panels, from ``axis``'s lines; returns the share of the
+    width left to the panels (pass it to :func:`save_figure` as ``right``)."""
+    handles, labels = axis.get_legend_handles_labels()
+    legend = fig.legend(handles, labels, loc="center right", title=title, frameon=False)
+    renderer = fig.canvas.get_renderer()
+    return 1 - (legend.get_window_extent(renderer).width + 8) / fig.bbox.width
+
+
+def save_figure(
+    fig, name: str, result: dict, statistics: str = "medians, bars/bands: min-max", *, right: float = 1.0
+) -> Path:
+    """Add the machine footnote (and what the marks show), check the text sizes, save
+    ``assets/<name>.png`` (``<name>_cuda.png`` for a GPU result) and close the figure. The panels take
+    the width up to ``right`` (a share of it; the rest is for a :func:`legend_right`).
+
+    Raises:
+        ValueError: a text is smaller than ``MIN_FONT_PX`` on the canvas, or a title is wider than the figure.
+    """
     import matplotlib.pyplot as plt
 
     machine = result["machine"]
     note = (
-        f"{machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; torch {machine['torch']}, "
-        f"CUDA {machine['cuda'] or '-'}; {machine['date'][:10]}; {statistics}"
+        f"{machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}"
+        + (f" (CUDA {machine['cuda']})" if machine.get("cuda") else "")
+        + f"; torch {machine['torch']}; "
+        f"{machine['date'][:10]}; {statistics}"
     )
-    fig.text(0.01, 0.01, note, fontsize=10, color="0.35")
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.text(0.005, 0.005, note, fontsize=FOOTNOTE_PX, color="0.35")
+    height = fig.get_size_inches()[1] * 72
+    fig.tight_layout(rect=(0, (FOOTNOTE_PX + 6) / height, right, 1), pad=0.4, w_pad=1.2)
+    problems = small_texts(fig)
+    if problems:
+        plt.close(fig)
+        raise ValueError(f"{name}: text the back row cannot read: " + "; ".join(problems))
     ASSETS.mkdir(parents=True, exist_ok=True)
-    path = ASSETS / f"{name}.png"
-    fig.savefig(path)
+    path = ASSETS / f"{result_name(name, result.get('device', 'cpu'))}.png"
+    fig.savefig(path, dpi=72 * PIXEL_DENSITY)
     plt.close(fig)
     return path
 
@@ -214,7 +318,7 @@ def plot_spread(
 
 def style_batch_axis(axis, title: str, ylabel: str, *, log_y: bool = True, legend_title: str | None = None) -> None:
     """Title, labels, log2 batch-size axis (and log y), grid and legend of a panel over batch size."""
-    axis.set_xscale("log", base=2)
+    batch_ticks(axis)
     if log_y:
         axis.set_yscale("log")
     axis.set_title(title)
@@ -222,6 +326,17 @@ def style_batch_axis(axis, title: str, ylabel: str, *, log_y: bool = True, legen
     axis.set_ylabel(ylabel)
     axis.grid(True, which="both", alpha=0.3)
     axis.legend(title=legend_title)
+
+
+def batch_ticks(axis) -> None:
+    """A log2 x axis with a tick, written as a plain number, at every batch size its lines have."""
+    from matplotlib.ticker import NullLocator
+
+    lines = [line for line in axis.get_lines() if line.get_transform() == axis.transData]  # not axhline's
+    batches = sorted({int(x) for line in lines for x in line.get_xdata() if x > 0})
+    axis.set_xscale("log", base=2)
+    axis.set_xticks(batches, [str(batch) for batch in batches])
+    axis.xaxis.set_minor_locator(NullLocator())
 
 
 def parse_sizes(texts: list[str]) -> list[tuple[int, int]]:

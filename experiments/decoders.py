@@ -88,13 +88,15 @@ def plot(result: dict) -> None:
         medians = [v["images_per_second"]["median"] for v in values]
         axis.bar(positions, medians, width, label=f"{threads} thread{'s' * (threads > 1)}")
         for x, value in zip(positions, medians):
-            axis.text(x, value, f"{value:,.0f}", ha="center", va="bottom", fontsize=10)
-    axis.set_xticks(np.arange(len(names)) + width * (len(counts) - 1) / 2, names, rotation=20)
+            axis.text(x, value, f"{value:,.0f}", ha="center", va="bottom", fontsize=14, rotation=90)
+    ticks = [name.replace("simplejpeg_", "simplejpeg\n").replace("_", " ") for name in names]
+    axis.set_xticks(np.arange(len(names)) + width * (len(counts) - 1) / 2, ticks)
+    axis.set_ylim(0, 1.3 * axis.get_ylim()[1])
     axis.set_ylabel("images/s (RGB uint8)")
     axis.grid(True, axis="y", alpha=0.3)
     axis.legend()
     height, width_px = result["image_size"]
-    fig.suptitle(f"Decoding {result['images']} photos of {width_px}x{height} (-q:v 3) from memory, {result['cpu']}")
+    fig.suptitle(f"Decoding {result['images']} photos of {width_px}x{height} from memory, on cpu ({result['cpu']})")
     print(f"wrote {save_figure(fig, 'decoders', result)}")
 
 

@@ -36,6 +36,7 @@ from ._common import (
     add_device_argument,
     device_name,
     figure,
+    legend_right,
     median_spread,
     plot_spread,
     read_result,
@@ -48,6 +49,14 @@ from ._common import (
 
 OUTPUT = 224
 INPUT = (480, 640)
+LABELS = {
+    "torchvision_per_sample": "torchvision v2,\nper sample",
+    "torchvision_batch": "torchvision v2, one\ncrop per batch",
+    "kornia": "Kornia",
+    "gpuload_eager": "gpuload, eager",
+    "gpuload_compiled": "gpuload,\ntorch.compile",
+    "gpuload_reduce_overhead": "gpuload, reduce-\noverhead",
+}
 
 
 def contenders(device: torch.device, dtype: torch.dtype, quick: bool) -> dict[str, Callable[[torch.Tensor], object]]:
@@ -102,16 +111,21 @@ def plot(result: dict) -> None:
     axis = axes[0][0]
     for name in result["contenders"]:
         line = [row for row in rows if row["contender"] == name]
-        plot_spread(axis, line, "images_per_second", "-o", name)
+        plot_spread(axis, line, "images_per_second", "-o", LABELS.get(name, name))
     limits = [row for row in rows if row["contender"] == "limit_copy"]
     if limits:
         axis.plot([row["batch_size"] for row in limits], [row["images_per_second"]["median"] for row in limits], "k--",
                   label="limit: device memory bandwidth")  # fmt: skip
         axis.legend()
     height, width = result["input"]
-    style_batch_axis(axis, f"{width}x{height} uint8 -> {OUTPUT}x{OUTPUT} {result['dtype']}, normalised", "images/s")
-    fig.suptitle(f"Per-sample crop + flip + normalise of batches on {result['device_name']}")
-    print(f"wrote {save_figure(fig, 'gpu_preprocess', result)}")
+    style_batch_axis(axis, "", "images/s")
+    axis.get_legend().remove()
+    right = legend_right(fig, axis)
+    fig.suptitle(
+        f"Crop + flip + normalise, {width}x{height} uint8 to {OUTPUT}x{OUTPUT} {result['dtype']}, "
+        f"on {result['device_name']}"
+    )
+    print(f"wrote {save_figure(fig, 'gpu_preprocess', result, right=right)}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -123,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plot-only", action="store_true")
     args = parser.parse_args(argv)
     if args.plot_only:
-        return plot(read_result("gpu_preprocess"))
+        return plot(read_result("gpu_preprocess", args.device))
     device = resolve_device(args.device)
     if args.quick:
         args.batch_sizes, args.min_run_time = [4, 8], 0.1
@@ -180,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         },
     )
     print(f"wrote {path}")
-    plot(read_result("gpu_preprocess"))
+    plot(read_result("gpu_preprocess", device))
 
 
 if __name__ == "__main__":

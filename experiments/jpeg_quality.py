@@ -12,6 +12,8 @@ A figure puts a crop of the original beside the same crop at each q.
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -34,6 +36,7 @@ from ._common import (
     photo_folders,
     read_result,
     resolve_device,
+    result_device_name,
     save_figure,
     synchronize,
     write_result,
@@ -72,10 +75,15 @@ def folder_rate(folder: Path, batch_size: int, repeats: int, device: torch.devic
     return median_spread(rates)
 
 
+def short_name(row: dict) -> str:
+    """``"original"`` or ``"q3"``: a tick label that fits under a bar."""
+    return "original" if row["quality"] is None else f"q{row['quality']}"
+
+
 def plot(result: dict) -> None:
     rows = result["rows"]
     fig, axes = figure(1, 2)
-    names = [row["name"] for row in rows]
+    names = [short_name(row) for row in rows]
     sizes = [row["mean_file_bytes"] / 1e3 for row in rows]
     rates = [row["images_per_second"]["median"] for row in rows]
     errors = [
@@ -85,30 +93,82 @@ def plot(result: dict) -> None:
     left, right = axes[0]
     left.bar(names, sizes, color="tab:blue")
     for index, row in enumerate(rows):
-        label = f"{sizes[index]:.0f} KB" + (f"\n{row['psnr_db']:.1f} dB" if row["psnr_db"] else "")
-        left.text(index, sizes[index], label, ha="center", va="bottom", fontsize=11)
+        label = f"{sizes[index]:.0f}" + (f"\n{row['psnr_db']:.0f} dB" if row["psnr_db"] else " KB")
+        left.text(index, sizes[index], label, ha="center", va="bottom", fontsize=14)
+    left.set_ylim(0, 1.15 * max(sizes))
     left.set_ylabel("mean file size (KB)")
-    left.set_title("File size and PSNR against the originals")
+    left.set_title("file size (KB), PSNR against the original")
     right.bar(names, rates, yerr=errors, color="tab:green", capsize=4)
     right.set_ylabel("images/s")
-    right.set_title(f"ImageFolder + DataLoader, {result['workers']} workers, batch {result['batch_size']}")
+    right.set_title(f"ImageFolder + DataLoader, {result['workers']} workers")
     for axis in (left, right):
-        axis.set_xlabel("encoding")
+        axis.set_xlabel("ffmpeg -q:v (original: Pillow quality 98)")
         axis.grid(True, axis="y", alpha=0.3)
     height, width = result["image_size"]
     fig.suptitle(
-        f"ffmpeg -q:v: {result['images']} photos of {width}x{height}, loaded to {result.get('device_name', 'the CPU')}"
+        f"{result['images']} photos of {width}x{height}, batches of {result['batch_size']} to "
+        f"{result_device_name(result)}"
     )
     print(f"wrote {save_figure(fig, 'jpeg_quality', result)}")
 
     crops = result["crops"]
-    fig, axes = figure(1, len(crops))
+    fig, axes = figure(1, len(crops), size=(900, 240))
     for axis, crop in zip(axes[0], crops):
         axis.imshow(Image.open(ASSETS / crop["path"]), interpolation="nearest")
-        axis.set_title(crop["title"])
+        axis.set_title(crop["title"].replace("ffmpeg -q:v ", "q").replace(" (PIL q98)", ""))
         axis.axis("off")
-    fig.suptitle("The same 96x96-pixel crop, enlarged: the original and its ffmpeg re-encodings")
-    print(f"wrote {save_figure(fig, 'jpeg_quality_crops', result)}")
+    side = crops[0].get("side", 96)
+    where = f" of {crops[0]['source']}" if "source" in crops[0] else ""
+    fig.suptitle(f"The same {side}x{side} pixels{where}, enlarged, at each quality (pixels only, no timing)")
+    print(f"wrote {save_figure(fig, 'jpeg_quality_crops', result, statistics='one photo')}")
+
+
+CROP_SIDE = 64  # photo pixels per crop: enlarged on the slide, JPEG's 8x8 blocks show
+
+
+def detailed_box(image: Image.Image, side: int) -> tuple[float, tuple[int, int, int, int]]:
+    """The ``side`` x ``side`` window of ``image`` with the most detail (mean absolute gradient), and that score."""
+    gray = np.asarray(image.convert("L"), dtype=np.float64)
+    energy = np.abs(np.diff(gray, axis=0))[:, :-1] + np.abs(np.diff(gray, axis=1))[:-1, :]
+    table = np.pad(energy.cumsum(0).cumsum(1), ((1, 0), (1, 0)))
+    sums = table[side:, side:] - table[:-side, side:] - table[side:, :-side] + table[:-side, :-side]
+    top, left = np.unravel_index(np.argmax(sums), sums.shape)
+    return float(sums[top, left]) / side**2, (int(left), int(top), int(left) + side, int(top) + side)
+
+
+def cut_crops(workdir: Path, size: tuple[int, int], qualities: list[int]) -> list[dict]:
+    """The most detailed crop of the sample photos (the first of each class, as in the measured folders),
+    as the original and at each ffmpeg ``-q:v``; written to ``assets/jpeg_quality_crops/``."""
+    tag = f"{size[0]}x{size[1]}"
+    originals = workdir / f"crop-originals-{tag}"
+    if not originals.exists():
+        partial = workdir / f".crop-originals-{tag}.partial"
+        if partial.exists():
+            shutil.rmtree(partial)  # a run of this function was killed while writing it
+        gpuload.make_sample_folder(partial, images_per_class=1, size=size, quality=98)
+        os.rename(partial, originals)
+    scored = []
+    for path in sorted(originals.rglob("*.jpg")):
+        with Image.open(path) as image:
+            scored.append((*detailed_box(image, min(CROP_SIDE, *size)), path.relative_to(originals)))
+    _, box, chosen = max(scored)
+    sources = [("original (PIL q98)", originals)]
+    for quality in qualities:
+        folder = workdir / f"crop-q{quality}-{tag}"
+        gpuload.compress_folder(originals, folder, quality=quality, progress=False)
+        sources.append((f"ffmpeg -q:v {quality}", folder))
+    crops_dir = ASSETS / "jpeg_quality_crops"
+    crops_dir.mkdir(parents=True, exist_ok=True)
+    crops = []
+    for index, (title, folder) in enumerate(sources):
+        path = crops_dir / f"{index}.png"
+        with Image.open(folder / chosen) as image:
+            image.convert("RGB").crop(box).save(path)
+        crops.append(
+            {"title": title, "path": path.relative_to(ASSETS).as_posix()}
+            | {"source": chosen.as_posix(), "box": list(box), "side": box[2] - box[0]}
+        )
+    return crops
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -120,10 +180,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "gpuload-experiments")
     parser.add_argument("--quick", action="store_true", help="few small images (a smoke test)")
     parser.add_argument("--plot-only", action="store_true")
+    parser.add_argument(
+        "--crops-only", action="store_true", help="cut the crop figure again; keep the last measurements"
+    )
     add_device_argument(parser)
     args = parser.parse_args(argv)
     if args.plot_only:
-        return plot(read_result("jpeg_quality"))
+        return plot(read_result("jpeg_quality", args.device))
+    if args.crops_only:
+        result = read_result("jpeg_quality", args.device)
+        height, width = result["image_size"]
+        qualities = [row["quality"] for row in result["rows"] if row["quality"] is not None]
+        write_result("jpeg_quality", result | {"crops": cut_crops(args.workdir, (height, width), qualities)})
+        return plot(read_result("jpeg_quality", args.device))
     device = resolve_device(args.device)
     size = (480, 640)
     if args.quick:
@@ -134,11 +203,6 @@ def main(argv: list[str] | None = None) -> None:
     for quality in args.qualities:
         _, folder = photo_folders(args.workdir, args.images, size, quality=quality)
         rows.append({"name": f"ffmpeg -q:v {quality}", "quality": quality, "folder": folder})
-    top = max(0, min(size[0] // 4, size[0] - 96))
-    crop_box = (size[1] // 2 - 48, top, size[1] // 2 + 48, top + 96)
-    crops_dir = ASSETS / "jpeg_quality_crops"
-    crops_dir.mkdir(parents=True, exist_ok=True)
-    crops = []
     for row in rows:
         folder = row.pop("folder")
         row["mean_file_bytes"] = statistics.mean((folder / path).stat().st_size for path in files)
@@ -146,10 +210,6 @@ def main(argv: list[str] | None = None) -> None:
             None if row["quality"] is None else psnr([originals / p for p in files], [folder / p for p in files])
         )
         row["images_per_second"] = folder_rate(folder, args.batch_size, args.repeats, device)
-        crop = Image.open(folder / files[0]).convert("RGB").crop(crop_box)
-        crop_path = crops_dir / f"{len(crops)}.png"
-        crop.save(crop_path)
-        crops.append({"title": row["name"], "path": crop_path.relative_to(ASSETS).as_posix()})
         print(
             f"  {row['name']:<20} {row['mean_file_bytes'] / 1e3:7.1f} KB  {row['images_per_second']['median']:7.0f} images/s"
         )
@@ -163,9 +223,10 @@ def main(argv: list[str] | None = None) -> None:
         "quick": args.quick,
         "rows": rows,
     }
+    crops = cut_crops(args.workdir, size, args.qualities)
     path = write_result("jpeg_quality", {**result, "crops": crops})
     print(f"wrote {path}")
-    plot(read_result("jpeg_quality"))
+    plot(read_result("jpeg_quality", device))
 
 
 if __name__ == "__main__":

@@ -213,16 +213,15 @@ def plot(result: dict) -> None:
         medians = [value["images_per_second"]["median"] for value in values]
         axis.bar(positions, medians, 0.4, label=f"{cache} page cache")
         for x, value in zip(positions, medians):
-            axis.text(x, value, f"{value:,.0f}", ha="center", va="bottom", fontsize=9)
-    axis.set_xticks(np.arange(len(names)), names, rotation=15)
+            axis.text(x, value, f"{value:,.0f}", ha="center", va="bottom", fontsize=14, rotation=90)
+    axis.set_xticks(np.arange(len(names)), [name.replace("_", "\n", 1) for name in names])
+    axis.set_ylim(0, 1.3 * axis.get_ylim()[1])
     axis.set_ylabel("images/s")
     axis.grid(True, axis="y", alpha=0.3)
     axis.legend()
     sizes = result["bytes_on_disk"]
-    fig.suptitle(
-        f"{result['images']} photos of 640x480, RandomResizedCrop({SIZE}) + flip, to {result['device_name']}; "
-        f"store: raw {sizes['raw'] / 1e6:,.0f} MB, jpeg {sizes['jpeg'] / 1e6:,.0f} MB"
-    )
+    axis.set_title(f"store: raw {sizes['raw'] / 1e6:,.0f} MB, jpeg {sizes['jpeg'] / 1e6:,.0f} MB on disk")
+    fig.suptitle(f"{result['images']} photos, RandomResizedCrop({SIZE}) + flip, to {result['device_name']}")
     print(f"wrote {save_figure(fig, 'jpeg_store', result)}")
 
 
@@ -237,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plot-only", action="store_true")
     args = parser.parse_args(argv)
     if args.plot_only:
-        return plot(read_result("jpeg_store"))
+        return plot(read_result("jpeg_store", args.device))
     device = resolve_device(args.device)
     size = (480, 640)
     if args.quick:
@@ -291,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
         },
     )
     print(f"wrote {path}")
-    plot(read_result("jpeg_store"))
+    plot(read_result("jpeg_store", device))
 
 
 if __name__ == "__main__":

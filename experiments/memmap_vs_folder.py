@@ -30,6 +30,7 @@ from ._common import (
     add_device_argument,
     device_name,
     figure,
+    legend_right,
     median_spread,
     parse_sizes,
     photo_folders,
@@ -82,9 +83,9 @@ def plot(result: dict) -> None:
     sizes = sorted({(row["height"], row["width"]) for row in rows})
     fig, axes = figure(len(devices), len(sizes))
     labels = {
-        "image_folder": "ImageFolder + DataLoader",
-        "talk_recipe": "tensorclass + Collate",
-        "gpuload": "gpuload.DataLoader",
+        "image_folder": "ImageFolder +\nDataLoader",
+        "talk_recipe": "tensorclass +\nCollate",
+        "gpuload": "gpuload.\nDataLoader",
     }
     for row_axes, device in zip(axes, devices):
         for axis, (height, width) in zip(row_axes, sizes):
@@ -95,9 +96,13 @@ def plot(result: dict) -> None:
                     if (r["device"], r["height"], r["width"], r["contender"]) == (device, height, width, contender)
                 ]
                 plot_spread(axis, line, "images_per_second", style, labels[contender])
-            style_batch_axis(axis, f"{width}x{height} to {result['device_names'][device]}", "images/s")
-    fig.suptitle(f"Shuffled batches to the device: {result['images']} photos, page cache warm")
-    print(f"wrote {save_figure(fig, 'memmap_vs_folder', result)}")
+            title = f"{width}x{height}" + (f" to {device}" if len(devices) > 1 else "")
+            style_batch_axis(axis, title, "images/s")
+            axis.get_legend().remove()
+    right = legend_right(fig, axes[0][0])
+    names = " and ".join(result["device_names"][device] for device in devices)
+    fig.suptitle(f"Shuffled batches of {result['images']} photos (page cache warm) to {names}")
+    print(f"wrote {save_figure(fig, 'memmap_vs_folder', result, right=right)}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plot-only", action="store_true")
     args = parser.parse_args(argv)
     if args.plot_only:
-        return plot(read_result("memmap_vs_folder"))
+        return plot(read_result("memmap_vs_folder", args.device))
     if args.quick:
         args.image_sizes, args.batch_sizes, args.images, args.epochs = ["160x120"], [8, 32], 200, 2
     device = resolve_device(args.device)
@@ -137,10 +142,11 @@ def main(argv: list[str] | None = None) -> None:
                 )
     names = {str(device): device_name(device)}
     path = write_result(
-        "memmap_vs_folder", {"images": len(dataset), "device_names": names, "quick": args.quick, "rows": rows}
+        "memmap_vs_folder",
+        {"device": str(device), "images": len(dataset), "device_names": names, "quick": args.quick, "rows": rows},
     )
     print(f"wrote {path}")
-    plot(read_result("memmap_vs_folder"))
+    plot(read_result("memmap_vs_folder", device))
 
 
 if __name__ == "__main__":

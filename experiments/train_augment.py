@@ -115,19 +115,25 @@ def plot(result: dict) -> None:
     rows = result["rows"]
     fig, axes = figure(1, 2)
     left, right = axes[0]
-    names = [row["contender"] for row in rows]
-    left.bar(names, [row["images_per_second"]["median"] for row in rows], color=["tab:gray", "tab:green"])
+    labels = {"stock": "DataLoader,\ncrop in workers", "gpuload": "gpuload.DataLoader,\ncrop in the model"}
+    names = [labels.get(row["contender"], row["contender"]) for row in rows]
+    colours = ["tab:gray", "tab:green"]
+    rates = [row["images_per_second"]["median"] for row in rows]
+    waits = [100 * row["data_wait_share"]["median"] for row in rows]
+    for axis, values, text in ((left, rates, "{:,.0f}"), (right, waits, "{:.1f} %")):
+        axis.bar(names, values, color=colours)
+        for x, value in enumerate(values):
+            axis.text(x, value, text.format(value), ha="center", va="bottom", fontsize=14)
+        axis.set_ylim(0, 1.2 * max(max(values), 1))
+        axis.grid(True, axis="y", alpha=0.3)
     left.set_ylabel("images/s")
     left.set_title("training throughput")
-    right.bar(names, [100 * row["data_wait_share"]["median"] for row in rows], color=["tab:gray", "tab:green"])
-    right.set_ylabel("% of step time waiting for data")
-    right.set_title("data wait (torch.profiler)")
-    for axis in (left, right):
-        axis.grid(True, axis="y", alpha=0.3)
-    stand_in = " (CPU stand-in)" if result["device"] == "cpu" else ""
+    right.set_ylabel("% of the step")
+    right.set_title("waiting for data (torch.profiler)")
+    stand_in = "CPU stand-in: " if result["device"] == "cpu" else ""
     fig.suptitle(
-        f"ResNet-18 at {result['size']}px, batch {result['batch_size']}, RandomResizedCrop + flip, "
-        f"on {result['device_name']}{stand_in}"
+        f"{stand_in}ResNet-18 at {result['size']} px, batch {result['batch_size']}, crop + flip, "
+        f"on {result['device_name']}"
     )
     print(f"wrote {save_figure(fig, 'train_augment', result)}")
 
@@ -145,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plot-only", action="store_true")
     args = parser.parse_args(argv)
     if args.plot_only:
-        return plot(read_result("train_augment"))
+        return plot(read_result("train_augment", args.device))
     device = resolve_device(args.device)
     cuda = device.type == "cuda"
     size = args.size or (224 if cuda else 112)
@@ -194,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
         },
     )
     print(f"wrote {path}")
-    plot(read_result("train_augment"))
+    plot(read_result("train_augment", device))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
@@ -38,18 +39,17 @@ from ._common import (
     median_spread,
     parse_sizes,
     photo_folders,
-    plot_spread,
     read_result,
     resolve_device,
+    result_name,
     save_figure,
-    style_batch_axis,
     synchronize,
     write_result,
 )
 from .trace_figure import plot_trace
 
 VARIANTS = ("cuda_first", "half_first", "normalize_in_model")
-TRACE = "traces/train_order_{variant}.json.gz"  # under assets/; Perfetto opens .gz
+TRACE = "traces/{run}_{variant}.json.gz"  # under assets/; Perfetto opens .gz
 WAIT, WARMUP, ACTIVE = 1, 2, 5
 
 
@@ -133,26 +133,55 @@ def run_variant(variant: str, dataset, batch_size: int, device: torch.device, tr
 
 
 def plot(result: dict) -> None:
+    """Left: each variant's step time over the copy-then-cast step time, per configuration, with the
+    min-max of the timed steps (the noise). Right: the share of a step spent feeding the model
+    (the data, transfer and cast ranges): the most that the order of copy and cast can change."""
     rows = result["rows"]
-    sizes = sorted({(row["height"], row["width"]) for row in rows})
-    fig, axes = figure(1, len(sizes))
+    kind = result["device"].split(":")[0]
     labels = {
-        "cuda_first": "x.cuda().half()",
-        "half_first": "x.half().cuda()",
-        "normalize_in_model": "Normalize in model",
+        "cuda_first": f"x.to({kind}).half()",
+        "half_first": f"x.half().to({kind})",
+        "normalize_in_model": "Normalize in the model",
     }
-    for axis, (height, width) in zip(axes[0], sizes):
-        for variant, style in zip(VARIANTS, ("-o", "--s", "-.^")):
-            line = [r for r in rows if (r["height"], r["width"], r["variant"]) == (height, width, variant)]
-            plot_spread(axis, line, "step_seconds", style, labels[variant], scale=1e3, per_image=True)
-        style_batch_axis(axis, f"{width}x{height}", "training step time per image (ms)", log_y=False)
-    fig.suptitle(f"ResNet-18 AMP training step, data fed three ways, on {result['device_name']}")
-    print(f"wrote {save_figure(fig, 'train_order', result)}")
-    trace = ASSETS / TRACE.format(variant="cuda_first")
+    configurations = sorted({(r["height"] * r["width"], r["height"], r["width"], r["batch_size"]) for r in rows})
+    step = {(r["height"], r["width"], r["batch_size"], r["variant"]): r for r in rows}
+    names = [f"{w}x{h}\nbatch {b}" for _, h, w, b in configurations]
+    fig, axes = figure(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    left, right = axes[0]
+    positions = np.arange(len(configurations))
+    width = 0.8 / len(VARIANTS)
+    for offset, (variant, marker) in enumerate(zip(VARIANTS, "os^")):
+        x = positions + (offset - (len(VARIANTS) - 1) / 2) * width
+        reference = [step[h, w, b, "cuda_first"]["step_seconds"]["median"] for _, h, w, b in configurations]
+        spreads = [step[h, w, b, variant]["step_seconds"] for _, h, w, b in configurations]
+        medians = np.array([s["median"] / r for s, r in zip(spreads, reference)])
+        low = medians - np.array([s["min"] / r for s, r in zip(spreads, reference)])
+        high = np.array([s["max"] / r for s, r in zip(spreads, reference)]) - medians
+        left.errorbar(x, medians, yerr=[low, high], fmt=marker, capsize=4, label=labels[variant])
+        feeding = [
+            sum(step[h, w, b, variant]["range_ms_per_step"][name] or 0 for name in ("data", "transfer", "cast"))
+            / (1e3 * step[h, w, b, variant]["step_seconds"]["median"])
+            for _, h, w, b in configurations
+        ]
+        right.bar(x, [100 * share for share in feeding], width, label=labels[variant])
+    left.axhline(1.0, color="0.3", linestyle=":", linewidth=1.5)
+    left.set_ylabel(f"step time / {labels['cuda_first']}")
+    left.set_title("step time, min-max of the timed steps")
+    right.set_ylabel("% of the step")
+    right.set_title("feeding: data + transfer + cast")
+    for axis in (left, right):
+        axis.set_xticks(positions, names)
+        axis.grid(True, axis="y", alpha=0.3)
+    right.set_ylim(0, 1.8 * right.get_ylim()[1])  # room for the legend, which names both panels' colours
+    right.legend(loc="upper right")
+    fig.suptitle(f"ResNet-18 training steps fed three ways, on {result['device_name']}")
+    print(f"wrote {save_figure(fig, 'train_order', result, statistics='medians, bars: min-max')}")
+    trace = ASSETS / TRACE.format(run=result_name("train_order", result["device"]), variant="cuda_first")
     if trace.is_file():
         last = rows[-1]  # the traced configuration is the last one run
         caption = (
-            f"x.cuda().half(), {last['width']}x{last['height']}, batch {last['batch_size']}, {result['device_name']}"
+            f"{labels['cuda_first']}, {last['width']}x{last['height']}, batch {last['batch_size']}, "
+            f"{result['device_name']}"
         )
         print(f"wrote {plot_trace(trace, 'train_order_trace', result, caption)}")
 
@@ -167,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plot-only", action="store_true")
     args = parser.parse_args(argv)
     if args.plot_only:
-        return plot(read_result("train_order"))
+        return plot(read_result("train_order", args.device))
     if args.quick:
         args.image_sizes, args.batch_sizes = ["64x48"], [2, 4]
     device = resolve_device(args.device)
@@ -178,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
         for batch_size in args.batch_sizes:
             for variant in VARIANTS:
                 largest = size == sizes[-1] and batch_size == args.batch_sizes[-1]
-                trace = ASSETS / TRACE.format(variant=variant) if largest else None
+                run = result_name("train_order", device)
+                trace = ASSETS / TRACE.format(run=run, variant=variant) if largest else None
                 row = run_variant(variant, dataset, batch_size, device, trace)
                 rows.append({"height": size[0], "width": size[1], "batch_size": batch_size, "variant": variant, **row})
                 print(
@@ -188,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
         "train_order", {"device": str(device), "device_name": device_name(device), "quick": args.quick, "rows": rows}
     )
     print(f"wrote {path}")
-    plot(read_result("train_order"))
+    plot(read_result("train_order", device))
 
 
 if __name__ == "__main__":

@@ -18,15 +18,14 @@ from torch.utils.benchmark import Timer
 
 from ._common import (
     add_device_argument,
+    batch_ticks,
     device_name,
     figure,
     median_spread,
     parse_sizes,
-    plot_spread,
     read_result,
     resolve_device,
     save_figure,
-    style_batch_axis,
     write_result,
 )
 
@@ -71,24 +70,34 @@ def measure(
 
 
 def plot(result: dict) -> None:
+    """One panel: the time of cast-then-copy over the time of copy-then-cast, per batch size, one line per
+    image size (and memory): above 1, casting first is slower."""
     rows = result["rows"]
-    sizes = sorted({(row["height"], row["width"]) for row in rows})
-    fig, axes = figure(1, len(sizes), sharey=False)
-    for axis, (height, width) in zip(axes[0], sizes):
-        for memory in ("pageable", "pinned"):
-            for order, style in (("cuda_first", "-o"), ("half_first", "--s")):
-                line = [
-                    r
-                    for r in rows
-                    if (r["height"], r["width"], r["memory"], r["order"]) == (height, width, memory, order)
-                ]
-                if not line:
-                    continue
-                label = f"{'x.cuda().half()' if order == 'cuda_first' else 'x.half().cuda()'}, {memory}"
-                plot_spread(axis, line, "seconds", style, label, scale=1e3)
-        style_batch_axis(axis, f"{width}x{height}", "time per batch (ms)")
-    fig.suptitle(f"Transfer then cast, or cast then transfer? uint8 batches on {result['device_name']}")
-    print(f"wrote {save_figure(fig, 'transfer_order', result)}")
+    kind = result["device"].split(":")[0]
+    fig, axes = figure()
+    axis = axes[0][0]
+    timed = {(r["height"], r["width"], r["memory"], r["batch_size"], r["order"]): r["seconds"] for r in rows}
+    memories = sorted({row["memory"] for row in rows})
+    styles = iter(["-o", "--s", "-.^", ":D", "-v", "--P"])
+    for height, width in sorted({(row["height"], row["width"]) for row in rows}):
+        for memory in memories:
+            batches = sorted(b for h, w, m, b, o in timed if (h, w, m, o) == (height, width, memory, "cuda_first"))
+            if not batches:
+                continue
+            first = [timed[height, width, memory, batch, "cuda_first"] for batch in batches]
+            half = [timed[height, width, memory, batch, "half_first"] for batch in batches]
+            label = f"{width}x{height}" + (f", {memory}" if len(memories) > 1 else "")
+            axis.plot(batches, [h["median"] / c["median"] for h, c in zip(half, first)], next(styles), label=label)
+            low = [h["min"] / c["max"] for h, c in zip(half, first)]
+            axis.fill_between(batches, low, [h["max"] / c["min"] for h, c in zip(half, first)], alpha=0.15)
+    axis.axhline(1.0, color="0.3", linestyle=":", linewidth=1.5)
+    batch_ticks(axis)
+    axis.set_xlabel("batch size (images)")
+    axis.set_ylabel("time ratio (above 1: cast first is slower)")
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend(title="uint8 batch of", ncols=2)
+    axis.set_title(f"x.half().to({kind}) over x.to({kind}).half(), on {result['device_name']}")
+    print(f"wrote {save_figure(fig, 'transfer_order', result, statistics='median ratios, bands: min-max')}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -101,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plot-only", action="store_true", help="re-plot the last results")
     args = parser.parse_args(argv)
     if args.plot_only:
-        return plot(read_result("transfer_order"))
+        return plot(read_result("transfer_order", args.device))
     if args.quick:
         args.image_sizes, args.batch_sizes, args.min_run_time = ["64x48", "128x96"], [2, 4, 8], 0.05
     device = resolve_device(args.device)
@@ -110,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
         "transfer_order", {"device": str(device), "device_name": device_name(device), "quick": args.quick, "rows": rows}
     )
     print(f"wrote {path}")
-    plot(read_result("transfer_order"))
+    plot(read_result("transfer_order", device))
 
 
 if __name__ == "__main__":
