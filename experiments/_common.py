@@ -195,7 +195,7 @@ def device_name(device) -> str:
 # saved at PIXEL_DENSITY times that for sharp text on a projector; the talk shows the PNG at its
 # width / PIXEL_DENSITY. Every text is at least MIN_FONT_PX on the canvas (save_figure checks).
 CANVAS = (980, 552)
-PLOT_SIZE = (900, 360)  # a plot slide: the title and a takeaway line above and below it
+PLOT_SIZE = (900, 330)  # a plot slide: its title above, a takeaway and a stand-in note below
 MIN_FONT_PX = 14
 PIXEL_DENSITY = 2
 FONT_SIZES = {

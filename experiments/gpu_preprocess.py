@@ -70,8 +70,8 @@ def contenders(device: torch.device, dtype: torch.dtype, quick: bool) -> dict[st
             v2.Normalize(mean, std),
         ]
     )
-    ours = nn.Sequential(gpuload.RandomResizedCrop(OUTPUT, flip=True, dtype=dtype), gpuload.Normalize(mean, std))
-    ours = ours.to(device, dtype)
+    augment = gpuload.RandomResizedCrop(OUTPUT, flip=True, dtype=dtype)
+    ours = nn.Sequential(augment, gpuload.Normalize(mean, std)).to(device, dtype)
     found = {
         "torchvision_per_sample": lambda images: torch.stack([tv_sample(image) for image in images]),
         "torchvision_batch": tv_sample,

@@ -1,43 +1,105 @@
-"""Run every experiment: ``python -m experiments.run [--quick] [--device cpu|cuda|auto]``.
+"""Run every experiment: ``python -m experiments.run [--quick] [--device cpu|cuda|auto] [--only NAME ...]``.
 
-``--quick``: tiny sizes, a smoke test. ``--device`` (default ``auto``: cuda when a GPU is there)
-goes to every experiment, so the whole GPU run is one command on a GPU machine.
+``--device`` (default ``auto``: cuda when a GPU is there) goes to every experiment, so on a machine
+with a GPU one command reproduces every GPU result of the talk::
 
-The build benchmark (``experiments.build_memmap``) is not part of it: it needs thousands of photos
-and a quiet machine; run it on its own.
+    python -m experiments.run --device cuda && python -m slides.generate
+
+A GPU run writes ``assets/results/<name>_cuda.json`` and ``assets/<name>_cuda.png`` beside the CPU
+results, which keep their plain names; each result carries the device's name (``device_name``: the
+GPU's, for a GPU run) and the machine. The last step, ``bench``, builds a memmap of photos and runs
+``gpuload bench --device cuda --augment 224`` on it, writing ``bench_cuda.json`` (``bench_cpu.json``
+on the CPU). The talk's generator prefers a GPU result to the CPU one of the same name.
+
+``--quick``: tiny sizes, a smoke test (CI runs it). Its results are not worth keeping, so it writes
+under ``GPULOAD_ASSETS`` and, when that is not set, into a new temporary folder, never into the
+repository's ``assets/``.
+
+The build benchmark (``experiments.build_memmap``) and the decoder comparison (``experiments.decoders``)
+are not part of it: they need thousands of photos and a quiet machine, and no GPU; run them on their own.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
+import os
+import tempfile
 import time
+from pathlib import Path
 
-from . import gpu_preprocess, jpeg_quality, jpeg_store, memmap_vs_folder, train_augment, train_order, transfer_order
-from ._common import add_device_argument
+EXPERIMENTS = (
+    "transfer_order",
+    "train_order",
+    "jpeg_quality",
+    "memmap_vs_folder",
+    "gpu_preprocess",
+    "train_augment",
+    "jpeg_store",
+    "bench",
+)
 
-EXPERIMENTS = {
-    "transfer_order": transfer_order,
-    "train_order": train_order,
-    "jpeg_quality": jpeg_quality,
-    "memmap_vs_folder": memmap_vs_folder,
-    "gpu_preprocess": gpu_preprocess,
-    "train_augment": train_augment,
-    "jpeg_store": jpeg_store,
-}
+
+def bench(argv: list[str]) -> None:
+    """``gpuload bench`` on a memmap of photos built here: ``assets/results/bench_<cpu|cuda>.json``."""
+    from gpuload.cli import main as gpuload_main
+
+    from ._common import RESULTS, add_device_argument, device_name, photo_folders, resolve_device
+
+    parser = argparse.ArgumentParser(prog="bench")
+    add_device_argument(parser)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--plot-only", action="store_true")
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "gpuload-experiments")
+    args = parser.parse_args(argv)
+    if args.plot_only:
+        return  # a table on the slides, no plot
+    import gpuload
+
+    device = resolve_device(args.device)
+    images, size, batch_size, epochs, augment = (
+        (100, (120, 160), 8, 1, 32) if args.quick else (2000, (480, 640), 64, 3, 224)
+    )
+    _, folder = photo_folders(args.workdir, images, size)
+    dataset = folder.with_suffix(".memmap")
+    if not dataset.exists():
+        gpuload.build_memmap(folder, dataset, progress=False)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"bench_{device.type}.json"
+    command = ["bench", str(dataset), "--device", device.type, "--batch-size", str(batch_size)]
+    command += ["--epochs", str(epochs), "--augment", str(augment), "--json", str(path)]
+    print(f"  gpuload {' '.join(command)}", flush=True)
+    if gpuload_main(command) != 0:
+        raise SystemExit("gpuload bench failed")
+    report = json.loads(path.read_text())
+    report.update(experiment="bench", device_name=device_name(device), quick=args.quick)
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {path}")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", nargs="+", choices=list(EXPERIMENTS), default=list(EXPERIMENTS))
-    parser.add_argument("--plot-only", action="store_true")
-    add_device_argument(parser)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, a smoke test; written outside assets/")
+    parser.add_argument("--only", nargs="+", choices=EXPERIMENTS, default=list(EXPERIMENTS))
+    parser.add_argument("--plot-only", action="store_true", help="re-plot the last results of --device")
+    parser.add_argument(
+        "--device", choices=["auto", "cpu", "cuda"], default="auto", help="where batches go (default: auto)"
+    )
     args = parser.parse_args(argv)
+    if args.quick and not os.environ.get("GPULOAD_ASSETS"):
+        os.environ["GPULOAD_ASSETS"] = tempfile.mkdtemp(prefix="gpuload-quick-")
+    from . import _common  # reads GPULOAD_ASSETS
+
+    if args.quick and _common.ASSETS.resolve() == (_common.ROOT / "assets").resolve():
+        raise SystemExit("--quick would overwrite the repository's results: set GPULOAD_ASSETS to another folder")
+    print(f"results and plots go to {_common.ASSETS}", flush=True)
     for name in args.only:
         started = time.perf_counter()
         print(f"== {name}", flush=True)
         flags = ["--quick"] * args.quick + ["--plot-only"] * args.plot_only + ["--device", args.device]
-        EXPERIMENTS[name].main(flags)
+        run = bench if name == "bench" else importlib.import_module(f"{__package__}.{name}").main
+        run(flags)
         print(f"== {name} done in {time.perf_counter() - started:.0f} s", flush=True)
 
 

@@ -109,7 +109,7 @@ def plot_trace(trace: Path, name: str, result: dict, caption: str) -> Path:
         (event["ts"] for event in inside if event.get("cat") == "user_annotation" and event["ts"] > start),
         default=start,
     )
-    fig, axes = figure(2, 1, size=(900, 400))
+    fig, axes = figure(2, 1, size=(900, 390))
     top, bottom = axes[:, 0]
     draw(top, events, start, end, f"one training step ({caption})")
     draw(bottom, events, first_range, forward, "zoom: data -> transfer -> cast, up to the start of forward")

@@ -77,8 +77,9 @@ def run_variant(variant: str, dataset, batch_size: int, device: torch.device, tr
     loader = gpuload.DataLoader(dataset, batch_size, shuffle=True, drop_last=True, seed=0, device=loader_device)
     steps_needed = WAIT + WARMUP + ACTIVE
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    recorded = schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE)  # skip, warm up, then record
     step_seconds = []
-    with profile(activities=activities, schedule=schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE)) as profiler:
+    with profile(activities=activities, schedule=recorded) as profiler:
         step = 0
         while step < steps_needed:
             iterator = iter(loader)
