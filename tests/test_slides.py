@@ -8,13 +8,23 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 
-from slides.generate import DECK, HOW_TO_MEASURE, SNIPPETS, TEMPLATE, render_slides, write_slides
+from slides.generate import (
+    DECK,
+    HOW_TO_MEASURE,
+    PLOT_DENSITY,
+    SNIPPETS,
+    TEMPLATE,
+    plot_size,
+    render_slides,
+    write_slides,
+)
 from slides.generate import main as generate_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +52,7 @@ def test_committed_deck_matches_the_committed_results():
 def test_numbers_come_from_the_results():
     deck = render_slides(ROOT)
     bench = _results("bench_cpu")["results"]
-    assert f"{bench['gpuload']['images_per_second']:,.0f} images/s" in deck
+    assert f"**{bench['gpuload']['images_per_second']:,.0f}** against" in deck
     quality = next(row for row in _results("jpeg_quality")["rows"] if row["quality"] == 3)
     assert f"{quality['psnr_db']:.1f} dB" in deck
     build = _results("build_memmap")["results"][0]
@@ -63,7 +73,10 @@ def test_a_changed_result_changes_the_deck(bare_repo):
     report = json.loads(path.read_text())
     report["results"]["gpuload"]["images_per_second"] = 12345.0
     path.write_text(json.dumps(report))
-    assert "`gpuload.DataLoader`: **12,345 images/s**" in render_slides(bare_repo)
+    stock = report["results"]["collate"]["images_per_second"]
+    deck = render_slides(bare_repo)
+    assert "**12,345** against" in deck
+    assert f"# {12345.0 / stock:.1f}x" in deck  # the big number
 
 
 def test_missing_results_and_plots_are_said_plainly(bare_repo):
@@ -75,13 +88,163 @@ def test_missing_results_and_plots_are_said_plainly(bare_repo):
     assert not re.search(r"\d+ images/s", deck)  # no rate without a result
 
 
-def test_a_cpu_only_run_says_the_gpu_results_are_missing():
+def test_a_cpu_only_run_says_it_is_a_stand_in():
     deck = render_slides(ROOT)
     if any(_results(name)["machine"]["gpu"] for name in ("memmap_vs_folder", "bench_cpu")):
         pytest.skip("the committed results come from a GPU machine")
-    assert "there is no `assets/results/bench_cuda.json`" in deck
-    assert "**No cuda run yet**" in deck
     assert "No GPU has run these experiments yet" in deck
+    assert "**No GPU run yet.**" in deck  # the gpuload bench on a GPU slide
+    assert deck.count("**CPU stand-in:**") >= 4
+    assert "run `python -m experiments.run --device cuda`" in deck
+    assert "x.cuda()" not in deck and "cuda_first" not in deck.split("# The ranges")[0]
+
+
+def _slides(deck: str) -> list[str]:
+    """The deck cut into slides (a frontmatter block belongs to the slide it opens)."""
+    body = deck.split("\n---\n", 1)[1]  # after the headmatter
+    slides, current, in_code = [], [], False
+    lines = body.splitlines()
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        if line.startswith("```"):
+            in_code = not in_code
+        if line == "---" and not in_code:
+            slides.append("\n".join(current))
+            current = []
+            closing = next((j for j in range(index + 1, len(lines)) if lines[j] == "---"), None)
+            between = lines[index + 1 : closing] if closing else []
+            if between and all(re.match(r"^[a-zA-Z]+: ", entry) for entry in between):
+                index = closing
+        else:
+            current.append(line)
+        index += 1
+    return [*slides, "\n".join(current)]
+
+
+def test_every_plot_slide_has_one_takeaway_line():
+    for deck in (render_slides(ROOT), (ROOT / DECK).read_text()):
+        for slide in _slides(deck):
+            if '<img class="plot"' in slide:
+                assert slide.count('<div class="takeaway">') == 1, slide[:200]
+
+
+def test_never_four_code_slides_in_a_row():
+    run = 0
+    for slide in _slides(render_slides(ROOT)):
+        run = run + 1 if "```python" in slide else 0
+        assert run < 4, slide[:200]
+
+
+# The back row: code of at least 14 px on Slidev's 980-px canvas, at most 8 lines an excerpt, no line
+# wider than the slide; plots drawn at the size they are shown, with text of at least 14 px.
+CANVAS_WIDTH = 980
+CONTENT_WIDTH = 900  # the canvas less the slide's padding (slides/style.css)
+MIN_PX = 14
+CODE_COLUMNS = 102  # 14 px monospace is about 8.4 px a character: 105 of them fit in 900 px less the padding
+
+
+@pytest.mark.parametrize("name", sorted(SNIPPETS))
+def test_code_excerpts_are_short_and_narrow(name):
+    lines = SNIPPETS[name].lines(ROOT)
+    assert len(lines) <= 8, f"{name}: {len(lines)} lines"
+    assert max(map(len, lines)) <= CODE_COLUMNS, f"{name}: {max(lines, key=len)!r}"
+
+
+def test_code_is_14_px_in_the_style():
+    style = (SLIDES / "style.css").read_text()
+    assert re.search(r"--slidev-code-font-size:\s*(\d+)px", style).group(1) == str(MIN_PX)
+    assert "lineNumbers: false" in (ROOT / TEMPLATE).read_text()  # line numbers would take the width
+
+
+def test_plots_are_shown_at_the_size_they_were_drawn():
+    deck = (ROOT / DECK).read_text()
+    images = re.findall(r'<img class="plot" src="/([^"]+)" width="(\d+)" height="(\d+)"', deck)
+    assert len(images) >= 7
+    for name, width, height in images:
+        png = ROOT / "assets" / name
+        assert plot_size(png) == (int(width), int(height)), name
+        assert int(width) <= CONTENT_WIDTH, name
+        with open(png, "rb") as file:
+            natural = struct.unpack(">II", file.read(24)[16:24])
+        assert natural == (int(width) * PLOT_DENSITY, int(height) * PLOT_DENSITY), name
+
+
+def test_figures_are_drawn_for_the_back_row(tmp_path, monkeypatch):
+    from experiments import _common
+
+    assert _common.PIXEL_DENSITY == PLOT_DENSITY
+    assert _common.MIN_FONT_PX >= MIN_PX and _common.CANVAS[0] == CANVAS_WIDTH
+    fig, axes = _common.figure(1, 2, size=(900, 360))
+    assert tuple(fig.get_size_inches() * fig.dpi) == (900, 360)
+    assert fig.dpi == 72  # 1 pt is 1 px of the canvas
+    import matplotlib.pyplot as plt
+
+    for key in _common.FONT_SIZES:
+        assert plt.rcParams[key] >= MIN_PX, key
+    monkeypatch.setattr(_common, "ASSETS", tmp_path)
+    axes[0][0].set_title("too small to read", fontsize=10)
+    with pytest.raises(ValueError, match="too small to read.* at 10.0 px"):
+        _common.save_figure(fig, "small", _results("transfer_order"))
+    assert not (tmp_path / "small.png").exists()
+    fig, axes = _common.figure()
+    fig.suptitle("a title far too long for the figure " * 4)
+    with pytest.raises(ValueError, match="wider than the figure"):
+        _common.save_figure(fig, "wide", _results("transfer_order"))
+    with pytest.raises(ValueError, match="must fit the 980x552 slide canvas"):
+        _common.figure(size=(1280, 720))
+
+
+def _synthetic(name: str) -> dict:
+    """Results of the experiments whose JSON is not committed yet, to draw their plots."""
+    machine = _results("transfer_order")["machine"]
+    spread = {"median": 900.0, "min": 800.0, "max": 1000.0, "runs": [900.0]}
+    if name == "jpeg_store":
+        rows = [
+            {"contender": contender, "cache": cache, "images_per_second": spread, "megabytes_per_second": spread}
+            for contender in ("stock", "spdl", "jpeg_crop", "jpeg_crop_exact", "jpeg_full", "raw_crop", "raw")
+            for cache in ("warm", "cold")
+        ]
+        return {"experiment": name, "machine": machine, "device": "cpu", "device_name": "cpu (AMD EPYC, 2 cores)",
+                "images": 2000, "batch_size": 64, "workers": 2, "rows": rows,
+                "bytes_on_disk": {"source": 94e6, "raw": 1843.2e6, "jpeg": 94e6}}  # fmt: skip
+    rows = [
+        {"decoder": decoder, "threads": threads, "images_per_second": spread}
+        for decoder in ("pillow", "torchvision", "simplejpeg", "simplejpeg_fast", "simplejpeg_half_scale", "opencv")
+        for threads in (1, 2)
+    ]
+    return {"experiment": name, "machine": machine, "images": 600, "image_size": [480, 640],
+            "cpu": "AMD EPYC, 2 cores", "rows": rows}  # fmt: skip
+
+
+PLOTTED = {
+    "transfer_order": ["transfer_order"],
+    "train_order": ["train_order", "train_order_trace"],
+    "jpeg_quality": ["jpeg_quality", "jpeg_quality_crops"],
+    "memmap_vs_folder": ["memmap_vs_folder"],
+    "gpu_preprocess": ["gpu_preprocess"],
+    "train_augment": ["train_augment"],
+    "jpeg_store": ["jpeg_store"],
+    "decoders": ["decoders"],
+}
+
+
+@pytest.mark.parametrize("experiment", sorted(PLOTTED))
+def test_every_plot_meets_the_bar(experiment, tmp_path, monkeypatch):
+    """Each experiment's plot from its committed (or a synthetic) result: save_figure refuses text under
+    14 px or a title wider than the figure, and the PNG is its canvas size at the pixel density."""
+    import importlib
+
+    from experiments import _common
+
+    module = importlib.import_module(f"experiments.{experiment}")
+    path = ROOT / "assets" / "results" / f"{experiment}.json"
+    result = json.loads(path.read_text()) if path.is_file() else _synthetic(experiment)
+    monkeypatch.setattr(_common, "ASSETS", tmp_path)
+    module.plot(result)
+    for name in PLOTTED[experiment]:
+        width, height = plot_size(tmp_path / f"{name}.png")
+        assert width <= CONTENT_WIDTH and height <= 400, name
 
 
 def test_the_code_on_the_slides_is_the_source():
@@ -116,9 +279,9 @@ def test_invalid_result_json_names_the_file(bare_repo):
 
 
 def test_a_result_without_the_expected_fields_is_named(bare_repo):
-    machine = _results("jpeg_quality")["machine"]
-    (bare_repo / "assets" / "results" / "jpeg_quality.json").write_text(json.dumps({"machine": machine}))
-    with pytest.raises(ValueError, match="the image_quality slides read .*rerun its experiment"):
+    machine = _results("memmap_vs_folder")["machine"]
+    (bare_repo / "assets" / "results" / "memmap_vs_folder.json").write_text(json.dumps({"machine": machine}))
+    with pytest.raises(ValueError, match="the memmap slides read .*rerun its experiment"):
         render_slides(bare_repo)
 
 
@@ -215,6 +378,8 @@ def _inked(screenshot: Path) -> float:
 def test_slide_count_reads_frontmatter_blocks():
     deck = "---\ntheme: x\n---\n\n# one\n\n---\nlayout: section\n---\n\n# two\n\n```\n---\n```\n---\n\n# three\n"
     assert _slide_count(deck) == 3
+    assert [slide.strip() for slide in _slides(deck)] == ["# one", "# two\n\n```\n---\n```", "# three"]
+    assert len(_slides(render_slides(ROOT))) == _slide_count(render_slides(ROOT))
 
 
 @pytest.mark.slides
@@ -259,11 +424,23 @@ def test_every_slide_renders_in_chromium(served_deck):
                     const title = slide.querySelector('h1');
                     const layout = slide.querySelector('.slidev-layout').getBoundingClientRect();
                     const parts = [...slide.querySelectorAll('.slidev-layout h1, p, li, pre, img, table')];
+                    // the slide canvas is scaled to the window: canvas px = screen px / scale
+                    const canvas = slide.querySelector('.slidev-layout');
+                    const scale = layout.width / canvas.offsetWidth;
                     return {
                         body: slide.innerText.replace(title ? title.innerText : '', '').trim(),
                         images: [...slide.querySelectorAll('img')].map(i => ({src: i.src, complete: i.complete, width: i.naturalWidth})),
                         below: parts.filter(e => e.getBoundingClientRect().bottom > layout.bottom + 1).map(e => e.tagName),
                         wide: [...slide.querySelectorAll('pre')].filter(e => e.scrollWidth > e.clientWidth + 1).length,
+                        canvasWidth: canvas.offsetWidth,
+                        // computed font sizes are canvas px (the scale is a transform): on screen, px * scale
+                        code: [...slide.querySelectorAll('pre, .slidev-code, pre code span')].map(
+                            e => parseFloat(getComputedStyle(e).fontSize)),
+                        scale: scale,
+                        plots: [...slide.querySelectorAll('img.plot')].map(i => ({
+                            src: i.src, natural: i.naturalWidth, shown: i.getBoundingClientRect().width / scale,
+                            right: i.getBoundingClientRect().right - layout.right,
+                        })),
                     };
                 }""",
                 selector,
@@ -275,6 +452,22 @@ def test_every_slide_renders_in_chromium(served_deck):
             for image in content["images"]:
                 if not image["complete"] or image["width"] == 0:
                     problems.append(f"slide {number}: image not loaded: {image['src']}")
+            if content["canvasWidth"] != CANVAS_WIDTH:
+                problems.append(f"slide {number}: the canvas is {content['canvasWidth']} px wide, not {CANVAS_WIDTH}")
+            if content["code"] and min(content["code"]) < MIN_PX:
+                problems.append(
+                    f"slide {number}: code at {min(content['code']):.1f} px on the canvas "
+                    f"({min(content['code']) * content['scale']:.1f} px on the screen), under {MIN_PX}"
+                )
+            for plot in content["plots"]:
+                # drawn at natural / PLOT_DENSITY canvas px with text of at least MIN_PX: shown smaller, it shrinks
+                if plot["shown"] < plot["natural"] / PLOT_DENSITY - 1:
+                    problems.append(
+                        f"slide {number}: {plot['src']} shown {plot['shown']:.0f} px wide, drawn for "
+                        f"{plot['natural'] / PLOT_DENSITY:.0f}: its text is under {MIN_PX} px"
+                    )
+                if plot["right"] > 1:
+                    problems.append(f"slide {number}: {plot['src']} runs off the right edge")
             screenshot = SCREENSHOTS / f"slide-{number:02d}.png"
             page.screenshot(path=str(screenshot))
             if not (content["body"] or content["images"]) or _inked(screenshot) < 0.01:
@@ -288,34 +481,51 @@ def test_every_slide_renders_in_chromium(served_deck):
 
 
 def test_results_from_a_gpu_fill_the_gpu_slides(bare_repo):
-    """The CUDA paths of the generator, on the committed results dressed up as a GPU run."""
+    """A GPU run's results (<name>_cuda.json, bench_cuda.json: the committed CPU results dressed up as one)
+    are preferred to the CPU results, and no slide calls itself a CPU stand-in any more."""
     results = bare_repo / "assets" / "results"
     shutil.copytree(ROOT / "assets" / "results", results, dirs_exist_ok=True)
     gpu = {"gpu": "NVIDIA H100 80GB HBM3", "cuda": "13.0"}
-    for path in results.glob("*.json"):
-        result = json.loads(path.read_text())
+    name = "cuda (NVIDIA H100 80GB HBM3)"
+    for experiment in ("transfer_order", "train_order", "jpeg_quality", "memmap_vs_folder", "gpu_preprocess",
+                       "train_augment"):  # fmt: skip
+        result = _results(experiment)
         result["machine"].update(gpu)
-        path.write_text(json.dumps(result))
-    bench = json.loads((results / "bench_cpu.json").read_text())
+        result.update(device="cuda", device_name=name)
+        for row in result["rows"]:
+            if "device" in row:
+                row["device"] = "cuda"
+        if experiment == "memmap_vs_folder":
+            result["device_names"] = {"cuda": name}
+        if experiment == "transfer_order":
+            result["rows"] += [dict(row, memory="pinned", seconds=dict(row["seconds"], median=row["seconds"]["median"] / 2))
+                               for row in result["rows"]]  # fmt: skip
+        (results / f"{experiment}_cuda.json").write_text(json.dumps(result))
+    store = _synthetic("jpeg_store")
+    store["machine"] = dict(store["machine"], **gpu)
+    store.update(device="cuda", device_name=name)
+    (results / "jpeg_store_cuda.json").write_text(json.dumps(store))
+    bench = _results("bench_cpu")
+    bench["machine"].update(gpu)
     bench["device"] = "cuda"
     bench["results"]["limit_h2d"] = dict(bench["results"]["gpuload"], images_per_second=20000.0)
     (results / "bench_cuda.json").write_text(json.dumps(bench))
-    transfer = json.loads((results / "transfer_order.json").read_text())
-    transfer["rows"] += [dict(row, memory="pinned") for row in transfer["rows"]]
-    (results / "transfer_order.json").write_text(json.dumps(transfer))
-    memmap = json.loads((results / "memmap_vs_folder.json").read_text())
-    memmap["rows"] += [dict(row, device="cuda") for row in memmap["rows"]]
-    memmap["device_names"]["cuda"] = "cuda (NVIDIA H100 80GB HBM3)"
-    (results / "memmap_vs_folder.json").write_text(json.dumps(memmap))
 
     deck = render_slides(bare_repo)
     assert "Not measured yet" not in deck
-    assert "No GPU has run these experiments yet" not in deck
+    assert "CPU stand-in" not in deck and "No GPU" not in deck
     assert "NVIDIA H100 80GB HBM3 (CUDA 13.0)" in deck
     share = f"{100 * bench['results']['gpuload']['images_per_second'] / 20000:.0f} %"
     assert f"reaches **{share}** of the pinned host-to-device limit" in deck
     assert "To cuda (NVIDIA H100 80GB HBM3), " in deck
+    assert "# Memmap against folder, to CUDA" in deck
     assert ", pinned: " in deck  # the transfer example prefers pinned memory on a GPU
+    assert "pinned **" in deck and "(2.0x)" in deck  # pinned against pageable, from transfer_order_cuda
+    for stem in ("transfer_order_cuda", "train_order_cuda", "memmap_vs_folder_cuda", "gpu_preprocess_cuda"):
+        assert f"<code>assets/results/{stem}.json</code>" in deck
+        assert f"`assets/{stem}.png`" in deck  # the GPU plot is the one asked for (none in the bare repo)
+    assert "`assets/train_order_trace_cuda.png`" in deck
+    assert "<code>assets/results/transfer_order.json</code>" not in deck
 
 
 def test_generate_check_and_write(capsys, bare_repo):
