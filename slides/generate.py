@@ -319,8 +319,7 @@ def _stand_in(result: dict, measures: str) -> str:
     if not _on_cpu(result):
         return ""
     return (
-        f'<div class="standin">\n\n**CPU stand-in:** on a GPU this measures {measures}; `{GPU_RUN}` '
-        "makes it.\n\n</div>"
+        f'<div class="standin">\n\n**CPU stand-in:** on a GPU this measures {measures}; `{GPU_RUN}` makes it.\n\n</div>'
     )
 
 
