@@ -14,7 +14,8 @@ shuffled epoch of batches on ``--device`` (median of the repeats, min-max kept):
 - ``raw_crop``: a raw dataset and ``transform=gpuload.RandomResizedCrop(224, flip=True)`` on the
   device; ``raw``: the raw batches alone (640x480).
 Cold: before every epoch the contender's files are evicted from the page cache
-(``posix_fadvise(POSIX_FADV_DONTNEED)``, mappings closed first), so every byte comes from the disk.
+(``posix_fadvise(POSIX_FADV_DONTNEED)``, gpuload's loaders made afresh so that nothing maps them),
+so every byte comes from the disk. Warm: each contender's one loader serves every epoch, as in training.
 Also reported: MB/s read from the store, and each store's size on disk. And, for the jpeg store's
 random reads, one ``pread`` per image against a mapping with ``MADV_RANDOM``, warm and cold.
 
@@ -24,6 +25,7 @@ random reads, one ``pread`` per image against a mapping with ``MADV_RANDOM``, wa
 from __future__ import annotations
 
 import argparse
+import gc
 import mmap
 import os
 import tempfile
@@ -77,6 +79,25 @@ class _TorchvisionJpeg:
             return decode_jpeg(read_file(path))
 
 
+class Reused:
+    """One loader for every epoch (the stock loader's persistent workers, SPDL's thread pool), made at
+    its contender's turn and shut down after it, so that its idle workers do not slow the others."""
+
+    def __init__(self, make) -> None:
+        self.make, self.loader = make, None
+
+    def __call__(self):
+        if self.loader is None:
+            self.loader = self.make()
+        return self.loader
+
+    def close(self) -> None:
+        if hasattr(self.loader, "close"):
+            self.loader.close()
+        self.loader = None
+        gc.collect()  # the stock loader's persistent iterator shuts its workers down when collected
+
+
 def stock_loader(folder: Path, batch_size: int, device: torch.device):
     transform = v2.Compose([v2.RandomResizedCrop(SIZE, antialias=True), v2.RandomHorizontalFlip()])
     dataset = ImageFolder(str(folder), loader=_TorchvisionJpeg(), transform=transform)
@@ -101,6 +122,9 @@ class SpdlLoader:
         self.files = sorted(folder.rglob("*.jpg"))
         self.pool = ThreadPoolExecutor(gpuload.default_workers())
         self.rng = np.random.default_rng(0)
+
+    def close(self) -> None:
+        self.pool.shutdown()
 
     def _load(self, item: tuple[Path, tuple[int, int, int, int], bool]) -> np.ndarray:
         path, (top, left, height, width), flip = item
@@ -136,9 +160,8 @@ def contenders(
             gpuload.MemmapImageDataset(path), batch_size, shuffle=True, drop_last=True, device=device, **options
         )
 
-    stock = stock_loader(folder, batch_size, device)  # one, with persistent workers, for every epoch
     found = {
-        "stock": ((lambda: stock), sources),
+        "stock": (Reused(lambda: stock_loader(folder, batch_size, device)), sources),
         "jpeg_crop": (ours(jpeg, decode=gpuload.RandomResizedCropDecode(SIZE)), jpeg_files),
         "jpeg_crop_exact": (ours(jpeg, decode=gpuload.RandomResizedCropDecode(SIZE, fast=False)), jpeg_files),
         "jpeg_full": (ours(jpeg, decode=gpuload.CenterCropDecode(image_size, ratio=1.0)), jpeg_files),
@@ -148,16 +171,16 @@ def contenders(
     if device.type == "cuda":
         found["jpeg_gpu_decode"] = (ours(jpeg, decode=gpuload.RandomResizedCropDecode(SIZE, gpu=True)), jpeg_files)
     try:
-        spdl = SpdlLoader(folder, batch_size, device, image_size)
+        import spdl.io  # noqa: F401
     except ImportError:
         print("  spdl is not installed (pip install gpuload[bench]): left out")
     else:
-        found["spdl"] = ((lambda: spdl), sources)
+        found["spdl"] = (Reused(lambda: SpdlLoader(folder, batch_size, device, image_size)), sources)
     return found
 
 
 def epoch(make_loader, device: torch.device) -> tuple[float, int]:
-    """Seconds and images of one epoch of a fresh loader (datasets reopened: a cold epoch maps nothing old)."""
+    """Seconds and images of one epoch of the loader ``make_loader()`` gives."""
     loader = make_loader()
     synchronize(device)
     started = time.perf_counter()
@@ -255,13 +278,18 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for name, (make_loader, files) in contenders(folder, raw, jpeg, args.batch_size, device, size).items():
         read_bytes = sum(path.stat().st_size for path in files)
-        epoch(make_loader, device)  # warm-up: workers, pinned buffers, compile-free paths, page cache
+        # Warm: one loader for every epoch, as in training (workers, buffers, mappings kept). Cold:
+        # gpuload's loaders made afresh each epoch, so that no mapping keeps the evicted pages.
+        warm = make_loader if isinstance(make_loader, Reused) else Reused(make_loader)
+        epoch(warm, device)  # warm-up: workers, pinned buffers, page cache
         for cache in ("warm", "cold"):
             rates, megabytes = [], []
             for _ in range(args.repeats):
                 if cache == "cold":
+                    if warm is not make_loader:  # ours: unmapped (the stock loader and SPDL map nothing)
+                        warm.close()
                     evict(files)
-                seconds, images = epoch(make_loader, device)
+                seconds, images = epoch(warm if cache == "warm" else make_loader, device)
                 rates.append(images / seconds)
                 megabytes.append(read_bytes * images / args.images / seconds / 1e6)
             rows.append(
@@ -269,6 +297,7 @@ def main(argv: list[str] | None = None) -> None:
                 | {"megabytes_per_second": median_spread(megabytes)}
             )
             print(f"  {name:<16} {cache}  {rows[-1]['images_per_second']['median']:8,.0f} images/s", flush=True)
+        warm.close()
     reads = read_rates(jpeg, args.repeats)
     for name, spread in reads.items():
         print(f"  read {name:<18} {spread['median']:10,.0f} images/s")

@@ -30,11 +30,20 @@ def varied_jpegs(tmp_path_factory):
     return MemmapImageDataset(build_memmap(root, format="jpeg", progress=False))
 
 
-def decoded(dataset, decode, indices, *, seed=0, epoch=0) -> torch.Tensor:
+def decoded(dataset, decode, indices, *, seed=0, epoch=0, fill=None) -> torch.Tensor:
+    """The crops, decoded into a channels-last batch (the loader's layout), checked against a
+    contiguous one; ``fill``: the batch holds that value before (a reused buffer)."""
     indices = torch.as_tensor(indices)
-    out = torch.empty((len(indices), 3, *decode.size), dtype=torch.uint8)
-    decode_crops(dataset, indices, out, decode, seed=seed, epoch=epoch)
-    return out
+    outs = [
+        torch.empty((len(indices), 3, *decode.size), dtype=torch.uint8),
+        torch.empty((len(indices), *decode.size, 3), dtype=torch.uint8).permute(0, 3, 1, 2),
+    ]
+    for out in outs:
+        if fill is not None:
+            out.fill_(fill)
+        decode_crops(dataset, indices, out, decode, seed=seed, epoch=epoch)
+    assert torch.equal(*outs)
+    return outs[1]
 
 
 class TestCounterUniforms:
@@ -146,6 +155,18 @@ class TestCenterCropDecode:
         for index, sample in enumerate(out):
             reference = v2.CenterCrop(decode.size)(v2.Resize(side, antialias=True)(varied_jpegs[index][0]))
             assert torch.equal(sample, reference)
+
+    def test_an_image_at_the_output_size_is_decoded_whole_and_padding_is_zero_in_a_reused_batch(self, varied_jpegs):
+        """``ratio=1`` and the image's own size: the image decoded straight into the batch, exactly;
+        smaller images are padded with zeros even where the batch held other pixels before."""
+        out = decoded(varied_jpegs, CenterCropDecode((480, 640), ratio=1.0), range(12), fill=7)
+        for index, sample in enumerate(out):
+            image = varied_jpegs[index][0]
+            if tuple(image.shape[1:]) == (480, 640):
+                assert torch.equal(sample, image)
+            else:
+                reference = v2.CenterCrop((480, 640))(v2.Resize(480, antialias=True)(image))
+                assert torch.equal(sample, reference)
 
     def test_bad_ratio(self):
         with pytest.raises(UsageError, match=r"ratio must be in \(0, 1\]"):

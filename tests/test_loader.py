@@ -703,6 +703,15 @@ class TestJpegDatasets:
         images, _ = next(iter(DataLoader(MemmapImageDataset(jpeg_dataset), batch_size=4, decode=CenterCropDecode(24))))
         assert images.shape == (4, 3, 24, 24)
 
+    @pytest.mark.parametrize("decode", [RandomResizedCropDecode(16), CenterCropDecode(24)])
+    def test_decoded_batches_are_channels_last_and_raw_ones_are_not(self, jpeg_dataset, built_dataset, decode):
+        """The decoder writes pixels height-width-channel: the batch keeps that memory layout."""
+        images, _ = next(iter(DataLoader(MemmapImageDataset(jpeg_dataset), batch_size=4, decode=decode)))
+        assert images.shape == (4, 3, *decode.size) and images.is_contiguous(memory_format=torch.channels_last)
+        assert not images.is_contiguous()
+        raw, _ = next(iter(DataLoader(MemmapImageDataset(built_dataset), batch_size=4)))
+        assert raw.is_contiguous()
+
     def test_a_jpeg_dataset_needs_a_decode_and_a_raw_one_refuses_it(self, jpeg_dataset, built_dataset):
         with pytest.raises(ValueError, match="a jpeg dataset's images have their own sizes: pass decode="):
             DataLoader(MemmapImageDataset(jpeg_dataset), batch_size=4)

@@ -94,22 +94,34 @@ class RandomResizedCropDecode:
         return boxes, flips
 
     def decode(
-        self, data: bytes, shape: list[int], box: list[float], flip: bool, name: Callable[[], str]
-    ) -> torch.Tensor:
-        """One image: decoded at the smallest DCT scale that keeps its box at least the output's
-        size, the box cut out, resized and maybe mirrored; ``[3, S, S]``."""
+        self,
+        data: bytes,
+        shape: list[int],
+        box: list[float],
+        flip: bool,
+        name: Callable[[], str],
+        out: torch.Tensor,
+        scratch: np.ndarray,
+    ) -> None:
+        """One image into ``out`` (``[3, S, S]``): decoded into ``scratch`` at the smallest DCT scale
+        that keeps its box at least the output's size, the box cut out, resized and maybe mirrored."""
         (height, width), (top, left, box_height, box_width) = shape, box
         out_height, out_width = self.size
         denominator = next((d for d in (8, 4, 2) if box_height >= d * out_height and box_width >= d * out_width), 1)
         pixels = decode_jpeg_bytes(
-            data, name, fast=self.fast, min_height=-(-height // denominator), min_width=-(-width // denominator)
+            data,
+            name,
+            fast=self.fast,
+            min_height=-(-height // denominator),
+            min_width=-(-width // denominator),
+            buffer=scratch,
         )
         scale_y, scale_x = pixels.shape[0] / height, pixels.shape[1] / width
         y0, x0 = int(top * scale_y), int(left * scale_x)
         y1 = max(y0 + 1, min(pixels.shape[0], round((top + box_height) * scale_y)))
         x1 = max(x0 + 1, min(pixels.shape[1], round((left + box_width) * scale_x)))
-        resized = resize_image(torch.from_numpy(pixels)[y0:y1, x0:x1].permute(2, 0, 1), self.size)
-        return resized.flip(-1) if flip else resized
+        resized = _resize_hwc(pixels[y0:y1, x0:x1], self.size)
+        out.copy_(resized.flip(-1) if flip else resized)
 
     def __repr__(self) -> str:
         return (
@@ -141,22 +153,46 @@ class CenterCropDecode:
         """Nothing is random."""
         return None, None
 
-    def decode(self, data: bytes, shape: list[int], box: None, flip: None, name: Callable[[], str]) -> torch.Tensor:
-        """One image: decoded, resized as torchvision's ``Resize``, its centre cut out; ``[3, S, S]``."""
+    def decode(
+        self,
+        data: bytes,
+        shape: list[int],
+        box: None,
+        flip: None,
+        name: Callable[[], str],
+        out: torch.Tensor,
+        scratch: np.ndarray,
+    ) -> None:
+        """One image into ``out`` (``[3, S, S]``): decoded, resized as torchvision's ``Resize``, its
+        centre cut out. An image already at the output's size is decoded straight into ``out``."""
         height, width = shape
         short = round(min(self.size) / self.ratio)
         resized = (short, int(short * width / height)) if height <= width else (int(short * height / width), short)
-        image = resize_image(torch.from_numpy(decode_jpeg_bytes(data, name)).permute(2, 0, 1), resized)
+        if resized == (height, width) == self.size and out.permute(1, 2, 0).is_contiguous():
+            decode_jpeg_bytes(data, name, buffer=out.permute(1, 2, 0).numpy())
+            return
+        image = _resize_hwc(decode_jpeg_bytes(data, name, buffer=scratch), resized)
         (top, to_top, rows), (left, to_left, columns) = (
             _centre_window(resized[0], self.size[0]),
             _centre_window(resized[1], self.size[1]),
         )
-        out = torch.zeros((3, *self.size), dtype=torch.uint8)
+        if rows < self.size[0] or columns < self.size[1]:
+            out.zero_()  # CenterCrop pads an image smaller than the output with zeros
         out[:, to_top : to_top + rows, to_left : to_left + columns] = image[:, top : top + rows, left : left + columns]
-        return out
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(size={self.size}, ratio={self.ratio:.4f})"
+
+
+def _resize_hwc(pixels: np.ndarray, size: tuple[int, int]) -> torch.Tensor:
+    """Antialiased bilinear resize of uint8 ``[h, w, 3]`` pixels (a view of the decoder's buffer) to
+    ``[3, *size]`` in channels-last memory: torch's uint8 resize works in that layout, and so do
+    the loader's decode batches, so no pixel is transposed."""
+    image = torch.from_numpy(pixels).permute(2, 0, 1)
+    if tuple(image.shape[1:]) == tuple(size):
+        return image
+    dense = image[None].contiguous(memory_format=torch.channels_last)
+    return resize_image(dense[0], size)
 
 
 def _centre_window(side: int, out: int) -> tuple[int, int, int]:
@@ -175,18 +211,19 @@ def decode_crops(
     epoch: int,
 ) -> None:
     """Decode the images ``indices`` of a jpeg dataset, each cropped as ``decode`` says, into ``out``
-    (uint8 ``[len(indices), 3, S, S]``).
+    (uint8 ``[len(indices), 3, S, S]``, channels-last memory is fastest), through one reused decode
+    buffer.
 
     Raises:
         DatasetError: an image's bytes fail their checksum or do not decode (named, with its source).
     """
     shapes = dataset.data.shapes[indices]
     boxes, flips = decode.draw(shapes, indices, seed=seed, epoch=epoch)
+    scratch = np.empty(int((shapes[:, 0] * shapes[:, 1]).max()) * 3, dtype=np.uint8)
     for row, (index, shape) in enumerate(zip(indices.tolist(), shapes.tolist())):
         box = None if boxes is None else boxes[row].tolist()
         flip = None if flips is None else bool(flips[row])
-        pixels = decode.decode(dataset.read_jpeg(index), shape, box, flip, partial(dataset.describe, index))
-        out[row].copy_(pixels)
+        decode.decode(dataset.read_jpeg(index), shape, box, flip, partial(dataset.describe, index), out[row], scratch)
 
 
 def decode_batch(

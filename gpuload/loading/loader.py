@@ -186,8 +186,10 @@ class DataLoader:
         self._position = _Position(0, 0, batch_size, distributed_rank()[1])  # what state_dict reports
         # + 2 buffers: on the CPU the batch being used and the one before it (still bound to the
         # loop variable while the next is fetched) are views of their buffers.
+        # Decoded batches are channels-last in memory (the decoder writes pixels that way; so do FFCV's).
         shape = self._images.shape[1:] if self._images is not None else torch.Size((3, *decode.size))
-        self._rings = _RingPool(partial(_Ring, shape, batch_size, prefetch + 2, self.device))
+        channels_last = self._images is None
+        self._rings = _RingPool(partial(_Ring, shape, batch_size, prefetch + 2, self.device, channels_last))
         self._initialized = True
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -389,12 +391,14 @@ class _HostSlot:
     view of the batch lives, so the array's reference count tells whether the user still holds it.
     """
 
-    def __init__(self, shape: torch.Size, batch_size: int) -> None:
-        self.shape, self.batch_size = shape, batch_size
+    def __init__(self, shape: torch.Size, batch_size: int, channels_last: bool) -> None:
+        self.shape, self.batch_size, self.channels_last = shape, batch_size, channels_last
         self._allocate()
 
     def _allocate(self) -> None:
-        self.images = np.empty((self.batch_size, *self.shape), dtype=np.uint8)
+        channels, *plane = self.shape
+        shape = (self.batch_size, *plane, channels) if self.channels_last else (self.batch_size, *self.shape)
+        self.images = np.empty(shape, dtype=np.uint8)
         self.labels = np.empty((self.batch_size,), dtype=np.int64)
         self._unheld = self._references()
 
@@ -411,7 +415,9 @@ class _HostSlot:
         if self.held():
             self._allocate()  # the user kept a batch: it keeps that memory
         count = len(indices)
-        batch_images, batch_labels = torch.from_numpy(self.images)[:count], torch.from_numpy(self.labels)[:count]
+        batch_images = torch.from_numpy(self.images)[:count]
+        batch_images = batch_images.permute(0, 3, 1, 2) if self.channels_last else batch_images
+        batch_labels = torch.from_numpy(self.labels)[:count]
         made = gather(indices, batch_images)
         batch_images = batch_images if made is None else made
         torch.index_select(labels, 0, indices, out=batch_labels)
@@ -422,8 +428,15 @@ class _PinnedSlot:
     """A pinned buffer of a CUDA ring, copied to the device on the ring's side stream, with the
     event of its last copy: it is refilled only once that copy is done."""
 
-    def __init__(self, shape: torch.Size, batch_size: int, device: torch.device, stream: torch.cuda.Stream) -> None:
-        self.images = torch.empty((batch_size, *shape), dtype=torch.uint8, pin_memory=True)
+    def __init__(
+        self, shape: torch.Size, batch_size: int, channels_last: bool, device: torch.device, stream: torch.cuda.Stream
+    ) -> None:
+        channels, *plane = shape
+        if channels_last:
+            self.images = torch.empty((batch_size, *plane, channels), dtype=torch.uint8, pin_memory=True)
+            self.images = self.images.permute(0, 3, 1, 2)
+        else:
+            self.images = torch.empty((batch_size, *shape), dtype=torch.uint8, pin_memory=True)
         self.labels = torch.empty((batch_size,), dtype=torch.int64, pin_memory=True)
         self.device, self.stream = device, stream
         self.event: torch.cuda.Event | None = None
@@ -459,12 +472,16 @@ _Slot = _HostSlot | _PinnedSlot
 class _Ring:
     """The host buffers of one iteration (and, on CUDA, the side stream of their copies)."""
 
-    def __init__(self, shape: torch.Size, batch_size: int, slots: int, device: torch.device) -> None:
+    def __init__(
+        self, shape: torch.Size, batch_size: int, slots: int, device: torch.device, channels_last: bool
+    ) -> None:
         if device.type == "cuda":
             stream = torch.cuda.Stream(device)
-            self.slots: list[_Slot] = [_PinnedSlot(shape, batch_size, device, stream) for _ in range(slots)]
+            self.slots: list[_Slot] = [
+                _PinnedSlot(shape, batch_size, channels_last, device, stream) for _ in range(slots)
+            ]
         else:
-            self.slots = [_HostSlot(shape, batch_size) for _ in range(slots)]
+            self.slots = [_HostSlot(shape, batch_size, channels_last) for _ in range(slots)]
 
 
 class _RingPool:
