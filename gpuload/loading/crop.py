@@ -191,8 +191,7 @@ def _resize_hwc(pixels: np.ndarray, size: tuple[int, int]) -> torch.Tensor:
     image = torch.from_numpy(pixels).permute(2, 0, 1)
     if tuple(image.shape[1:]) == tuple(size):
         return image
-    dense = image[None].contiguous(memory_format=torch.channels_last)
-    return resize_image(dense[0], size)
+    return resize_image(image[None].contiguous(memory_format=torch.channels_last), size)
 
 
 def _centre_window(side: int, out: int) -> tuple[int, int, int]:
