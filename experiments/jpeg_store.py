@@ -16,6 +16,7 @@ shuffled epoch of batches on ``--device`` (median of the repeats, min-max kept):
 Cold: before every epoch the contender's files are evicted from the page cache
 (``posix_fadvise(POSIX_FADV_DONTNEED)``, gpuload's loaders made afresh so that nothing maps them),
 so every byte comes from the disk. Warm: each contender's one loader serves every epoch, as in training.
+The contenders take turns within each repeat (interleaved), so machine noise falls on all alike.
 Also reported: MB/s read from the store, and each store's size on disk. And, for the jpeg store's
 random reads, one ``pread`` per image against a mapping with ``MADV_RANDOM``, warm and cold.
 
@@ -275,29 +276,37 @@ def main(argv: list[str] | None = None) -> None:
         "raw": sum(gpuload.MemmapImageDataset(raw).manifest.files.values()),
         "jpeg": sum(gpuload.MemmapImageDataset(jpeg).manifest.files.values()),
     }
-    rows = []
-    for name, (make_loader, files) in contenders(folder, raw, jpeg, args.batch_size, device, size).items():
-        read_bytes = sum(path.stat().st_size for path in files)
-        # Warm: one loader for every epoch, as in training (workers, buffers, mappings kept). Cold:
-        # gpuload's loaders made afresh each epoch, so that no mapping keeps the evicted pages.
-        warm = make_loader if isinstance(make_loader, Reused) else Reused(make_loader)
-        epoch(warm, device)  # warm-up: workers, pinned buffers, page cache
-        for cache in ("warm", "cold"):
-            rates, megabytes = [], []
-            for _ in range(args.repeats):
+    found = contenders(folder, raw, jpeg, args.batch_size, device, size)
+    # Warm: each contender's one loader serves every epoch, as in training (workers, buffers and
+    # mappings kept). Cold: gpuload's loaders made afresh each epoch, so that no mapping keeps the
+    # evicted pages (the stock loader and SPDL map nothing). The contenders take turns within each
+    # repeat, so that the shared machine's slow moments fall on all of them alike.
+    warm = {name: make if isinstance(make, Reused) else Reused(make) for name, (make, _) in found.items()}
+    for loader in warm.values():
+        epoch(loader, device)  # warm-up: workers, pinned buffers, page cache
+    rates: dict[tuple[str, str], list[float]] = {}
+    for cache in ("warm", "cold"):
+        for repeat in range(args.repeats):
+            for name, (make_loader, files) in found.items():
                 if cache == "cold":
-                    if warm is not make_loader:  # ours: unmapped (the stock loader and SPDL map nothing)
-                        warm.close()
+                    if warm[name] is not make_loader:
+                        warm[name].close()
                     evict(files)
-                seconds, images = epoch(warm if cache == "warm" else make_loader, device)
-                rates.append(images / seconds)
-                megabytes.append(read_bytes * images / args.images / seconds / 1e6)
-            rows.append(
-                {"contender": name, "cache": cache, "images_per_second": median_spread(rates)}
-                | {"megabytes_per_second": median_spread(megabytes)}
-            )
-            print(f"  {name:<16} {cache}  {rows[-1]['images_per_second']['median']:8,.0f} images/s", flush=True)
-        warm.close()
+                seconds, images = epoch(warm[name] if cache == "warm" else make_loader, device)
+                rates.setdefault((name, cache), []).append(images / seconds)
+            print(f"  {cache} repeat {repeat + 1}: " + ", ".join(
+                f"{name} {rates[name, cache][-1]:,.0f}" for name in found), flush=True)  # fmt: skip
+    for loader in warm.values():
+        loader.close()
+    rows = []
+    for (name, cache), values in rates.items():
+        read_bytes = sum(path.stat().st_size for path in found[name][1])
+        megabytes = [rate * read_bytes / args.images / 1e6 for rate in values]
+        rows.append(
+            {"contender": name, "cache": cache, "images_per_second": median_spread(values)}
+            | {"megabytes_per_second": median_spread(megabytes)}
+        )
+        print(f"  {name:<16} {cache}  {rows[-1]['images_per_second']['median']:8,.0f} images/s")
     reads = read_rates(jpeg, args.repeats)
     for name, spread in reads.items():
         print(f"  read {name:<18} {spread['median']:10,.0f} images/s")
