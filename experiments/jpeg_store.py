@@ -81,8 +81,8 @@ class _TorchvisionJpeg:
 
 
 class Reused:
-    """One loader for every epoch (the stock loader's persistent workers, SPDL's thread pool), made at
-    its contender's turn and shut down after it, so that its idle workers do not slow the others."""
+    """One loader for every epoch (the stock loader's persistent workers, SPDL's thread pool), made
+    when first asked for and kept until ``close``."""
 
     def __init__(self, make) -> None:
         self.make, self.loader = make, None
@@ -114,7 +114,8 @@ def stock_loader(folder: Path, batch_size: int, device: torch.device):
 
 
 class SpdlLoader:
-    """SPDL's FFmpeg decoding with a random crop + scale filter per image, in a thread pool."""
+    """SPDL's FFmpeg decoding with a random crop + scale filter per image, in a thread pool (one
+    batch at a time: SPDL's own pipeline, which overlaps batches, is not used)."""
 
     def __init__(self, folder: Path, batch_size: int, device: torch.device, image_size: tuple[int, int]) -> None:
         import spdl.io

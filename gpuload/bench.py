@@ -63,7 +63,8 @@ def run_bench(
     - ``gpuload``: :class:`gpuload.DataLoader` to ``device``;
     - ``collate``: the stock ``torch.utils.data.DataLoader`` with :class:`gpuload.Collate`;
     - ``image_folder``: ``ImageFolder`` + stock ``DataLoader`` decoding the source JPEGs on all
-      cores, when the sources are still there (``folder_batches`` batches, it is slow).
+      cores, when the sources are still there (epochs of the first ``folder_batches`` batches of
+      images: it is slow), with persistent workers, as a training loop keeps them.
 
     With ``augment`` (an output side, e.g. 224), the same with a per-sample random resized crop to
     ``augment`` and a flip: ``gpuload_augment`` (:class:`gpuload.RandomResizedCrop` as the loader's
@@ -95,11 +96,12 @@ def run_bench(
     sources = [Path(source) for source, _ in dataset.samples]
     if all(source.is_file() for source in sources[:: max(1, len(sources) // 16)]):
         if dataset.image_shape is not None:
-            contenders["image_folder"] = (partial(_Folder(dataset, batch_size, device), folder_batches), 1)
+            contenders["image_folder"] = (_Folder(dataset, batch_size, folder_batches, device), epochs)
         if augment is not None:
-            stock = _Folder(dataset, batch_size, device, augment=augment)
-            contenders["image_folder_augment"] = (partial(stock, folder_batches), 1)
-            del stock
+            contenders["image_folder_augment"] = (
+                _Folder(dataset, batch_size, folder_batches, device, augment=augment),
+                epochs,
+            )
     else:
         sources = []
 
@@ -284,13 +286,19 @@ def _h2d_limit(dataset: MemmapImageDataset, batch_size: int, device: torch.devic
 
 
 class _Folder:
-    """ImageFolder over the sources in the stock loader's worker processes (all cores, persistent,
-    ``pin_memory`` on CUDA), batches copied to ``device``: decoded to the dataset's size, or, with
-    ``augment``, randomly cropped to ``augment`` and flipped, per sample. A call is the first
-    ``batches`` batches of an epoch."""
+    """ImageFolder over the first ``batches`` batches of sources, in the stock loader's worker
+    processes (all cores, persistent, ``pin_memory`` on CUDA), batches copied to ``device``:
+    decoded to the dataset's size, or, with ``augment``, randomly cropped to ``augment`` and
+    flipped, per sample. A call is one whole shuffled epoch of that subset (nothing is left in
+    flight for the next)."""
 
     def __init__(
-        self, dataset: MemmapImageDataset, batch_size: int, device: torch.device, augment: int | None = None
+        self,
+        dataset: MemmapImageDataset,
+        batch_size: int,
+        batches: int,
+        device: torch.device,
+        augment: int | None = None,
     ) -> None:
         from torchvision.datasets import ImageFolder
         from torchvision.transforms import v2
@@ -306,7 +314,7 @@ class _Folder:
             folder = ImageFolder(dataset.manifest.source, transform=transform)
         self.device = device
         self.loader = torch.utils.data.DataLoader(
-            folder,
+            torch.utils.data.Subset(folder, range(min(len(folder), batches * batch_size))),
             batch_size,
             shuffle=True,
             num_workers=default_workers(),
@@ -314,13 +322,8 @@ class _Folder:
             persistent_workers=True,
         )
 
-    def __call__(self, batches: int) -> int:
-        images = 0
-        for number, (batch, _) in enumerate(self.loader):
-            images += len(batch.to(self.device, non_blocking=True))
-            if number + 1 == batches:
-                break
-        return images
+    def __call__(self) -> int:
+        return _drain((batch.to(self.device, non_blocking=True), labels) for batch, labels in self.loader)
 
 
 class _SourceDecoder:

@@ -197,8 +197,14 @@ class TestDecodeBatch:
             reference = v2.CenterCrop(64)(v2.Resize(side, antialias=True)(varied_jpegs[index][0]))
             assert float((sample.float() - reference.float()).abs().mean()) <= 0.6
 
-    def test_the_loader_serves_them(self, varied_jpegs, device):
-        loader = DataLoader(varied_jpegs, batch_size=5, shuffle=True, seed=1, device=device,
-                            decode=RandomResizedCropDecode(24, gpu=True))  # fmt: skip
-        shapes = [(images.shape, images.device.type, labels.device.type) for images, labels in loader]
+    def test_the_loader_serves_them_on_cuda_and_refuses_them_elsewhere(self, varied_jpegs, device):
+        def loader():
+            return DataLoader(varied_jpegs, batch_size=5, shuffle=True, seed=1, device=device,
+                              decode=RandomResizedCropDecode(24, gpu=True))  # fmt: skip
+
+        if device == "cpu":  # it would quietly run the padded batch path, 14x slower than gpu=False
+            with pytest.raises(UsageError, match="gpu=True decodes on a CUDA device.*use gpu=False"):
+                loader()
+            return
+        shapes = [(images.shape, images.device.type, labels.device.type) for images, labels in loader()]
         assert shapes[0] == ((5, 3, 24, 24), device, device) and len(shapes) == 3

@@ -22,7 +22,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from ..errors import UsageError
+from ..errors import DatasetError, UsageError
 from ..store.dataset import MemmapImageDataset, decode_jpeg_bytes
 from ..store.decode import resize_image
 from ..transforms.augment import (
@@ -45,8 +45,9 @@ class RandomResizedCropDecode:
     distribution), optionally mirrored, for training.
 
     Each image is decoded at the smallest DCT scale (1/8, 1/4, 1/2 or 1) at which its box is still
-    at least the output's size; the box is then cut out (at that scale its edges move by up to half
-    a pixel) and resized. With ``fast=False`` and a box smaller than twice the output, the pixels are
+    at least the output's size; the box is then cut out on that scale's pixel grid (its top and left
+    edges move by less than one pixel of that scale, its bottom and right by up to half of one) and
+    resized. With ``fast=False`` and a box smaller than twice the output, the pixels are
     exactly torchvision's ``resized_crop(antialias=True)`` of the full decode.
 
     Args:
@@ -116,6 +117,7 @@ class RandomResizedCropDecode:
             min_width=-(-width // denominator),
             buffer=scratch,
         )
+        _check_size(pixels, (-(-height // denominator), -(-width // denominator)), shape, name)
         scale_y, scale_x = pixels.shape[0] / height, pixels.shape[1] / width
         y0, x0 = int(top * scale_y), int(left * scale_x)
         y1 = max(y0 + 1, min(pixels.shape[0], round((top + box_height) * scale_y)))
@@ -126,7 +128,7 @@ class RandomResizedCropDecode:
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(size={self.size}, scale={self.scale}, ratio={self.ratio}, "
-            f"flip={self.flip}, fast={self.fast})"
+            f"flip={self.flip}, fast={self.fast}, gpu={self.gpu})"
         )
 
 
@@ -138,7 +140,7 @@ class CenterCropDecode:
 
     Example:
         >>> CenterCropDecode(224)
-        CenterCropDecode(size=(224, 224), ratio=0.8750)
+        CenterCropDecode(size=(224, 224), ratio=0.8750, gpu=False)
     """
 
     def __init__(self, size: int | Sequence[int], *, ratio: float = 224 / 256, gpu: bool = False) -> None:
@@ -169,9 +171,11 @@ class CenterCropDecode:
         short = round(min(self.size) / self.ratio)
         resized = (short, int(short * width / height)) if height <= width else (int(short * height / width), short)
         if resized == (height, width) == self.size and out.permute(1, 2, 0).is_contiguous():
-            decode_jpeg_bytes(data, name, buffer=out.permute(1, 2, 0).numpy())
+            _check_size(decode_jpeg_bytes(data, name, buffer=out.permute(1, 2, 0).numpy()), self.size, shape, name)
             return
-        image = _resize_hwc(decode_jpeg_bytes(data, name, buffer=scratch), resized)
+        pixels = decode_jpeg_bytes(data, name, buffer=scratch)
+        _check_size(pixels, (height, width), shape, name)
+        image = _resize_hwc(pixels, resized)
         (top, to_top, rows), (left, to_left, columns) = (
             _centre_window(resized[0], self.size[0]),
             _centre_window(resized[1], self.size[1]),
@@ -181,7 +185,17 @@ class CenterCropDecode:
         out[:, to_top : to_top + rows, to_left : to_left + columns] = image[:, top : top + rows, left : left + columns]
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(size={self.size}, ratio={self.ratio:.4f})"
+        return f"{type(self).__name__}(size={self.size}, ratio={self.ratio:.4f}, gpu={self.gpu})"
+
+
+def _check_size(pixels: np.ndarray, expected: tuple[int, int], shape: list[int], name: Callable[[], str]) -> None:
+    """A decode must come out at the size the dataset's index records (at the DCT scale asked for):
+    else ``shapes.memmap`` was damaged, and a crop computed from it would be wrong."""
+    if tuple(pixels.shape[:2]) != tuple(expected):
+        raise DatasetError(
+            f"{name()} decodes to {pixels.shape[0]}x{pixels.shape[1]} where its recorded size {shape[0]}x{shape[1]} "
+            f"gives {expected[0]}x{expected[1]}: shapes.memmap is damaged; run gpuload verify, then rebuild the dataset"
+        )
 
 
 def _resize_hwc(pixels: np.ndarray, size: tuple[int, int]) -> torch.Tensor:
@@ -264,7 +278,7 @@ def _decode_all(
         except ImportError:
             pass
         else:
-            return decode_jpeg([torch.frombuffer(blob, dtype=torch.uint8) for blob in blobs], device=device)
+            return decode_jpeg(list(blobs), device=device)
     return [
         torch.from_numpy(decode_jpeg_bytes(blob, partial(dataset.describe, index))).permute(2, 0, 1).to(device)
         for blob, index in zip(blobs, indices.tolist())

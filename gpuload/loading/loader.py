@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..errors import UsageError
 from ..machine import default_workers, single_threaded_torch
 from ..store.dataset import ImageData, MemmapImageDataset
 from .crop import CenterCropDecode, RandomResizedCropDecode, decode_batch, decode_crops
@@ -27,7 +28,9 @@ from .order import distributed_rank, epoch_order
 __all__ = ["DataLoader"]
 
 # As torch's DataLoader: what shapes the batches is fixed once made (here also the buffers' device and count).
-_FIXED = frozenset({"dataset", "batch_size", "sampler", "drop_last", "device", "prefetch", "transform", "decode"})
+_FIXED = frozenset(
+    {"dataset", "batch_size", "sampler", "drop_last", "device", "prefetch", "threads", "transform", "decode"}
+)
 _EXIT_JOIN_S = 10  # at exit, how long to wait for each producer's last gather
 _POLL_S = 0.1  # how often a waiting producer looks at the stop flag, in case no notification reached it
 _STATE_KEYS = ("epoch", "global_position", "batch_size", "world_size", "dataset_length", "seed")
@@ -74,7 +77,8 @@ class DataLoader:
             constructor, so every rank must construct that loader.
         device: where batches go, ``"cpu"`` or ``"cuda"``; ``"cuda"`` when available, else ``"cpu"``.
             Other devices (``"mps"``, ``"xpu"``...) are refused: load to the CPU and move the batches.
-        prefetch: batches prepared ahead of the consumer (host buffers: ``prefetch + 2``).
+        prefetch: batches prepared ahead of the consumer (host buffers: ``prefetch + 2``). Jpeg
+            datasets prepare at least ``threads`` batches ahead, one per decoding thread.
         threads: background threads preparing batches. Raw datasets: 2 by default (each gather
             also uses torch's intra-op threads, and two gatherers hide each other's hand-off gaps:
             measured on 2 cores, 98% of a bare ``index_select`` loop against 87% with one). Jpeg
@@ -178,6 +182,8 @@ class DataLoader:
         random = shuffle or transform is not None or isinstance(decode, RandomResizedCropDecode)
         self.seed = seed if seed is not None else _draw_seed(generator, broadcast=random)
         self.device = _resolve_device(device)
+        if decode is not None and decode.gpu:
+            _check_gpu_decode(self.device)
         self.prefetch = prefetch
         self.threads = threads
         self.transform = transform
@@ -189,7 +195,8 @@ class DataLoader:
         # Decoded batches are channels-last in memory (the decoder writes pixels that way; so do FFCV's).
         shape = self._images.shape[1:] if self._images is not None else torch.Size((3, *decode.size))
         channels_last = self._images is None
-        self._rings = _RingPool(partial(_Ring, shape, batch_size, prefetch + 2, self.device, channels_last))
+        self._ahead = max(prefetch, threads) if self._images is None else prefetch  # one batch per decoding thread
+        self._rings = _RingPool(partial(_Ring, shape, batch_size, self._ahead + 2, self.device, channels_last))
         self._initialized = True
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -381,6 +388,17 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
     if not torch.cuda.is_available():
         raise ValueError(f"device {str(device)!r} was asked for but CUDA is not available here; use device='cpu'")
     return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _check_gpu_decode(device: torch.device) -> None:
+    """``gpu=True`` decodes with nvJPEG through TorchCodec on the loader's CUDA device: refuse it
+    where it would quietly run a slower path."""
+    if device.type != "cuda":
+        raise UsageError(f"gpu=True decodes on a CUDA device, and this loader's device is {device.type}: use gpu=False")
+    try:
+        import torchcodec.decoders  # noqa: F401
+    except ImportError:
+        raise UsageError("gpu=True decodes with TorchCodec's nvJPEG: pip install gpuload[cuda]") from None
 
 
 class _HostSlot:
@@ -679,7 +697,7 @@ class _EpochIterator:
             gather,
             loader._labels,
             batches,
-            loader.prefetch,
+            loader._ahead,
             min(loader.threads, max(1, self.total)),
             loader._rings.give_back,
             transform,
