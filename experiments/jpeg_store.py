@@ -14,7 +14,9 @@ shuffled epoch of batches on ``--device`` (median of the repeats, min-max kept):
 - ``raw_crop``: a raw dataset and ``transform=gpuload.RandomResizedCrop(224, flip=True)`` on the
   device; ``raw``: the raw batches alone (640x480).
 Cold: before every epoch the contender's files are evicted from the page cache
-(``posix_fadvise(POSIX_FADV_DONTNEED)``, mappings closed first), so every byte comes from the disk.
+(``posix_fadvise(POSIX_FADV_DONTNEED)``, gpuload's loaders made afresh so that nothing maps them),
+so every byte comes from the disk. Warm: each contender's one loader serves every epoch, as in training.
+The contenders take turns within each repeat (interleaved), so machine noise falls on all alike.
 Also reported: MB/s read from the store, and each store's size on disk. And, for the jpeg store's
 random reads, one ``pread`` per image against a mapping with ``MADV_RANDOM``, warm and cold.
 
@@ -24,6 +26,7 @@ random reads, one ``pread`` per image against a mapping with ``MADV_RANDOM``, wa
 from __future__ import annotations
 
 import argparse
+import gc
 import mmap
 import os
 import tempfile
@@ -77,6 +80,25 @@ class _TorchvisionJpeg:
             return decode_jpeg(read_file(path))
 
 
+class Reused:
+    """One loader for every epoch (the stock loader's persistent workers, SPDL's thread pool), made
+    when first asked for and kept until ``close``."""
+
+    def __init__(self, make) -> None:
+        self.make, self.loader = make, None
+
+    def __call__(self):
+        if self.loader is None:
+            self.loader = self.make()
+        return self.loader
+
+    def close(self) -> None:
+        if hasattr(self.loader, "close"):
+            self.loader.close()
+        self.loader = None
+        gc.collect()  # the stock loader's persistent iterator shuts its workers down when collected
+
+
 def stock_loader(folder: Path, batch_size: int, device: torch.device):
     transform = v2.Compose([v2.RandomResizedCrop(SIZE, antialias=True), v2.RandomHorizontalFlip()])
     dataset = ImageFolder(str(folder), loader=_TorchvisionJpeg(), transform=transform)
@@ -92,7 +114,8 @@ def stock_loader(folder: Path, batch_size: int, device: torch.device):
 
 
 class SpdlLoader:
-    """SPDL's FFmpeg decoding with a random crop + scale filter per image, in a thread pool."""
+    """SPDL's FFmpeg decoding with a random crop + scale filter per image, in a thread pool (one
+    batch at a time: SPDL's own pipeline, which overlaps batches, is not used)."""
 
     def __init__(self, folder: Path, batch_size: int, device: torch.device, image_size: tuple[int, int]) -> None:
         import spdl.io
@@ -101,6 +124,9 @@ class SpdlLoader:
         self.files = sorted(folder.rglob("*.jpg"))
         self.pool = ThreadPoolExecutor(gpuload.default_workers())
         self.rng = np.random.default_rng(0)
+
+    def close(self) -> None:
+        self.pool.shutdown()
 
     def _load(self, item: tuple[Path, tuple[int, int, int, int], bool]) -> np.ndarray:
         path, (top, left, height, width), flip = item
@@ -136,9 +162,8 @@ def contenders(
             gpuload.MemmapImageDataset(path), batch_size, shuffle=True, drop_last=True, device=device, **options
         )
 
-    stock = stock_loader(folder, batch_size, device)  # one, with persistent workers, for every epoch
     found = {
-        "stock": ((lambda: stock), sources),
+        "stock": (Reused(lambda: stock_loader(folder, batch_size, device)), sources),
         "jpeg_crop": (ours(jpeg, decode=gpuload.RandomResizedCropDecode(SIZE)), jpeg_files),
         "jpeg_crop_exact": (ours(jpeg, decode=gpuload.RandomResizedCropDecode(SIZE, fast=False)), jpeg_files),
         "jpeg_full": (ours(jpeg, decode=gpuload.CenterCropDecode(image_size, ratio=1.0)), jpeg_files),
@@ -148,16 +173,16 @@ def contenders(
     if device.type == "cuda":
         found["jpeg_gpu_decode"] = (ours(jpeg, decode=gpuload.RandomResizedCropDecode(SIZE, gpu=True)), jpeg_files)
     try:
-        spdl = SpdlLoader(folder, batch_size, device, image_size)
+        import spdl.io  # noqa: F401
     except ImportError:
         print("  spdl is not installed (pip install gpuload[bench]): left out")
     else:
-        found["spdl"] = ((lambda: spdl), sources)
+        found["spdl"] = (Reused(lambda: SpdlLoader(folder, batch_size, device, image_size)), sources)
     return found
 
 
 def epoch(make_loader, device: torch.device) -> tuple[float, int]:
-    """Seconds and images of one epoch of a fresh loader (datasets reopened: a cold epoch maps nothing old)."""
+    """Seconds and images of one epoch of the loader ``make_loader()`` gives."""
     loader = make_loader()
     synchronize(device)
     started = time.perf_counter()
@@ -251,23 +276,37 @@ def main(argv: list[str] | None = None) -> None:
         "raw": sum(gpuload.MemmapImageDataset(raw).manifest.files.values()),
         "jpeg": sum(gpuload.MemmapImageDataset(jpeg).manifest.files.values()),
     }
-    rows = []
-    for name, (make_loader, files) in contenders(folder, raw, jpeg, args.batch_size, device, size).items():
-        read_bytes = sum(path.stat().st_size for path in files)
-        epoch(make_loader, device)  # warm-up: workers, pinned buffers, compile-free paths, page cache
-        for cache in ("warm", "cold"):
-            rates, megabytes = [], []
-            for _ in range(args.repeats):
+    found = contenders(folder, raw, jpeg, args.batch_size, device, size)
+    # Warm: each contender's one loader serves every epoch, as in training (workers, buffers and
+    # mappings kept). Cold: gpuload's loaders made afresh each epoch, so that no mapping keeps the
+    # evicted pages (the stock loader and SPDL map nothing). The contenders take turns within each
+    # repeat, so that the shared machine's slow moments fall on all of them alike.
+    warm = {name: make if isinstance(make, Reused) else Reused(make) for name, (make, _) in found.items()}
+    for loader in warm.values():
+        epoch(loader, device)  # warm-up: workers, pinned buffers, page cache
+    rates: dict[tuple[str, str], list[float]] = {}
+    for cache in ("warm", "cold"):
+        for repeat in range(args.repeats):
+            for name, (make_loader, files) in found.items():
                 if cache == "cold":
+                    if warm[name] is not make_loader:
+                        warm[name].close()
                     evict(files)
-                seconds, images = epoch(make_loader, device)
-                rates.append(images / seconds)
-                megabytes.append(read_bytes * images / args.images / seconds / 1e6)
-            rows.append(
-                {"contender": name, "cache": cache, "images_per_second": median_spread(rates)}
-                | {"megabytes_per_second": median_spread(megabytes)}
-            )
-            print(f"  {name:<16} {cache}  {rows[-1]['images_per_second']['median']:8,.0f} images/s", flush=True)
+                seconds, images = epoch(warm[name] if cache == "warm" else make_loader, device)
+                rates.setdefault((name, cache), []).append(images / seconds)
+            print(f"  {cache} repeat {repeat + 1}: " + ", ".join(
+                f"{name} {rates[name, cache][-1]:,.0f}" for name in found), flush=True)  # fmt: skip
+    for loader in warm.values():
+        loader.close()
+    rows = []
+    for (name, cache), values in rates.items():
+        read_bytes = sum(path.stat().st_size for path in found[name][1])
+        megabytes = [rate * read_bytes / args.images / 1e6 for rate in values]
+        rows.append(
+            {"contender": name, "cache": cache, "images_per_second": median_spread(values)}
+            | {"megabytes_per_second": median_spread(megabytes)}
+        )
+        print(f"  {name:<16} {cache}  {rows[-1]['images_per_second']['median']:8,.0f} images/s")
     reads = read_rates(jpeg, args.repeats)
     for name, spread in reads.items():
         print(f"  read {name:<18} {spread['median']:10,.0f} images/s")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import math
 import os
 import statistics
 import time
@@ -10,14 +12,16 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.utils.data
 from tqdm.auto import tqdm
 
 from .loading.collate import Collate
+from .loading.crop import RandomResizedCropDecode
 from .loading.loader import DataLoader
 from .machine import default_workers, describe_machine, machine_line
-from .store.dataset import MemmapImageDataset
+from .store.dataset import MemmapImageDataset, decode_jpeg_bytes
 from .store.decode import decode_image
 from .transforms.augment import RandomResizedCrop
 
@@ -32,6 +36,8 @@ BENCH_LABELS = {
     "image_folder": "torch DataLoader + ImageFolder (JPEGs)",
     "gpuload_augment": "gpuload.DataLoader + RandomResizedCrop",
     "image_folder_augment": "ImageFolder + v2 RandomResizedCrop, workers",
+    "limit_decode": "limit: libjpeg-turbo whole decode, all threads",
+    "gpuload_decode": "gpuload.DataLoader, RandomResizedCropDecode",
 }
 
 
@@ -57,19 +63,88 @@ def run_bench(
     - ``gpuload``: :class:`gpuload.DataLoader` to ``device``;
     - ``collate``: the stock ``torch.utils.data.DataLoader`` with :class:`gpuload.Collate`;
     - ``image_folder``: ``ImageFolder`` + stock ``DataLoader`` decoding the source JPEGs on all
-      cores, when the sources are still there (``folder_batches`` batches, it is slow).
+      cores, when the sources are still there (epochs of the first ``folder_batches`` batches of
+      images: it is slow), with persistent workers, as a training loop keeps them.
 
     With ``augment`` (an output side, e.g. 224), the same with a per-sample random resized crop to
     ``augment`` and a flip: ``gpuload_augment`` (:class:`gpuload.RandomResizedCrop` as the loader's
     ``transform``, on ``device``) and ``image_folder_augment`` (torchvision v2 per sample in the
     stock loader's worker processes, ``pin_memory`` on CUDA: what a user would pick instead).
+
+    A jpeg dataset is cropped at decode time: ``gpuload_decode`` (:class:`gpuload.DataLoader` with
+    ``decode=RandomResizedCropDecode(augment or 224)``) against ``image_folder_augment`` and
+    ``limit_decode``, libjpeg-turbo decoding every stored JPEG whole on all cores.
     """
     dataset = MemmapImageDataset(path)
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if len(dataset) < batch_size:
         raise ValueError(f"the dataset has {len(dataset)} images, fewer than one batch of {batch_size}")
-    image_bytes = dataset.data.images[0].numel()
     batches = len(dataset) // batch_size
+    if dataset.image_shape is None:  # jpeg: batches of crops
+        augment = augment or 224
+        image_shape = (3, augment, augment)
+        decode = RandomResizedCropDecode(augment)
+        loader = DataLoader(dataset, batch_size, shuffle=True, drop_last=True, device=device, decode=decode)
+        contenders: dict[str, tuple[Callable[[], int], int]] = {
+            "limit_decode": (_DecodeLimit(dataset), epochs),
+            "gpuload_decode": (partial(_drain, loader), epochs),
+        }
+    else:
+        image_shape = tuple(dataset.image_shape)
+        contenders = _raw_contenders(dataset, batch_size, device, epochs, augment)
+    image_bytes = math.prod(image_shape)
+    sources = [Path(source) for source, _ in dataset.samples]
+    if all(source.is_file() for source in sources[:: max(1, len(sources) // 16)]):
+        if dataset.image_shape is not None:
+            contenders["image_folder"] = (_Folder(dataset, batch_size, folder_batches, device), epochs)
+        if augment is not None:
+            contenders["image_folder_augment"] = (
+                _Folder(dataset, batch_size, folder_batches, device, augment=augment),
+                epochs,
+            )
+    else:
+        sources = []
+
+    with tqdm(
+        total=sum(count + 1 for _, count in contenders.values()), desc="bench", unit="pass", disable=not progress
+    ) as bar:
+        results = {}
+        for name, (run, count) in contenders.items():
+            bar.set_postfix_str(name)
+            _timed(run, device)  # warm-up: page cache, pinned buffers, CUDA context, thread pools, workers
+            bar.update()
+            runs = []
+            for _ in range(count):
+                seconds, images = _timed(run, device)
+                runs.append(images / seconds)
+                bar.update()
+            results[name] = {
+                "images_per_second": statistics.median(runs),
+                "min": min(runs),
+                "max": max(runs),
+                "runs": runs,
+                "gigabytes_per_second": statistics.median(runs) * image_bytes / 1e9,
+            }
+            run = contenders[name] = None  # the stock loader's persistent workers stop here
+            gc.collect()
+    return {
+        "dataset": str(dataset.path),
+        "format": "raw" if dataset.image_shape is not None else "jpeg",
+        "images": len(dataset),
+        "image_shape": list(image_shape),
+        "batch_size": batch_size,
+        "batches_per_epoch": batches,
+        "device": str(device),
+        "sources_present": bool(sources),
+        "machine": describe_machine(),
+        "machine_line": machine_line(),
+        "results": results,
+    }
+
+
+def _raw_contenders(
+    dataset: MemmapImageDataset, batch_size: int, device: torch.device, epochs: int, augment: int | None
+) -> dict[str, tuple[Callable[[], int], int]]:
     contenders: dict[str, tuple[Callable[[], int], int]] = {
         "limit_gather": (_GatherLimit(dataset, batch_size, split=False), epochs),
         "limit_gather_split": (_GatherLimit(dataset, batch_size, split=True), epochs),
@@ -93,55 +168,16 @@ def run_bench(
         crop = RandomResizedCrop(augment, flip=True)
         loader = DataLoader(dataset, batch_size, shuffle=True, drop_last=True, device=device, transform=crop)
         contenders["gpuload_augment"] = (partial(_drain, loader), epochs)
-    sources = [Path(source) for source, _ in dataset.samples]
-    if all(source.is_file() for source in sources[:: max(1, len(sources) // 16)]):
-        contenders["image_folder"] = (lambda: _folder(dataset, batch_size, folder_batches, device), 1)
-        if augment is not None:
-            contenders["image_folder_augment"] = (
-                lambda: _folder(dataset, batch_size, folder_batches, device, augment=augment),
-                1,
-            )
-    else:
-        sources = []
-
-    with tqdm(
-        total=sum(count + 1 for _, count in contenders.values()), desc="bench", unit="pass", disable=not progress
-    ) as bar:
-        results = {}
-        for name, (run, count) in contenders.items():
-            bar.set_postfix_str(name)
-            _timed(run, device)  # warm-up: page cache, pinned buffers, CUDA context, thread pools
-            bar.update()
-            runs = []
-            for _ in range(count):
-                seconds, images = _timed(run, device)
-                runs.append(images / seconds)
-                bar.update()
-            results[name] = {
-                "images_per_second": statistics.median(runs),
-                "min": min(runs),
-                "max": max(runs),
-                "runs": runs,
-                "gigabytes_per_second": statistics.median(runs) * image_bytes / 1e9,
-            }
-    return {
-        "dataset": str(dataset.path),
-        "images": len(dataset),
-        "image_shape": list(dataset.image_shape),
-        "batch_size": batch_size,
-        "batches_per_epoch": batches,
-        "device": str(device),
-        "sources_present": bool(sources),
-        "machine": describe_machine(),
-        "machine_line": machine_line(),
-        "results": results,
-    }
+    return contenders
 
 
 def gather_limit(report: dict) -> float:
-    """The machine's gather limit of a :func:`run_bench` report: the better of the two parallel gathers."""
+    """The machine's limit of a :func:`run_bench` report: the better of the two parallel gathers
+    (raw), or the whole decode (jpeg)."""
     return max(
-        result["images_per_second"] for name, result in report["results"].items() if name.startswith("limit_gather")
+        result["images_per_second"]
+        for name, result in report["results"].items()
+        if name.startswith(("limit_gather", "limit_decode"))
     )
 
 
@@ -151,7 +187,8 @@ def format_bench(report: dict) -> str:
     limit = gather_limit(report)
     lines = [
         f"gpuload bench on {report['machine_line']}",
-        f"{report['images']} images of {c}x{h}x{w} uint8, batch {report['batch_size']}, shuffled, "
+        f"{report['images']} {'jpeg images decoded to' if report.get('format') == 'jpeg' else 'images of'} "
+        f"{c}x{h}x{w} uint8, batch {report['batch_size']}, shuffled, "
         f"device {report['device']}, page cache warm",
         f"{'contender':<44} {'images/s':>10} {'GB/s':>7} {'of limit':>9}",
     ]
@@ -160,7 +197,7 @@ def format_bench(report: dict) -> str:
         lines.append(
             f"{BENCH_LABELS[name]:<44} {rate:>10,.0f} {result['gigabytes_per_second']:>7.2f} {rate / limit:>9.0%}"
         )
-    if "limit_h2d" in report["results"]:
+    if "limit_h2d" in report["results"] and "gpuload" in report["results"]:
         h2d = report["results"]["limit_h2d"]["images_per_second"]
         lines.append(
             f"gpuload.DataLoader reaches {report['results']['gpuload']['images_per_second'] / h2d:.0%} of the host-to-device limit"
@@ -185,6 +222,26 @@ def _drain(loader: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> int:
     for batch, _ in loader:
         images += len(batch)
     return images
+
+
+class _DecodeLimit:
+    """Every stored JPEG of a jpeg dataset decoded whole by libjpeg-turbo, one thread per core, into
+    reused buffers, in a shuffled order: what decoding alone costs."""
+
+    def __init__(self, dataset: MemmapImageDataset) -> None:
+        self.dataset, self.workers = dataset, default_workers()
+        height, width = dataset.data.shapes.max(0).values.tolist()
+        self.buffers = [np.empty(height * width * 3, dtype=np.uint8) for _ in range(self.workers)]
+
+    def __call__(self) -> int:
+        shares = torch.randperm(len(self.dataset)).chunk(self.workers)
+        with ThreadPoolExecutor(self.workers) as pool:
+            list(pool.map(self._decode, shares, self.buffers))
+        return len(self.dataset)
+
+    def _decode(self, indices: torch.Tensor, buffer: np.ndarray) -> None:
+        for index in indices.tolist():
+            decode_jpeg_bytes(self.dataset.read_jpeg(index), partial(self.dataset.describe, index), buffer=buffer)
 
 
 class _GatherLimit:
@@ -228,32 +285,45 @@ def _h2d_limit(dataset: MemmapImageDataset, batch_size: int, device: torch.devic
     return batches * batch_size
 
 
-def _folder(
-    dataset: MemmapImageDataset, batch_size: int, batches: int, device: torch.device, augment: int | None = None
-) -> int:
-    """ImageFolder over the sources in worker processes (all cores), batches copied to ``device``: decoded to
-    the dataset's size, or, with ``augment``, randomly cropped to ``augment`` and flipped, per sample."""
-    from torchvision.datasets import ImageFolder
-    from torchvision.transforms import v2
+class _Folder:
+    """ImageFolder over the first ``batches`` batches of sources, in the stock loader's worker
+    processes (all cores, persistent, ``pin_memory`` on CUDA), batches copied to ``device``:
+    decoded to the dataset's size, or, with ``augment``, randomly cropped to ``augment`` and
+    flipped, per sample. A call is one whole shuffled epoch of that subset (nothing is left in
+    flight for the next)."""
 
-    if augment is None:
-        folder = ImageFolder(
-            dataset.manifest.source, loader=_SourceDecoder(tuple(dataset.image_shape[1:]), dataset.manifest.resize)
+    def __init__(
+        self,
+        dataset: MemmapImageDataset,
+        batch_size: int,
+        batches: int,
+        device: torch.device,
+        augment: int | None = None,
+    ) -> None:
+        from torchvision.datasets import ImageFolder
+        from torchvision.transforms import v2
+
+        if augment is None:
+            folder = ImageFolder(
+                dataset.manifest.source, loader=_SourceDecoder(tuple(dataset.image_shape[1:]), dataset.manifest.resize)
+            )
+        else:
+            transform = v2.Compose(
+                [v2.PILToTensor(), v2.RandomResizedCrop(augment, antialias=True), v2.RandomHorizontalFlip()]
+            )
+            folder = ImageFolder(dataset.manifest.source, transform=transform)
+        self.device = device
+        self.loader = torch.utils.data.DataLoader(
+            torch.utils.data.Subset(folder, range(min(len(folder), batches * batch_size))),
+            batch_size,
+            shuffle=True,
+            num_workers=default_workers(),
+            pin_memory=device.type == "cuda",
+            persistent_workers=True,
         )
-    else:
-        transform = v2.Compose(
-            [v2.PILToTensor(), v2.RandomResizedCrop(augment, antialias=True), v2.RandomHorizontalFlip()]
-        )
-        folder = ImageFolder(dataset.manifest.source, transform=transform)
-    loader = torch.utils.data.DataLoader(
-        folder, batch_size, shuffle=True, num_workers=default_workers(), pin_memory=device.type == "cuda"
-    )
-    images = 0
-    for number, (batch, _) in enumerate(loader):
-        images += len(batch.to(device, non_blocking=True))
-        if number + 1 == batches:
-            break
-    return images
+
+    def __call__(self) -> int:
+        return _drain((batch.to(self.device, non_blocking=True), labels) for batch, labels in self.loader)
 
 
 class _SourceDecoder:

@@ -10,8 +10,8 @@ def test_all_contenders_measured_on_the_cpu(built_dataset):
     report = run_bench(built_dataset, batch_size=4, device="cpu", epochs=2, folder_batches=2, progress=False)
     results = report["results"]
     assert set(results) == {"limit_gather", "limit_gather_split", "gpuload", "collate", "image_folder"}
-    for name, result in results.items():
-        assert len(result["runs"]) == (1 if name == "image_folder" else 2)
+    for result in results.values():
+        assert len(result["runs"]) == 2  # every contender timed over the same number of epochs
         assert result["min"] <= result["images_per_second"] <= result["max"] and result["min"] > 0
         assert result["gigabytes_per_second"] == pytest.approx(result["images_per_second"] * 3 * 48 * 64 / 1e9)
     assert report["images"] == 20 and report["batches_per_epoch"] == 5 and report["sources_present"]
@@ -26,6 +26,36 @@ def test_augmentation_contenders(built_dataset):
     assert {"gpuload_augment", "image_folder_augment"} <= set(report["results"])
     assert all(report["results"][name]["images_per_second"] > 0 for name in ("gpuload_augment", "image_folder_augment"))
     assert "RandomResizedCrop" in format_bench(report)
+
+
+def test_a_jpeg_dataset_is_measured_cropped_at_decode_time(jpeg_dataset):
+    report = run_bench(jpeg_dataset, batch_size=4, device="cpu", epochs=2, folder_batches=2, augment=16, progress=False)
+    results = report["results"]
+    assert set(results) == {"limit_decode", "gpuload_decode", "image_folder_augment"}
+    assert report["format"] == "jpeg" and report["image_shape"] == [3, 16, 16]
+    assert all(result["min"] > 0 for result in results.values())
+    assert results["gpuload_decode"]["gigabytes_per_second"] == pytest.approx(
+        results["gpuload_decode"]["images_per_second"] * 3 * 16 * 16 / 1e9
+    )
+    table = format_bench(report)
+    assert "jpeg images decoded to 3x16x16" in table and "RandomResizedCropDecode" in table and "whole decode" in table
+
+
+def test_the_stock_loaders_workers_stop_after_their_turn(built_dataset, monkeypatch):
+    """Persistent workers of one contender must not run beside the next one."""
+    import multiprocessing
+
+    import gpuload.bench
+
+    children, timed = [], gpuload.bench._timed
+    monkeypatch.setattr(
+        gpuload.bench,
+        "_timed",
+        lambda run, device: children.append(multiprocessing.active_children()) or timed(run, device),
+    )
+    run_bench(built_dataset, batch_size=4, device="cpu", epochs=1, folder_batches=2, augment=16, progress=False)
+    assert len(children) == 14 and children[-2] == []  # image_folder_augment starts with image_folder's workers gone
+    assert len(children[-1]) == 2  # its own, persistent across its epochs
 
 
 def test_without_sources_the_folder_contender_is_left_out(photo_copy, tmp_path):

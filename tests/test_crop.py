@@ -30,11 +30,20 @@ def varied_jpegs(tmp_path_factory):
     return MemmapImageDataset(build_memmap(root, format="jpeg", progress=False))
 
 
-def decoded(dataset, decode, indices, *, seed=0, epoch=0) -> torch.Tensor:
+def decoded(dataset, decode, indices, *, seed=0, epoch=0, fill=None) -> torch.Tensor:
+    """The crops, decoded into a channels-last batch (the loader's layout), checked against a
+    contiguous one; ``fill``: the batch holds that value before (a reused buffer)."""
     indices = torch.as_tensor(indices)
-    out = torch.empty((len(indices), 3, *decode.size), dtype=torch.uint8)
-    decode_crops(dataset, indices, out, decode, seed=seed, epoch=epoch)
-    return out
+    outs = [
+        torch.empty((len(indices), 3, *decode.size), dtype=torch.uint8),
+        torch.empty((len(indices), *decode.size, 3), dtype=torch.uint8).permute(0, 3, 1, 2),
+    ]
+    for out in outs:
+        if fill is not None:
+            out.fill_(fill)
+        decode_crops(dataset, indices, out, decode, seed=seed, epoch=epoch)
+    assert torch.equal(*outs)
+    return outs[1]
 
 
 class TestCounterUniforms:
@@ -147,6 +156,18 @@ class TestCenterCropDecode:
             reference = v2.CenterCrop(decode.size)(v2.Resize(side, antialias=True)(varied_jpegs[index][0]))
             assert torch.equal(sample, reference)
 
+    def test_an_image_at_the_output_size_is_decoded_whole_and_padding_is_zero_in_a_reused_batch(self, varied_jpegs):
+        """``ratio=1`` and the image's own size: the image decoded straight into the batch, exactly;
+        smaller images are padded with zeros even where the batch held other pixels before."""
+        out = decoded(varied_jpegs, CenterCropDecode((480, 640), ratio=1.0), range(12), fill=7)
+        for index, sample in enumerate(out):
+            image = varied_jpegs[index][0]
+            if tuple(image.shape[1:]) == (480, 640):
+                assert torch.equal(sample, image)
+            else:
+                reference = v2.CenterCrop((480, 640))(v2.Resize(480, antialias=True)(image))
+                assert torch.equal(sample, reference)
+
     def test_bad_ratio(self):
         with pytest.raises(UsageError, match=r"ratio must be in \(0, 1\]"):
             CenterCropDecode(224, ratio=1.5)
@@ -176,8 +197,14 @@ class TestDecodeBatch:
             reference = v2.CenterCrop(64)(v2.Resize(side, antialias=True)(varied_jpegs[index][0]))
             assert float((sample.float() - reference.float()).abs().mean()) <= 0.6
 
-    def test_the_loader_serves_them(self, varied_jpegs, device):
-        loader = DataLoader(varied_jpegs, batch_size=5, shuffle=True, seed=1, device=device,
-                            decode=RandomResizedCropDecode(24, gpu=True))  # fmt: skip
-        shapes = [(images.shape, images.device.type, labels.device.type) for images, labels in loader]
+    def test_the_loader_serves_them_on_cuda_and_refuses_them_elsewhere(self, varied_jpegs, device):
+        def loader():
+            return DataLoader(varied_jpegs, batch_size=5, shuffle=True, seed=1, device=device,
+                              decode=RandomResizedCropDecode(24, gpu=True))  # fmt: skip
+
+        if device == "cpu":  # it would quietly run the padded batch path, 14x slower than gpu=False
+            with pytest.raises(UsageError, match="gpu=True decodes on a CUDA device.*use gpu=False"):
+                loader()
+            return
+        shapes = [(images.shape, images.device.type, labels.device.type) for images, labels in loader()]
         assert shapes[0] == ((5, 3, 24, 24), device, device) and len(shapes) == 3

@@ -56,6 +56,14 @@ class TestStoreJpeg:
         write_odd_image(tmp_path / "g.jpg", "grayscale")
         assert store_jpeg(tmp_path / "g.jpg").reencoded is None
 
+    def test_an_image_longer_than_a_jpeg_can_be_is_a_decode_error_naming_the_way_out(self, tmp_path):
+        from gpuload import DecodeError
+
+        Image.new("RGB", (70_000, 8), (10, 200, 30)).save(tmp_path / "wide.png")
+        with pytest.raises(DecodeError, match=r"70000x8 is larger than a JPEG can be .* --max-side 65500"):
+            store_jpeg(tmp_path / "wide.png")
+        assert store_jpeg(tmp_path / "wide.png", max_side=7000).shape == (1, 7000)
+
     def test_max_side_scales_down_keeping_the_aspect_ratio(self, tmp_path):
         photo((300, 400)).save(tmp_path / "big.jpg", quality=90)
         stored = store_jpeg(tmp_path / "big.jpg", max_side=200)

@@ -687,6 +687,34 @@ class TestJpegDatasets:
         again = self.batches(jpeg_dataset, decode, threads=threads, prefetch=1)
         assert all(torch.equal(a[0], b[0]) for a, b in zip(reference, again))
 
+    @pytest.mark.parametrize("threads", [2, 4])
+    def test_every_decoding_thread_decodes_at_once_whatever_the_prefetch(self, jpeg_dataset, threads, monkeypatch):
+        """Each thread decodes a whole batch: ``threads`` batches must be in flight, even with prefetch=1."""
+        running, peak, lock = [0], [0], threading.Lock()
+        real = loader_module.decode_crops
+
+        def slow(*args, **kwargs):
+            with lock:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+            time.sleep(0.05)  # long enough for every thread to be handed its batch
+            real(*args, **kwargs)
+            with lock:
+                running[0] -= 1
+
+        monkeypatch.setattr(loader_module, "decode_crops", slow)
+        loader = DataLoader(MemmapImageDataset(jpeg_dataset), batch_size=2, prefetch=1, threads=threads,
+                            device="cpu", decode=RandomResizedCropDecode(16))  # fmt: skip
+        assert sum(len(labels) for _, labels in loader) == 20
+        assert peak[0] == threads
+
+    def test_gpu_decode_without_torchcodec_says_what_to_install(self, monkeypatch):
+        from gpuload import UsageError
+
+        monkeypatch.setitem(sys.modules, "torchcodec.decoders", None)  # an import of it fails
+        with pytest.raises(UsageError, match=r"pip install gpuload\[cuda\]"):
+            loader_module._check_gpu_decode(torch.device("cuda"))
+
     def test_a_resumed_epoch_replays_the_same_crops(self, jpeg_dataset):
         dataset = MemmapImageDataset(jpeg_dataset)
         decode = RandomResizedCropDecode(16)
@@ -702,6 +730,15 @@ class TestJpegDatasets:
     def test_evaluation_decode(self, jpeg_dataset):
         images, _ = next(iter(DataLoader(MemmapImageDataset(jpeg_dataset), batch_size=4, decode=CenterCropDecode(24))))
         assert images.shape == (4, 3, 24, 24)
+
+    @pytest.mark.parametrize("decode", [RandomResizedCropDecode(16), CenterCropDecode(24)])
+    def test_decoded_batches_are_channels_last_and_raw_ones_are_not(self, jpeg_dataset, built_dataset, decode):
+        """The decoder writes pixels height-width-channel: the batch keeps that memory layout."""
+        images, _ = next(iter(DataLoader(MemmapImageDataset(jpeg_dataset), batch_size=4, decode=decode)))
+        assert images.shape == (4, 3, *decode.size) and images.is_contiguous(memory_format=torch.channels_last)
+        assert not images.is_contiguous()
+        raw, _ = next(iter(DataLoader(MemmapImageDataset(built_dataset), batch_size=4)))
+        assert raw.is_contiguous()
 
     def test_a_jpeg_dataset_needs_a_decode_and_a_raw_one_refuses_it(self, jpeg_dataset, built_dataset):
         with pytest.raises(ValueError, match="a jpeg dataset's images have their own sizes: pass decode="):

@@ -135,6 +135,38 @@ class TestJpeg:
         problems = verify_memmap(copy, progress=False)
         assert len(problems) == 1 and problems[0].startswith("1 images do not match their build checksum:")
 
+    def test_a_damaged_image_is_listed_when_sources_are_compared_too(self, jpeg_dataset, tmp_path):
+        copy = Path(shutil.copytree(jpeg_dataset, tmp_path / "copy"))
+        data = copy / "data.memmap"
+        data.chmod(0o644)
+        raw = bytearray(data.read_bytes())
+        raw[len(raw) // 2] ^= 0x01
+        data.write_bytes(bytes(raw))
+        problems = verify_memmap(copy, sources="all", progress=False)
+        assert len(problems) == 1 and problems[0].startswith("1 images do not match their build checksum:")
+
+    def test_a_changed_size_in_the_index_is_found_and_refused_at_load_time(self, jpeg_dataset, tmp_path):
+        import numpy as np
+        import torch
+
+        from gpuload import DataLoader, DatasetError, MemmapImageDataset, RandomResizedCropDecode
+
+        copy = Path(shutil.copytree(jpeg_dataset, tmp_path / "copy"))
+        shapes = copy / "shapes.memmap"
+        shapes.chmod(0o644)
+        values = np.fromfile(shapes, np.int32).reshape(-1, 2)
+        values[4, 0] //= 2  # image 4 recorded half as tall as it is
+        values.tofile(shapes)
+        problems = verify_memmap(copy, progress=False)
+        assert len(problems) == 1 and problems[0].startswith("1 images differ from their size in shapes.memmap: 4 (")
+        loader = DataLoader(MemmapImageDataset(copy), batch_size=20, decode=RandomResizedCropDecode(8), device="cpu")
+        with pytest.raises(
+            DatasetError,
+            match=r"image 4 .* decodes to \d+x\d+ where its recorded size 24x64 .*shapes.memmap is damaged",
+        ):
+            next(iter(loader))
+        assert torch.is_tensor(MemmapImageDataset(copy)[4][0])
+
     def test_describe(self, jpeg_dataset):
         info = describe_memmap(jpeg_dataset)
         assert info["storage"] == "jpeg" and info["image_shape"] is None and info["images"] == 20

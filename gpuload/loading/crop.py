@@ -22,7 +22,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from ..errors import UsageError
+from ..errors import DatasetError, UsageError
 from ..store.dataset import MemmapImageDataset, decode_jpeg_bytes
 from ..store.decode import resize_image
 from ..transforms.augment import (
@@ -45,8 +45,9 @@ class RandomResizedCropDecode:
     distribution), optionally mirrored, for training.
 
     Each image is decoded at the smallest DCT scale (1/8, 1/4, 1/2 or 1) at which its box is still
-    at least the output's size; the box is then cut out (at that scale its edges move by up to half
-    a pixel) and resized. With ``fast=False`` and a box smaller than twice the output, the pixels are
+    at least the output's size; the box is then cut out on that scale's pixel grid (its top and left
+    edges move by less than one pixel of that scale, its bottom and right by up to half of one) and
+    resized. With ``fast=False`` and a box smaller than twice the output, the pixels are
     exactly torchvision's ``resized_crop(antialias=True)`` of the full decode.
 
     Args:
@@ -94,27 +95,40 @@ class RandomResizedCropDecode:
         return boxes, flips
 
     def decode(
-        self, data: bytes, shape: list[int], box: list[float], flip: bool, name: Callable[[], str]
-    ) -> torch.Tensor:
-        """One image: decoded at the smallest DCT scale that keeps its box at least the output's
-        size, the box cut out, resized and maybe mirrored; ``[3, S, S]``."""
+        self,
+        data: bytes,
+        shape: list[int],
+        box: list[float],
+        flip: bool,
+        name: Callable[[], str],
+        out: torch.Tensor,
+        scratch: np.ndarray,
+    ) -> None:
+        """One image into ``out`` (``[3, S, S]``): decoded into ``scratch`` at the smallest DCT scale
+        that keeps its box at least the output's size, the box cut out, resized and maybe mirrored."""
         (height, width), (top, left, box_height, box_width) = shape, box
         out_height, out_width = self.size
         denominator = next((d for d in (8, 4, 2) if box_height >= d * out_height and box_width >= d * out_width), 1)
         pixels = decode_jpeg_bytes(
-            data, name, fast=self.fast, min_height=-(-height // denominator), min_width=-(-width // denominator)
+            data,
+            name,
+            fast=self.fast,
+            min_height=-(-height // denominator),
+            min_width=-(-width // denominator),
+            buffer=scratch,
         )
+        _check_size(pixels, (-(-height // denominator), -(-width // denominator)), shape, name)
         scale_y, scale_x = pixels.shape[0] / height, pixels.shape[1] / width
         y0, x0 = int(top * scale_y), int(left * scale_x)
         y1 = max(y0 + 1, min(pixels.shape[0], round((top + box_height) * scale_y)))
         x1 = max(x0 + 1, min(pixels.shape[1], round((left + box_width) * scale_x)))
-        resized = resize_image(torch.from_numpy(pixels)[y0:y1, x0:x1].permute(2, 0, 1), self.size)
-        return resized.flip(-1) if flip else resized
+        resized = _resize_hwc(pixels[y0:y1, x0:x1], self.size)
+        out.copy_(resized.flip(-1) if flip else resized)
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(size={self.size}, scale={self.scale}, ratio={self.ratio}, "
-            f"flip={self.flip}, fast={self.fast})"
+            f"flip={self.flip}, fast={self.fast}, gpu={self.gpu})"
         )
 
 
@@ -126,7 +140,7 @@ class CenterCropDecode:
 
     Example:
         >>> CenterCropDecode(224)
-        CenterCropDecode(size=(224, 224), ratio=0.8750)
+        CenterCropDecode(size=(224, 224), ratio=0.8750, gpu=False)
     """
 
     def __init__(self, size: int | Sequence[int], *, ratio: float = 224 / 256, gpu: bool = False) -> None:
@@ -141,22 +155,57 @@ class CenterCropDecode:
         """Nothing is random."""
         return None, None
 
-    def decode(self, data: bytes, shape: list[int], box: None, flip: None, name: Callable[[], str]) -> torch.Tensor:
-        """One image: decoded, resized as torchvision's ``Resize``, its centre cut out; ``[3, S, S]``."""
+    def decode(
+        self,
+        data: bytes,
+        shape: list[int],
+        box: None,
+        flip: None,
+        name: Callable[[], str],
+        out: torch.Tensor,
+        scratch: np.ndarray,
+    ) -> None:
+        """One image into ``out`` (``[3, S, S]``): decoded, resized as torchvision's ``Resize``, its
+        centre cut out. An image already at the output's size is decoded straight into ``out``."""
         height, width = shape
         short = round(min(self.size) / self.ratio)
         resized = (short, int(short * width / height)) if height <= width else (int(short * height / width), short)
-        image = resize_image(torch.from_numpy(decode_jpeg_bytes(data, name)).permute(2, 0, 1), resized)
+        if resized == (height, width) == self.size and out.permute(1, 2, 0).is_contiguous():
+            _check_size(decode_jpeg_bytes(data, name, buffer=out.permute(1, 2, 0).numpy()), self.size, shape, name)
+            return
+        pixels = decode_jpeg_bytes(data, name, buffer=scratch)
+        _check_size(pixels, (height, width), shape, name)
+        image = _resize_hwc(pixels, resized)
         (top, to_top, rows), (left, to_left, columns) = (
             _centre_window(resized[0], self.size[0]),
             _centre_window(resized[1], self.size[1]),
         )
-        out = torch.zeros((3, *self.size), dtype=torch.uint8)
+        if rows < self.size[0] or columns < self.size[1]:
+            out.zero_()  # CenterCrop pads an image smaller than the output with zeros
         out[:, to_top : to_top + rows, to_left : to_left + columns] = image[:, top : top + rows, left : left + columns]
-        return out
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(size={self.size}, ratio={self.ratio:.4f})"
+        return f"{type(self).__name__}(size={self.size}, ratio={self.ratio:.4f}, gpu={self.gpu})"
+
+
+def _check_size(pixels: np.ndarray, expected: tuple[int, int], shape: list[int], name: Callable[[], str]) -> None:
+    """A decode must come out at the size the dataset's index records (at the DCT scale asked for):
+    else ``shapes.memmap`` was damaged, and a crop computed from it would be wrong."""
+    if tuple(pixels.shape[:2]) != tuple(expected):
+        raise DatasetError(
+            f"{name()} decodes to {pixels.shape[0]}x{pixels.shape[1]} where its recorded size {shape[0]}x{shape[1]} "
+            f"gives {expected[0]}x{expected[1]}: shapes.memmap is damaged; run gpuload verify, then rebuild the dataset"
+        )
+
+
+def _resize_hwc(pixels: np.ndarray, size: tuple[int, int]) -> torch.Tensor:
+    """Antialiased bilinear resize of uint8 ``[h, w, 3]`` pixels (a view of the decoder's buffer) to
+    ``[3, *size]`` in channels-last memory: torch's uint8 resize works in that layout, and so do
+    the loader's decode batches, so no pixel is transposed."""
+    image = torch.from_numpy(pixels).permute(2, 0, 1)
+    if tuple(image.shape[1:]) == tuple(size):
+        return image
+    return resize_image(image[None].contiguous(memory_format=torch.channels_last), size)
 
 
 def _centre_window(side: int, out: int) -> tuple[int, int, int]:
@@ -175,18 +224,19 @@ def decode_crops(
     epoch: int,
 ) -> None:
     """Decode the images ``indices`` of a jpeg dataset, each cropped as ``decode`` says, into ``out``
-    (uint8 ``[len(indices), 3, S, S]``).
+    (uint8 ``[len(indices), 3, S, S]``, channels-last memory is fastest), through one reused decode
+    buffer.
 
     Raises:
         DatasetError: an image's bytes fail their checksum or do not decode (named, with its source).
     """
     shapes = dataset.data.shapes[indices]
     boxes, flips = decode.draw(shapes, indices, seed=seed, epoch=epoch)
+    scratch = np.empty(int((shapes[:, 0] * shapes[:, 1]).max()) * 3, dtype=np.uint8)
     for row, (index, shape) in enumerate(zip(indices.tolist(), shapes.tolist())):
         box = None if boxes is None else boxes[row].tolist()
         flip = None if flips is None else bool(flips[row])
-        pixels = decode.decode(dataset.read_jpeg(index), shape, box, flip, partial(dataset.describe, index))
-        out[row].copy_(pixels)
+        decode.decode(dataset.read_jpeg(index), shape, box, flip, partial(dataset.describe, index), out[row], scratch)
 
 
 def decode_batch(
@@ -228,7 +278,7 @@ def _decode_all(
         except ImportError:
             pass
         else:
-            return decode_jpeg([torch.frombuffer(blob, dtype=torch.uint8) for blob in blobs], device=device)
+            return decode_jpeg(list(blobs), device=device)
     return [
         torch.from_numpy(decode_jpeg_bytes(blob, partial(dataset.describe, index))).permute(2, 0, 1).to(device)
         for blob, index in zip(blobs, indices.tolist())

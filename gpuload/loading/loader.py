@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..errors import UsageError
 from ..machine import default_workers, single_threaded_torch
 from ..store.dataset import ImageData, MemmapImageDataset
 from .crop import CenterCropDecode, RandomResizedCropDecode, decode_batch, decode_crops
@@ -27,7 +28,9 @@ from .order import distributed_rank, epoch_order
 __all__ = ["DataLoader"]
 
 # As torch's DataLoader: what shapes the batches is fixed once made (here also the buffers' device and count).
-_FIXED = frozenset({"dataset", "batch_size", "sampler", "drop_last", "device", "prefetch", "transform", "decode"})
+_FIXED = frozenset(
+    {"dataset", "batch_size", "sampler", "drop_last", "device", "prefetch", "threads", "transform", "decode"}
+)
 _EXIT_JOIN_S = 10  # at exit, how long to wait for each producer's last gather
 _POLL_S = 0.1  # how often a waiting producer looks at the stop flag, in case no notification reached it
 _STATE_KEYS = ("epoch", "global_position", "batch_size", "world_size", "dataset_length", "seed")
@@ -74,7 +77,8 @@ class DataLoader:
             constructor, so every rank must construct that loader.
         device: where batches go, ``"cpu"`` or ``"cuda"``; ``"cuda"`` when available, else ``"cpu"``.
             Other devices (``"mps"``, ``"xpu"``...) are refused: load to the CPU and move the batches.
-        prefetch: batches prepared ahead of the consumer (host buffers: ``prefetch + 2``).
+        prefetch: batches prepared ahead of the consumer (host buffers: ``prefetch + 2``). Jpeg
+            datasets prepare at least ``threads`` batches ahead, one per decoding thread.
         threads: background threads preparing batches. Raw datasets: 2 by default (each gather
             also uses torch's intra-op threads, and two gatherers hide each other's hand-off gaps:
             measured on 2 cores, 98% of a bare ``index_select`` loop against 87% with one). Jpeg
@@ -178,6 +182,8 @@ class DataLoader:
         random = shuffle or transform is not None or isinstance(decode, RandomResizedCropDecode)
         self.seed = seed if seed is not None else _draw_seed(generator, broadcast=random)
         self.device = _resolve_device(device)
+        if decode is not None and decode.gpu:
+            _check_gpu_decode(self.device)
         self.prefetch = prefetch
         self.threads = threads
         self.transform = transform
@@ -186,8 +192,11 @@ class DataLoader:
         self._position = _Position(0, 0, batch_size, distributed_rank()[1])  # what state_dict reports
         # + 2 buffers: on the CPU the batch being used and the one before it (still bound to the
         # loop variable while the next is fetched) are views of their buffers.
+        # Decoded batches are channels-last in memory (the decoder writes pixels that way; so do FFCV's).
         shape = self._images.shape[1:] if self._images is not None else torch.Size((3, *decode.size))
-        self._rings = _RingPool(partial(_Ring, shape, batch_size, prefetch + 2, self.device))
+        channels_last = self._images is None
+        self._ahead = max(prefetch, threads) if self._images is None else prefetch  # one batch per decoding thread
+        self._rings = _RingPool(partial(_Ring, shape, batch_size, self._ahead + 2, self.device, channels_last))
         self._initialized = True
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -381,6 +390,17 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
     return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
 
 
+def _check_gpu_decode(device: torch.device) -> None:
+    """``gpu=True`` decodes with nvJPEG through TorchCodec on the loader's CUDA device: refuse it
+    where it would quietly run a slower path."""
+    if device.type != "cuda":
+        raise UsageError(f"gpu=True decodes on a CUDA device, and this loader's device is {device.type}: use gpu=False")
+    try:
+        import torchcodec.decoders  # noqa: F401
+    except ImportError:
+        raise UsageError("gpu=True decodes with TorchCodec's nvJPEG: pip install gpuload[cuda]") from None
+
+
 class _HostSlot:
     """A CPU buffer of the ring, whose batches are handed to the user as they are.
 
@@ -389,12 +409,14 @@ class _HostSlot:
     view of the batch lives, so the array's reference count tells whether the user still holds it.
     """
 
-    def __init__(self, shape: torch.Size, batch_size: int) -> None:
-        self.shape, self.batch_size = shape, batch_size
+    def __init__(self, shape: torch.Size, batch_size: int, channels_last: bool) -> None:
+        self.shape, self.batch_size, self.channels_last = shape, batch_size, channels_last
         self._allocate()
 
     def _allocate(self) -> None:
-        self.images = np.empty((self.batch_size, *self.shape), dtype=np.uint8)
+        channels, *plane = self.shape
+        shape = (self.batch_size, *plane, channels) if self.channels_last else (self.batch_size, *self.shape)
+        self.images = np.empty(shape, dtype=np.uint8)
         self.labels = np.empty((self.batch_size,), dtype=np.int64)
         self._unheld = self._references()
 
@@ -411,7 +433,9 @@ class _HostSlot:
         if self.held():
             self._allocate()  # the user kept a batch: it keeps that memory
         count = len(indices)
-        batch_images, batch_labels = torch.from_numpy(self.images)[:count], torch.from_numpy(self.labels)[:count]
+        batch_images = torch.from_numpy(self.images)[:count]
+        batch_images = batch_images.permute(0, 3, 1, 2) if self.channels_last else batch_images
+        batch_labels = torch.from_numpy(self.labels)[:count]
         made = gather(indices, batch_images)
         batch_images = batch_images if made is None else made
         torch.index_select(labels, 0, indices, out=batch_labels)
@@ -422,8 +446,15 @@ class _PinnedSlot:
     """A pinned buffer of a CUDA ring, copied to the device on the ring's side stream, with the
     event of its last copy: it is refilled only once that copy is done."""
 
-    def __init__(self, shape: torch.Size, batch_size: int, device: torch.device, stream: torch.cuda.Stream) -> None:
-        self.images = torch.empty((batch_size, *shape), dtype=torch.uint8, pin_memory=True)
+    def __init__(
+        self, shape: torch.Size, batch_size: int, channels_last: bool, device: torch.device, stream: torch.cuda.Stream
+    ) -> None:
+        channels, *plane = shape
+        if channels_last:
+            self.images = torch.empty((batch_size, *plane, channels), dtype=torch.uint8, pin_memory=True)
+            self.images = self.images.permute(0, 3, 1, 2)
+        else:
+            self.images = torch.empty((batch_size, *shape), dtype=torch.uint8, pin_memory=True)
         self.labels = torch.empty((batch_size,), dtype=torch.int64, pin_memory=True)
         self.device, self.stream = device, stream
         self.event: torch.cuda.Event | None = None
@@ -459,12 +490,16 @@ _Slot = _HostSlot | _PinnedSlot
 class _Ring:
     """The host buffers of one iteration (and, on CUDA, the side stream of their copies)."""
 
-    def __init__(self, shape: torch.Size, batch_size: int, slots: int, device: torch.device) -> None:
+    def __init__(
+        self, shape: torch.Size, batch_size: int, slots: int, device: torch.device, channels_last: bool
+    ) -> None:
         if device.type == "cuda":
             stream = torch.cuda.Stream(device)
-            self.slots: list[_Slot] = [_PinnedSlot(shape, batch_size, device, stream) for _ in range(slots)]
+            self.slots: list[_Slot] = [
+                _PinnedSlot(shape, batch_size, channels_last, device, stream) for _ in range(slots)
+            ]
         else:
-            self.slots = [_HostSlot(shape, batch_size) for _ in range(slots)]
+            self.slots = [_HostSlot(shape, batch_size, channels_last) for _ in range(slots)]
 
 
 class _RingPool:
@@ -662,7 +697,7 @@ class _EpochIterator:
             gather,
             loader._labels,
             batches,
-            loader.prefetch,
+            loader._ahead,
             min(loader.threads, max(1, self.total)),
             loader._rings.give_back,
             transform,

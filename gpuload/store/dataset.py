@@ -203,18 +203,31 @@ class MemmapImageDataset(torch.utils.data.Dataset):
 
 
 def decode_jpeg_bytes(
-    data: bytes, name: Callable[[], str], *, fast: bool = False, min_height: int = 0, min_width: int = 0
+    data: bytes,
+    name: Callable[[], str],
+    *,
+    fast: bool = False,
+    min_height: int = 0,
+    min_width: int = 0,
+    buffer: np.ndarray | None = None,
 ) -> np.ndarray:
     """Decode a stored JPEG to RGB ``[H, W, 3]`` with libjpeg-turbo: exactly (accurate DCT and
     upsampling) unless ``fast``, at the smallest DCT scale that keeps at least ``min_height`` x
-    ``min_width``. ``name()`` names the image in an error.
+    ``min_width``, into ``buffer`` when given (large enough; the result views it). ``name()``
+    names the image in an error.
 
     Raises:
         DatasetError: it does not decode (it passed its checksum: the build stored a bad file).
     """
     try:
         return simplejpeg.decode_jpeg(
-            data, colorspace="RGB", fastdct=fast, fastupsample=fast, min_height=min_height, min_width=min_width
+            data,
+            colorspace="RGB",
+            fastdct=fast,
+            fastupsample=fast,
+            min_height=min_height,
+            min_width=min_width,
+            buffer=buffer,
         )
     except ValueError as error:
         raise DatasetError(f"{name()} does not decode ({error}); rebuild the dataset") from None

@@ -331,7 +331,10 @@ def _fit(chw: torch.Tensor, size: tuple[int, int], resize: str) -> torch.Tensor:
 
 
 def resize_image(chw: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """Antialiased bilinear resize of uint8 ``[3, H, W]`` (torch's uint8 path: Pillow's pixels)."""
-    if tuple(chw.shape[1:]) == size:
-        return chw
-    return torch.nn.functional.interpolate(chw[None], size=size, mode="bilinear", antialias=True)[0]
+    """Antialiased bilinear resize of uint8 ``[3, H, W]``, or ``[1, 3, H, W]`` whose memory format
+    (contiguous or channels-last) the result keeps, to ``[3, *size]`` (torch's uint8 path: Pillow's
+    pixels)."""
+    if tuple(chw.shape[-2:]) == tuple(size):
+        return chw if chw.dim() == 3 else chw[0]
+    batch = chw if chw.dim() == 4 else chw[None]
+    return torch.nn.functional.interpolate(batch, size=size, mode="bilinear", antialias=True)[0]

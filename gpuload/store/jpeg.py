@@ -15,6 +15,7 @@ import numpy as np
 import simplejpeg
 import xxhash
 
+from ..errors import DecodeError
 from .decode import SIDEWAYS, decode_image, decode_pixels, exif_orientation, open_image, read_bytes
 
 __all__ = ["REENCODE_REASONS", "StoredJpeg", "store_jpeg"]
@@ -61,9 +62,18 @@ def store_jpeg(path: str | os.PathLike, *, max_side: int | None = None, quality:
     if max_side is not None and max(height, width) > max_side:
         scale = max_side / max(height, width)
         height, width = max(1, round(height * scale)), max(1, round(width * scale))
+    if max(height, width) > JPEG_MAX_SIDE:
+        raise DecodeError(
+            path,
+            f"{width}x{height} is larger than a JPEG can be ({JPEG_MAX_SIDE:,} px per side): "
+            f"build with --max-side {JPEG_MAX_SIDE} or less, or with --format raw",
+        )
     pixels = decode_image(path, (height, width), "stretch").permute(1, 2, 0).numpy()
     encoded = simplejpeg.encode_jpeg(np.ascontiguousarray(pixels), quality=quality, colorsubsampling="420")
     return StoredJpeg(encoded, (height, width), reason)
+
+
+JPEG_MAX_SIDE = 65_500  # libjpeg-turbo's largest width or height
 
 
 def _reencode_reason(image, orientation: int, shape: tuple[int, int], max_side: int | None) -> str | None:

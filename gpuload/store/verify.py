@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import simplejpeg
 import xxhash
 from tqdm.auto import tqdm
 
@@ -86,17 +87,32 @@ def verify_memmap(
     differ = np.flatnonzero(labels != recorded)
     if differ.size:
         problems.append(f"{differ.size} labels differ from the manifest (first at index {differ[0]})")
-    bad = [
-        index
-        for index in tqdm(range(len(dataset)), desc="checksums", unit="img", disable=not progress, file=sys.stderr)
-        if f"{xxhash.xxh3_64_intdigest(_stored_bytes(dataset, index)):016x}" != manifest.checksums[index]
-    ]
+    bad, resized = [], []
+    for index in tqdm(range(len(dataset)), desc="checksums", unit="img", disable=not progress, file=sys.stderr):
+        stored = _stored_bytes(dataset, index)
+        if f"{xxhash.xxh3_64_intdigest(stored):016x}" != manifest.checksums[index]:
+            bad.append(index)
+        elif dataset.storage == "jpeg" and _jpeg_size(stored) != tuple(dataset.data.shapes[index].tolist()):
+            resized.append(index)
     if bad:
         shown = ", ".join(f"{index} ({manifest.samples[index][0]})" for index in bad[:5])
         problems.append(f"{len(bad)} images do not match their build checksum: {shown}")
+    if resized:
+        shown = ", ".join(f"{index} ({manifest.samples[index][0]})" for index in resized[:5])
+        problems.append(f"{len(resized)} images differ from their size in shapes.memmap: {shown}")
     if sources:
-        problems += _compare_sources(dataset, len(dataset) if sources == "all" else sources, seed)
+        count = len(dataset) if sources == "all" else sources
+        problems += _compare_sources(dataset, count, seed, skip=set(bad) | set(resized))
     return problems
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(height, width) from a JPEG's header, or ``None`` where it has none."""
+    try:
+        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError:
+        return None
+    return height, width
 
 
 def _stored_bytes(dataset: MemmapImageDataset, index: int):
@@ -106,14 +122,17 @@ def _stored_bytes(dataset: MemmapImageDataset, index: int):
     return dataset._jpegs.read(int(dataset.data.starts[index]), int(dataset.data.lengths[index]))
 
 
-def _compare_sources(dataset: MemmapImageDataset, count: int, seed: int) -> list[str]:
+def _compare_sources(dataset: MemmapImageDataset, count: int, seed: int, skip: set[int]) -> list[str]:
     """Decode sources again and compare: exactly where the stored image is the source's own decode
     (a raw build of this version, a JPEG stored as it was), else (a re-encoded JPEG, a raw build of
-    gpuload 0.1 and its other resampler) within a mean difference of :data:`_TOLERANCE`."""
+    gpuload 0.1 and its other resampler) within a mean difference of :data:`_TOLERANCE`. Images in
+    ``skip`` were already found damaged."""
     manifest = dataset.manifest
     root = Path(manifest.source)
     problems = []
     for index in sorted(random.Random(seed).sample(range(len(dataset)), min(count, len(dataset)))):
+        if index in skip:
+            continue
         path = root / manifest.samples[index][0]
         stored = dataset[index][0].numpy()
         try:
