@@ -96,7 +96,11 @@ def plot(result: dict) -> None:
     axis.grid(True, axis="y", alpha=0.3)
     axis.legend()
     height, width_px = result["image_size"]
-    fig.suptitle(f"Decoding {result['images']} photos of {width_px}x{height} from memory, on cpu ({result['cpu']})")
+    machine = result["machine"]
+    fig.suptitle(
+        f"Decoding {result['images']} photos of {width_px}x{height} from memory, "
+        f"on cpu ({machine['cpu']}, {machine['cores']} cores)"
+    )
     print(f"wrote {save_figure(fig, 'decoders', result)}")
 
 

@@ -404,7 +404,13 @@ def _headline_slides(results: dict[str, dict], root: Path) -> dict[str, str]:
     stem, report = _bench(results)
     if report is None:
         missing = _missing("bench_cpu")
-        return {"headline_number": "?", "headline_text": missing, "bench_table": missing, "bench_gap": ""}
+        return {
+            "headline_number": "?",
+            "headline_text": missing,
+            "bench_table": missing,
+            "bench_takeaway": "",
+            "bench_gap": missing,
+        }
     headline = _headline(report)
     limit = headline["limit"]
     rows = []
@@ -419,14 +425,24 @@ def _headline_slides(results: dict[str, dict], root: Path) -> dict[str, str]:
     gap = []
     if collate is not None:
         gap.append(
-            f"**Why the stock loader is far below** ({_percent(collate['images_per_second'], limit)} of the limit): "
-            "with `gpuload.Collate` it runs `num_workers=0` (worker processes cannot copy to a GPU), so one "
-            f"thread gathers each batch, into a new {image_mb:,.0f} MB tensor every time: fresh pages, each "
-            "faulted in and zeroed by the kernel. `gpuload.DataLoader` and the limit gather on every core "
-            "into buffers they reuse. (Two differences, not measured apart.)"
+            f"- **The stock loader with `Collate`** ({_percent(collate['images_per_second'], limit)} of the limit) "
+            "runs `num_workers=0` (worker processes cannot copy to a GPU): one thread gathers each batch, into "
+            f"a new {image_mb:,.0f} MB tensor every time, fresh pages each faulted in and zeroed by the kernel. "
+            "`gpuload.DataLoader` and the limit gather on every core into buffers they reuse. Two differences, "
+            "not measured apart."
         )
     if "image_folder" in report["results"]:
-        gap.append("`ImageFolder` decodes every JPEG again, every epoch, in worker processes.")
+        gap.append(
+            f"- **`ImageFolder`** ({_percent(report['results']['image_folder']['images_per_second'], limit)}) "
+            "decodes every JPEG again, every epoch, in worker processes."
+        )
+    augment = report["results"].get("gpuload_augment")
+    if augment is not None and _on_cpu(report) and "image_folder_augment" in report["results"]:
+        gap.append(
+            f"- **With a crop**, gpuload crops on the device, here the CPU ({_count(augment['images_per_second'])} "
+            "images/s), with interpolation matrices made for a GPU; torchvision's per-sample crop in workers "
+            "suits a CPU better. On a GPU, that row is what the GPU run measures."
+        )
     what = "gpuload.DataLoader against the stock DataLoader at its best"
     return {
         "headline_number": _times(headline["ratio"]),
@@ -446,7 +462,11 @@ def _headline_slides(results: dict[str, dict], root: Path) -> dict[str, str]:
                 _source(report, stem),
             ]
         ),
-        "bench_gap": _takeaway(" ".join(gap)) if gap else "",
+        "bench_takeaway": _takeaway(
+            f"`gpuload.DataLoader` gathers at {_percent(headline['gpuload'], limit)} of the machine's limit, "
+            f"{_times(headline['ratio'])} the stock loader at its best."
+        ),
+        "bench_gap": "\n".join(gap),
     }
 
 
@@ -504,58 +524,72 @@ def _storage(results: dict[str, dict], root: Path) -> dict[str, str]:
         missing = _missing("jpeg_store")
         return {"storage_table": missing, "storage_takeaway": "", "jpeg_store_plot": missing, "jpeg_store_takeaway": ""}
     gib = memory / 2**30
-    header = ["store", "per image", f"fit in {gib:.1f} GiB of RAM"]
-    rows = [
-        ["raw: uint8 pixels", _kb(raw, 1), f"{_count(memory / raw)} images"],
-        ["jpeg: `-q:v 3` bytes", _kb(jpeg, 1), f"{_count(memory / jpeg)} images"],
-    ]
+    sizes = (
+        f"Per image: raw pixels {_kb(raw, 1)}, `-q:v 3` JPEG bytes {_kb(jpeg, 1)} ({_times(raw / jpeg)} smaller). "
+        f"The {gib:.1f} GiB of RAM of this machine hold {_count(memory / raw)} raw images or "
+        f"{_count(memory / jpeg)} JPEGs."
+    )
     values = {"jpeg_store_plot": _plot(root, stem, "raw and jpeg stores, warm and cold page cache")}
     if store is None:
-        values |= {
-            "storage_table": "\n\n".join(
-                [f"Sizes from `jpeg_quality`, on {where}:", _table(header, rows), _missing("jpeg_store")]
-            ),
+        return values | {
+            "storage_table": "\n\n".join([f"From `jpeg_quality`, on {where}: {sizes}", _missing("jpeg_store")]),
             "storage_takeaway": _takeaway(
-                f"A jpeg store is {_times(raw / jpeg)} smaller than raw pixels: what each costs to load is "
-                "not measured yet."
+                f"A jpeg store is {_times(raw / jpeg)} smaller than raw pixels: what each costs to load is not "
+                "measured yet."
             ),
             "jpeg_store_takeaway": "",
         }
-        return values
     rate = {(row["contender"], row["cache"]): row for row in store["rows"]}
 
-    def speed(contender: str, cache: str) -> str:
-        row = rate.get((contender, cache))
-        if row is None:
-            return "-"
-        return f"{_count(row['images_per_second']['median'])} img/s, {row['megabytes_per_second']['median']:,.0f} MB/s"
+    def images(contender: str, cache: str) -> float:
+        return rate[contender, cache]["images_per_second"]["median"]
 
-    header += ["crop 224, warm cache", "cold cache"]
-    rows[0] += [speed("raw_crop", "warm"), speed("raw_crop", "cold")]
-    rows[1] += [speed("jpeg_crop", "warm"), speed("jpeg_crop", "cold")]
-    if ("stock", "warm") in rate:
-        rows.append(["stock: JPEG files, workers", "-", "-", speed("stock", "warm"), speed("stock", "cold")])
-    warm = {name: rate[name, "warm"]["images_per_second"]["median"] for name in ("raw_crop", "jpeg_crop")}
-    cold = {name: rate[name, "cold"]["images_per_second"]["median"] for name in ("raw_crop", "jpeg_crop")}
-    faster = "raw" if warm["raw_crop"] > warm["jpeg_crop"] else "jpeg"
-    takeaway = (
-        f"Warm, {faster} is faster ({_count(warm['raw_crop'])} against {_count(warm['jpeg_crop'])} images/s); "
-        f"cold, raw gives {_count(cold['raw_crop'])} and jpeg {_count(cold['jpeg_crop'])}. Raw costs "
-        f"{_times(raw / jpeg)} the bytes: raw while the dataset fits in the page cache, jpeg when it does not."
+    labels = {
+        "raw": "raw, whole batches",
+        "jpeg_full": "jpeg, whole decode",
+        "raw_crop": "raw + crop on the device",
+        "jpeg_crop": "jpeg, crop while decoding",
+        "stock": "stock: JPEG files, crop in workers",
+    }
+    rows = [
+        [
+            label,
+            _count(images(name, "warm")),
+            _count(images(name, "cold")),
+            f"{rate[name, 'cold']['megabytes_per_second']['median']:,.0f}",
+        ]
+        for name, label in labels.items()
+        if (name, "warm") in rate and (name, "cold") in rate
+    ]
+    warm, cold = (images("raw", cache) / images("jpeg_full", cache) for cache in ("warm", "cold"))
+    verdict = (
+        "raw while the dataset fits in the page cache, jpeg when it does not."
+        if warm > 1 > cold
+        else f"{'raw' if cold > 1 else 'jpeg'} in both cases here."
     )
-    values |= {
+    storage = (
+        f"Warm, raw batches arrive at {_times(warm)} the rate of jpeg's; cold, raw reads "
+        f"{_times(raw / jpeg)} the bytes from the disk and gets {_times(cold)} jpeg's rate: {verdict}"
+    )
+    crop = (
+        f"With a crop to 224: jpeg crops while decoding, {_count(images('jpeg_crop', 'warm'))} images/s warm, "
+        f"{_times(images('jpeg_crop', 'warm') / images('stock', 'warm'))} the stock loader; raw batches are "
+        f"cropped on the device, {_count(images('raw_crop', 'warm'))} images/s on {_device(store)}."
+    )
+    return values | {
         "storage_table": "\n\n".join(
             [
-                f"On {where}, {store['images']} photos, batch {store['batch_size']}:",
-                _table(header, rows),
+                sizes,
+                f"Loading {store['images']} photos in batches of {store['batch_size']}, on {where}:",
+                _table(["store", "warm images/s", "cold images/s", "cold MB/s from disk"], rows),
                 _source(store, stem),
             ]
         ),
-        "storage_takeaway": _takeaway(takeaway),
-        "jpeg_store_takeaway": _takeaway(takeaway)
-        + _stand_in(store, "the same stores with the batches copied to the GPU, and nvJPEG decoding on it"),
+        "storage_takeaway": _takeaway(storage),
+        "jpeg_store_takeaway": _takeaway(crop)
+        + "\n\n"
+        + _stand_in(store, "the same stores with batches on the GPU, its crop and nvJPEG decoding"),
     }
-    return values
 
 
 def _profiling(results: dict[str, dict], root: Path) -> dict[str, str]:
@@ -882,12 +916,24 @@ def _gpu_bench(results: dict[str, dict], root: Path) -> dict[str, str]:
     report = results.get("bench_cuda")
     if report is None:
         return {
-            "bench_gpu": (
-                '<div class="standin">\n\n**No GPU run yet.** On a GPU, `gpuload bench --device cuda` adds a third '
-                "limit, pinned host-to-device copies of one batch-sized buffer, and says which share of it "
-                "`gpuload.DataLoader` reaches; with `--augment 224` it also crops on the GPU against torchvision "
-                f"in workers. `{GPU_RUN}` runs it and writes `assets/results/bench_cuda.json`.\n\n</div>"
-            )
+            "bench_gpu_title": "What the GPU run adds",
+            "bench_gpu": "\n".join(
+                [
+                    "- `gpuload bench --device cuda`: a third limit, pinned host-to-device copies of one batch-sized "
+                    "buffer, and the share of it `gpuload.DataLoader` reaches; with `--augment 224`, the crop on "
+                    "the GPU against torchvision in workers",
+                    "- Copy-then-cast over the real bus, from pageable and from pinned memory",
+                    "- Training steps where feeding the GPU is a real share of the step",
+                    "- Augmentation on the GPU against its memory bandwidth, nvJPEG decoding of the jpeg store",
+                    "",
+                    '<div class="standin">',
+                    "",
+                    f"**No GPU run yet.** On a machine with a GPU, `{GPU_RUN}` writes every `*_cuda` result "
+                    "and `bench_cuda.json`; `python -m slides.generate` then makes this the GPU talk.",
+                    "",
+                    "</div>",
+                ]
+            ),
         }
     lines = [f"On {_device(report)}, {report['images']} photos, batch {report['batch_size']}:", ""]
     rates = {name: result["images_per_second"] for name, result in report["results"].items()}
@@ -901,7 +947,10 @@ def _gpu_bench(results: dict[str, dict], root: Path) -> dict[str, str]:
             f"- with a random resized crop: gpuload on the GPU {_count(rates['gpuload_augment'])}, "
             f"ImageFolder + torchvision in workers {_count(rates['image_folder_augment'])} images/s"
         )
-    return {"bench_gpu": "\n".join(lines) + "\n\n" + _source(report, "bench_cuda")}
+    return {
+        "bench_gpu_title": "gpuload bench on a GPU",
+        "bench_gpu": "\n".join(lines) + "\n\n" + _source(report, "bench_cuda"),
+    }
 
 
 def _closing(results: dict[str, dict], root: Path) -> dict[str, str]:
@@ -910,7 +959,7 @@ def _closing(results: dict[str, dict], root: Path) -> dict[str, str]:
     if bench:
         headline = _headline(bench)
         lines.append(
-            f"- **Loading** ({machine_line(bench['machine'])}): `gpuload.DataLoader` {_count(headline['gpuload'])} "
+            f"- **Loading**, on {machine_line(bench['machine'])}: `gpuload.DataLoader` {_count(headline['gpuload'])} "
             f"images/s, {_times(headline['ratio'])} the stock DataLoader at its best, "
             f"{_percent(headline['gpuload'], headline['limit'])} of the gather limit"
         )
@@ -936,7 +985,7 @@ def _closing(results: dict[str, dict], root: Path) -> dict[str, str]:
         count = sum(pair["half_first"]["seconds"]["median"] > pair["cuda_first"]["seconds"]["median"] for pair in pairs)
         lines.append(
             f"- **Copy uint8, cast on the device**: casting first was slower in {count} of {len(pairs)} "
-            f"configurations ({_device(transfer)})"
+            f"configurations, on {_device(transfer)}"
         )
     if not any(result["machine"].get("gpu") for result in results.values()):
         lines.append(
