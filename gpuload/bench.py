@@ -17,6 +17,7 @@ import torch
 import torch.utils.data
 from tqdm.auto import tqdm
 
+from .errors import UsageError
 from .loading.collate import Collate
 from .loading.crop import RandomResizedCropDecode
 from .loading.loader import DataLoader
@@ -75,10 +76,17 @@ def run_bench(
     ``decode=RandomResizedCropDecode(augment or 224)``) against ``image_folder_augment`` and
     ``limit_decode``, libjpeg-turbo decoding every stored JPEG whole on all cores.
     """
+    for name, value in (("batch_size", batch_size), ("epochs", epochs), ("folder_batches", folder_batches)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UsageError(f"{name} must be a positive integer, got {value!r}")
+    if augment is not None and (not isinstance(augment, int) or isinstance(augment, bool) or augment < 1):
+        raise UsageError(f"augment must be a positive output side, got {augment!r}")
     dataset = MemmapImageDataset(path)
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type not in ("cpu", "cuda") or (device.type == "cuda" and not torch.cuda.is_available()):
+        raise UsageError(f"device {str(device)!r} is not available here; use --device cpu or cuda on a GPU machine")
     if len(dataset) < batch_size:
-        raise ValueError(f"the dataset has {len(dataset)} images, fewer than one batch of {batch_size}")
+        raise UsageError(f"the dataset has {len(dataset)} images, fewer than one batch of {batch_size}")
     batches = len(dataset) // batch_size
     if dataset.image_shape is None:  # jpeg: batches of crops
         augment = augment or 224
@@ -312,6 +320,8 @@ class _Folder:
                 [v2.PILToTensor(), v2.RandomResizedCrop(augment, antialias=True), v2.RandomHorizontalFlip()]
             )
             folder = ImageFolder(dataset.manifest.source, transform=transform)
+        built = {str(Path(dataset.manifest.source) / relative) for relative, _ in dataset.manifest.samples}
+        folder.samples = folder.imgs = [sample for sample in folder.samples if sample[0] in built]  # not the skipped
         self.device = device
         self.loader = torch.utils.data.DataLoader(
             torch.utils.data.Subset(folder, range(min(len(folder), batches * batch_size))),

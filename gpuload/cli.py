@@ -25,7 +25,7 @@ __all__ = ["main", "parse_size"]
 
 # OSErrors that are about the user's files or disk, not a bug: one line, exit 2.
 _USER_OS_ERRORS = (FileNotFoundError, FileExistsError, PermissionError, NotADirectoryError, IsADirectoryError)
-_USER_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO}
+_USER_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG}
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -135,11 +135,20 @@ def _add_build(subparsers) -> None:
 
 
 def _run_build(args) -> int:
+    from .errors import DatasetError
     from .store.build import build_memmap
     from .store.dataset import MemmapImageDataset
     from .store.manifest import Manifest
 
-    classes = Manifest.read(args.classes_from).classes if args.classes_from is not None else None
+    classes = None
+    if args.classes_from is not None:
+        reference = Manifest.read(args.classes_from)
+        if "classes" in reference.edited_fields():
+            raise DatasetError(
+                f"{args.classes_from}: its manifest's classes were changed after its build, so its labels no "
+                "longer mean those classes; rebuild that dataset (or check it with gpuload verify)"
+            )
+        classes = reference.classes
     started = time.perf_counter()
     out = build_memmap(
         args.src, args.out, format=args.format, size=args.size, resize=args.resize, max_side=args.max_side,

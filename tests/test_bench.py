@@ -73,6 +73,25 @@ def test_fewer_images_than_a_batch(built_dataset):
         run_bench(built_dataset, batch_size=64, device="cpu", progress=False)
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["--batch-size", "0"], ["--epochs", "0"], ["--batch-size", "1000"], ["--device", "mps"], ["--augment", "0"]],
+)
+def test_bad_arguments_are_one_line_and_exit_2(built_dataset, capsys, argv):
+    assert main(["bench", str(built_dataset), *argv]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("gpuload: error: ") and error.count("\n") == 1 and "Traceback" not in error
+
+
+def test_the_stock_loader_reads_only_the_sources_the_build_kept(photo_copy, tmp_path):
+    from gpuload import build_memmap
+
+    (photo_copy / "face" / "broken.jpg").write_bytes(b"not a jpeg")
+    built = build_memmap(photo_copy, tmp_path / "kept.memmap", progress=False)
+    report = run_bench(built, batch_size=4, device="cpu", epochs=1, folder_batches=2, progress=False)
+    assert report["results"]["image_folder"]["images_per_second"] > 0
+
+
 def test_cli_prints_the_table_and_writes_json(built_dataset, tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert (

@@ -89,6 +89,30 @@ class TestJpegFormat:
         )
         assert code == 2 and "has class folders that are not in the given classes: extra" in err
 
+    def test_classes_from_a_dataset_whose_classes_were_edited_is_refused(self, capsys, photo_folder, tmp_path):
+        reference = tmp_path / "train"
+        assert run(capsys, "build-memmap", str(photo_folder), "--out", str(reference))[0] == 0
+        (reference / "manifest.json").chmod(0o644)
+        manifest = json.loads((reference / "manifest.json").read_text())
+        manifest["classes"][0], manifest["classes"][1] = manifest["classes"][1], manifest["classes"][0]
+        (reference / "manifest.json").write_text(json.dumps(manifest))
+        out = tmp_path / "val"
+        code, _, err = run(
+            capsys, "build-memmap", str(photo_folder), "--out", str(out), "--classes-from", str(reference)
+        )
+        assert code == 2 and "its manifest's classes were changed after its build" in err and not out.exists()
+
+    def test_a_file_size_limit_is_one_line_not_a_traceback(self, photo_folder, tmp_path):
+        import resource
+
+        def limit() -> None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+        command = [sys.executable, "-m", "gpuload", "build-memmap", str(photo_folder), "--out", str(tmp_path / "o")]
+        result = subprocess.run(command, capture_output=True, text=True, preexec_fn=limit, timeout=300)
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert result.stderr.startswith("gpuload: error: [Errno 27] File too large")
+
     def test_size_with_jpeg_is_refused(self, capsys, photo_folder, tmp_path):
         code, _, err = run(
             capsys, "build-memmap", str(photo_folder), "--out", str(tmp_path / "j"), "--format", "jpeg", "--size", "8x8"

@@ -145,6 +145,19 @@ class TestDamagedFolders:
         with pytest.raises(DatasetError, match="labels.memmap is missing"):
             MemmapImageDataset(copy)
 
+    @pytest.mark.parametrize("storage", ["raw", "jpeg"])
+    def test_a_damaged_label_is_refused_at_open_not_served(self, built_dataset, jpeg_dataset, tmp_path, storage):
+        copy = self.damage(built_dataset if storage == "raw" else jpeg_dataset, tmp_path)
+        labels = copy / "labels.memmap"
+        labels.chmod(0o644)
+        data = bytearray(labels.read_bytes())
+        data[8 * 3] ^= 0x01  # image 3: class 0 becomes 1
+        labels.write_bytes(bytes(data))
+        with pytest.raises(
+            DatasetError, match=r"1 labels in labels.memmap differ from the manifest \(first at index 3"
+        ):
+            MemmapImageDataset(copy)
+
     def test_missing_manifest(self, tmp_path):
         with pytest.raises(DatasetError, match="is not a gpuload dataset: it has no manifest.json"):
             MemmapImageDataset(tmp_path)

@@ -96,6 +96,15 @@ class TestSymlinks:
             str(photo_copy)
         ).samples
 
+    def test_a_broken_link_is_listed_as_imagefolder_lists_it(self, photo_copy):
+        """So that the build lists it as skipped instead of leaving it out unseen."""
+        (photo_copy / "face" / "lost.jpg").symlink_to("/nonexistent/photo.jpg")
+        index = scan_image_folder(photo_copy)
+        assert ("face/lost.jpg", index.class_to_idx["face"]) in index.samples
+        assert [(str(photo_copy / path), label) for path, label in index.samples] == ImageFolder(
+            str(photo_copy)
+        ).samples
+
     def test_walk_images_visits_each_folder_once(self, looped):
         with pytest.warns(UserWarning, match="already scanned"):
             files, repeats = scan_with_timeout(walk_images, looped)

@@ -130,6 +130,7 @@ class MemmapImageDataset(torch.utils.data.Dataset):
             self.data = _open_jpeg_index(self.path, self.manifest)
             self._jpegs = _JpegFile(self.path / self.manifest.array_path("data"))
             self._checksums = np.array([int(checksum, 16) for checksum in self.manifest.checksums], dtype=np.uint64)
+        _check_labels(self.path, self.data.labels.numpy(), self.manifest)
 
     @property
     def class_to_idx(self) -> dict[str, int]:
@@ -252,6 +253,20 @@ class _JpegFile:
                 raise DatasetError(f"{self.path} ends before byte {start + length}: the file was truncated")
             data += more
         return data
+
+
+def _check_labels(path: Path, labels: np.ndarray, manifest: Manifest) -> None:
+    """The labels file must say what the manifest says: a damaged label would train on a wrong class
+    without any error (8 bytes per image, compared at every open)."""
+    recorded = np.fromiter((label for _, label in manifest.samples), dtype=np.int64, count=len(manifest.samples))
+    differ = np.flatnonzero(labels != recorded)
+    if differ.size:
+        first = int(differ[0])
+        raise DatasetError(
+            f"{path} is damaged: {differ.size} labels in labels.memmap differ from the manifest (first at index "
+            f"{first}: {int(labels[first])} where the manifest says {int(recorded[first])}); run gpuload verify, "
+            "then rebuild the dataset"
+        )
 
 
 def _check_files(path: Path, manifest: Manifest) -> None:

@@ -123,7 +123,7 @@ def _check_classes(root: Path, folders: list[str], classes: Sequence[str]) -> li
 def _scan_flat_folder(root: Path, classes: Sequence[str] | None) -> ImageFolderIndex:
     """A folder of images without class folders: one class named after the folder."""
     files = sorted(
-        entry.name for entry in os.scandir(root) if entry.is_file() and entry.name.lower().endswith(IMG_EXTENSIONS)
+        entry.name for entry in os.scandir(root) if not entry.is_dir() and entry.name.lower().endswith(IMG_EXTENSIONS)
     )
     if not files:
         raise FileNotFoundError(
@@ -164,7 +164,7 @@ def _walk(root: Path, top: Path, seen: set[tuple[int, int]]) -> tuple[list[str],
             entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
         except OSError:  # unreadable or gone: skipped, as os.walk (and so ImageFolder) does
             continue
-        names = [entry.name for entry in entries if entry.is_file() and entry.name.lower().endswith(IMG_EXTENSIONS)]
+        names = [entry.name for entry in entries if not entry.is_dir() and entry.name.lower().endswith(IMG_EXTENSIONS)]
         found.append((str(folder), names))
         subfolders = []
         for entry in entries:

@@ -77,16 +77,6 @@ def verify_memmap(
         f"manifest.json: the field {name!r} was changed after the build (its digest differs); rebuild the dataset"
         for name in manifest.edited_fields()
     ]
-    labels = dataset.data.labels.numpy()
-    recorded = np.array([label for _, label in manifest.samples], dtype=np.int64)
-    outside = np.flatnonzero((labels < 0) | (labels >= len(dataset.classes)))
-    if outside.size:
-        problems.append(
-            f"{outside.size} labels are outside 0..{len(dataset.classes) - 1} (first at index {outside[0]})"
-        )
-    differ = np.flatnonzero(labels != recorded)
-    if differ.size:
-        problems.append(f"{differ.size} labels differ from the manifest (first at index {differ[0]})")
     bad, resized = [], []
     for index in tqdm(range(len(dataset)), desc="checksums", unit="img", disable=not progress, file=sys.stderr):
         stored = _stored_bytes(dataset, index)
