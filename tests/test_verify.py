@@ -125,24 +125,15 @@ class TestJpeg:
         out = build_memmap(photo_copy, tmp_path / "out", format="jpeg", max_side=40, progress=False)
         assert verify_memmap(out, sources="all", progress=False) == []
 
-    def test_a_flipped_byte_is_found(self, jpeg_dataset, tmp_path):
+    @pytest.mark.parametrize("sources", [0, "all"])
+    def test_a_flipped_byte_is_found_and_listed_when_sources_are_compared_too(self, jpeg_dataset, tmp_path, sources):
         copy = Path(shutil.copytree(jpeg_dataset, tmp_path / "copy"))
         data = copy / "data.memmap"
         data.chmod(0o644)
         raw = bytearray(data.read_bytes())
         raw[len(raw) // 2] ^= 0x01
         data.write_bytes(bytes(raw))
-        problems = verify_memmap(copy, progress=False)
-        assert len(problems) == 1 and problems[0].startswith("1 images do not match their build checksum:")
-
-    def test_a_damaged_image_is_listed_when_sources_are_compared_too(self, jpeg_dataset, tmp_path):
-        copy = Path(shutil.copytree(jpeg_dataset, tmp_path / "copy"))
-        data = copy / "data.memmap"
-        data.chmod(0o644)
-        raw = bytearray(data.read_bytes())
-        raw[len(raw) // 2] ^= 0x01
-        data.write_bytes(bytes(raw))
-        problems = verify_memmap(copy, sources="all", progress=False)
+        problems = verify_memmap(copy, sources=sources, progress=False)
         assert len(problems) == 1 and problems[0].startswith("1 images do not match their build checksum:")
 
     def test_a_changed_size_in_the_index_is_found_and_refused_at_load_time(self, jpeg_dataset, tmp_path):
