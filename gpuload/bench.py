@@ -37,7 +37,7 @@ BENCH_LABELS = {
     "image_folder": "torch DataLoader + ImageFolder (JPEGs)",
     "gpuload_augment": "gpuload.DataLoader + RandomResizedCrop",
     "image_folder_augment": "ImageFolder + v2 RandomResizedCrop, workers",
-    "limit_decode": "limit: libjpeg-turbo whole decode, all threads",
+    "limit_decode": "reference: libjpeg-turbo whole decode, all threads",
     "gpuload_decode": "gpuload.DataLoader, RandomResizedCropDecode",
 }
 
