@@ -64,6 +64,19 @@ class TestStoreJpeg:
             store_jpeg(tmp_path / "wide.png")
         assert store_jpeg(tmp_path / "wide.png", max_side=7000).shape == (1, 7000)
 
+    def test_a_re_encoded_file_is_read_once(self, tmp_path, monkeypatch):
+        """Decoded from the bytes its header was read from: one read, and no second look at a file
+        that may have changed in between."""
+        import gpuload.store.decode
+        import gpuload.store.jpeg
+
+        reads = []
+        real = gpuload.store.decode.read_bytes
+        for module in (gpuload.store.decode, gpuload.store.jpeg):
+            monkeypatch.setattr(module, "read_bytes", lambda path: reads.append(path) or real(path))
+        photo((30, 40)).save(tmp_path / "a.png")
+        assert store_jpeg(tmp_path / "a.png").reencoded == "not_jpeg" and len(reads) == 1
+
     def test_max_side_scales_down_keeping_the_aspect_ratio(self, tmp_path):
         photo((300, 400)).save(tmp_path / "big.jpg", quality=90)
         stored = store_jpeg(tmp_path / "big.jpg", max_side=200)

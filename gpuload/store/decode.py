@@ -113,8 +113,11 @@ def read_size(path: str | os.PathLike) -> tuple[int, int]:
     return height, width
 
 
-def decode_image(path: str | os.PathLike, size: tuple[int, int] | None = None, resize: Resize = "crop") -> torch.Tensor:
+def decode_image(
+    path: str | os.PathLike, size: tuple[int, int] | None = None, resize: Resize = "crop", *, data: bytes | None = None
+) -> torch.Tensor:
     """Decode ``path`` into a uint8 tensor ``[3, height, width]``: RGB, upright, fitted to ``size`` = ``(height, width)``.
+    ``data``: the file's bytes, when the caller has already read them (``path`` then only names it).
 
     ``resize`` says how an image of another aspect ratio fits the target: ``"crop"``
     scales it to cover the target and cuts the centre, ``"pad"`` scales it to fit
@@ -132,7 +135,7 @@ def decode_image(path: str | os.PathLike, size: tuple[int, int] | None = None, r
         >>> decode_image(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False), (240, 320)).shape
         torch.Size([3, 240, 320])
     """
-    return _decode(path, check_target(size, resize), resize).contiguous()
+    return _decode(path, check_target(size, resize), resize, data).contiguous()
 
 
 def decode_into(path: str | os.PathLike, out: np.ndarray, resize: Resize = "crop") -> None:
@@ -158,9 +161,12 @@ def check_image(path: str | os.PathLike) -> int:
     return orientation
 
 
-def _decode(path: str | os.PathLike, size: tuple[int, int] | None, resize: str) -> torch.Tensor:
-    """The upright RGB pixels of ``path``, fitted to ``size``: ``[3, H, W]``, often a strided view."""
-    data = read_bytes(path)
+def _decode(
+    path: str | os.PathLike, size: tuple[int, int] | None, resize: str, data: bytes | None = None
+) -> torch.Tensor:
+    """The upright RGB pixels of ``path`` (read here unless ``data`` holds them), fitted to ``size``:
+    ``[3, H, W]``, often a strided view."""
+    data = read_bytes(path) if data is None else data
     with open_image(data, path) as image:
         orientation = exif_orientation(image)
         request = None if size is None else _draft_request(image.size, size, resize, orientation in SIDEWAYS)

@@ -68,7 +68,7 @@ def store_jpeg(path: str | os.PathLike, *, max_side: int | None = None, quality:
             f"{width}x{height} is larger than a JPEG can be ({JPEG_MAX_SIDE:,} px per side): "
             f"build with --max-side {JPEG_MAX_SIDE} or less, or with --format raw",
         )
-    pixels = decode_image(path, (height, width), "stretch").permute(1, 2, 0).numpy()
+    pixels = decode_image(path, (height, width), "stretch", data=data).permute(1, 2, 0).numpy()  # one read
     encoded = simplejpeg.encode_jpeg(np.ascontiguousarray(pixels), quality=quality, colorsubsampling="420")
     return StoredJpeg(encoded, (height, width), reason)
 
