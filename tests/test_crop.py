@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import simplejpeg
 import torch
 from conftest import photo
 from hypothesis import given, settings
@@ -124,6 +125,21 @@ class TestRandomResizedCropDecode:
         assert sum(scale < height for scale, height in zip(scales, heights)) >= 6  # most were decoded smaller
         assert np.mean(gaps) < 5 and max(gaps) < 10
 
+    @pytest.mark.parametrize("fast", [False, True])
+    @pytest.mark.parametrize("scale", [(0.08, 1.0), (0.5, 1.0)])
+    def test_stopping_below_the_box_gives_the_pixels_of_the_whole_decode(self, varied_jpegs, fast, scale, monkeypatch):
+        """Each image is decoded only down to its box's last row (at every DCT scale): the batch is
+        the one a whole decode gives."""
+        decode = RandomResizedCropDecode(48, scale=scale, fast=fast)
+        cuts = []
+        real = gpuload.loading.crop.first_rows
+        monkeypatch.setattr(gpuload.loading.crop, "first_rows", lambda *a: cuts.append(real(*a)) or cuts[-1])
+        cut = decoded(varied_jpegs, decode, range(12), seed=3)
+        monkeypatch.setattr(gpuload.loading.crop, "first_rows", lambda *a: None)
+        whole = decoded(varied_jpegs, decode, range(12), seed=3)
+        assert sum(c is not None for c in cuts) >= 4
+        assert torch.equal(cut, whole)
+
     def test_flips_mirror_the_same_box_and_draws_depend_only_on_seed_epoch_index(self, varied_jpegs):
         plain = decoded(varied_jpegs, RandomResizedCropDecode(32, flip=False), range(12), seed=5)
         flipped = decoded(varied_jpegs, RandomResizedCropDecode(32), range(12), seed=5)
@@ -168,9 +184,23 @@ class TestCenterCropDecode:
                 reference = v2.CenterCrop((480, 640))(v2.Resize(480, antialias=True)(image))
                 assert torch.equal(sample, reference)
 
-    def test_bad_ratio(self):
-        with pytest.raises(UsageError, match=r"ratio must be in \(0, 1\]"):
-            CenterCropDecode(224, ratio=1.5)
+    def test_fast_decodes_with_libjpeg_turbos_fast_dct_and_upsampling(self, varied_jpegs):
+        out = decoded(varied_jpegs, CenterCropDecode((480, 640), ratio=1.0, fast=True), range(12))
+        for index, sample in enumerate(out):
+            if tuple(varied_jpegs.data.shapes[index].tolist()) == (480, 640):
+                data = varied_jpegs.read_jpeg(index)
+                fast = simplejpeg.decode_jpeg(data, fastdct=True, fastupsample=True)
+                assert torch.equal(sample.permute(1, 2, 0), torch.from_numpy(fast))
+                assert not torch.equal(sample, varied_jpegs[index][0])  # not the exact decode
+                assert (sample.float() - varied_jpegs[index][0].float()).abs().mean() < 2  # about 1.4 here
+
+    @pytest.mark.parametrize(
+        "kwargs, message",
+        [({"ratio": 1.5}, r"ratio must be in \(0, 1\]"), ({"fast": 1}, "fast and gpu must be bools")],
+    )
+    def test_bad_arguments(self, kwargs, message):
+        with pytest.raises(UsageError, match=message):
+            CenterCropDecode(224, **kwargs)
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]

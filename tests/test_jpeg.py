@@ -1,3 +1,4 @@
+import io
 import json
 import subprocess
 import sys
@@ -8,10 +9,12 @@ import pytest
 import simplejpeg
 import torch
 from conftest import SIZE, photo, write_bad_file, write_odd_image
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from gpuload import DatasetError, MemmapImageDataset, UsageError, build_memmap, decode_image
-from gpuload.store.jpeg import store_jpeg
+from gpuload.store.jpeg import first_rows, store_jpeg
 
 
 def block_means_gap(first: np.ndarray, second: np.ndarray) -> float:
@@ -209,3 +212,50 @@ def test_a_gray_image_stored_as_it_was_decodes_to_rgb(tmp_path):
     dataset = MemmapImageDataset(build_memmap(tmp_path / "src", format="jpeg", progress=False))
     image, _ = dataset[0]
     assert image.shape[0] == 3 and torch.equal(image[0], image[1])
+
+
+class TestFirstRows:
+    @settings(max_examples=80, deadline=None)
+    @given(
+        size=st.tuples(st.integers(17, 400), st.integers(1, 300)),
+        encoding=st.sampled_from(["444", "422", "420", "440", "411", "Gray", "420 with restart markers"]),
+        rows=st.integers(1, 400),
+        denominator=st.sampled_from([1, 2, 4, 8]),
+        fast=st.booleans(),
+    )
+    def test_the_rows_asked_for_decode_to_the_pixels_of_the_whole_image(self, size, encoding, rows, denominator, fast):
+        height, width = size
+        pixels = np.asarray(photo(size))
+        if encoding == "420 with restart markers":
+            Image.fromarray(pixels).save(buffer := io.BytesIO(), "JPEG", quality=90, restart_marker_rows=1)
+            data = buffer.getvalue()
+        else:
+            data = simplejpeg.encode_jpeg(np.ascontiguousarray(pixels), quality=90, colorsubsampling=encoding)
+        rows = min(rows, height)
+        cut = first_rows(data, rows)
+        if cut is None:  # nothing to save: the rows and one more MCU row reach the bottom
+            mcu = 16 if encoding.startswith(("420", "440")) else 8
+            assert (-(-rows // mcu) + 1) * mcu >= height
+            return
+        copy, declared = cut
+        assert declared < height and simplejpeg.decode_jpeg_header(copy)[:2] == (declared, width)
+        options = {"colorspace": "RGB", "fastdct": fast, "fastupsample": fast, "min_width": -(-width // denominator)}
+        whole = simplejpeg.decode_jpeg(data, min_height=-(-height // denominator), **options)
+        part = simplejpeg.decode_jpeg(copy, min_height=-(-declared // denominator), strict=False, **options)
+        wanted = -(-rows * whole.shape[0] // height)  # the output rows that cover the first `rows`
+        assert part.shape[1] == whole.shape[1] and part.shape[0] >= wanted
+        np.testing.assert_array_equal(part[:wanted], whole[:wanted])
+
+    def test_only_single_scan_sequential_jpegs_are_cut(self):
+        image = photo((200, 64))
+        image.save(baseline := io.BytesIO(), "JPEG", quality=90)
+        image.save(progressive := io.BytesIO(), "JPEG", quality=90, progressive=True)
+        assert first_rows(baseline.getvalue(), 50) is not None
+        assert first_rows(progressive.getvalue(), 50) is None
+        assert first_rows(baseline.getvalue(), 190) is None  # nothing to save
+        assert first_rows(b"not a jpeg", 50) is None
+        data = baseline.getvalue()
+        assert first_rows(data[:20], 50) is None  # a cut header
+        scan = data.index(b"\xff\xda")
+        one_component = data[: scan + 4] + b"\x01" + data[scan + 5 :]  # a first scan of one component of three
+        assert first_rows(one_component, 50) is None  # other scans follow it: left whole

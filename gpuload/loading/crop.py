@@ -20,11 +20,13 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 import numpy as np
+import simplejpeg
 import torch
 
 from ..errors import DatasetError, UsageError
 from ..store.dataset import MemmapImageDataset, decode_jpeg_bytes
 from ..store.decode import resize_image
+from ..store.jpeg import first_rows
 from ..transforms.augment import (
     CROP_DRAWS,
     centre_offset,
@@ -109,19 +111,24 @@ class RandomResizedCropDecode:
         (height, width), (top, left, box_height, box_width) = shape, box
         out_height, out_width = self.size
         denominator = next((d for d in (8, 4, 2) if box_height >= d * out_height and box_width >= d * out_width), 1)
+        scaled = (-(-height // denominator), -(-width // denominator))  # libjpeg's size at 1/denominator
+        scale_y, scale_x = scaled[0] / height, scaled[1] / width
+        y0, x0 = int(top * scale_y), int(left * scale_x)
+        y1 = max(y0 + 1, min(scaled[0], round((top + box_height) * scale_y)))
+        x1 = max(x0 + 1, min(scaled[1], round((left + box_width) * scale_x)))
+        _check_size(_header_size(data, name), (height, width), shape, name)  # never cut by a damaged index
+        cut = first_rows(data, -(-y1 * height // scaled[0]))  # decode down to the box's last row only
+        data, rows = cut if cut is not None else (data, height)
         pixels = decode_jpeg_bytes(
             data,
             name,
             fast=self.fast,
-            min_height=-(-height // denominator),
-            min_width=-(-width // denominator),
+            min_height=-(-rows // denominator),
+            min_width=scaled[1],
             buffer=scratch,
+            strict=cut is None,
         )
-        _check_size(pixels, (-(-height // denominator), -(-width // denominator)), shape, name)
-        scale_y, scale_x = pixels.shape[0] / height, pixels.shape[1] / width
-        y0, x0 = int(top * scale_y), int(left * scale_x)
-        y1 = max(y0 + 1, min(pixels.shape[0], round((top + box_height) * scale_y)))
-        x1 = max(x0 + 1, min(pixels.shape[1], round((left + box_width) * scale_x)))
+        _check_size(pixels.shape[:2], (-(-rows // denominator), scaled[1]), shape, name)
         resized = _resize_hwc(pixels[y0:y1, x0:x1], self.size)
         out.copy_(resized.flip(-1) if flip else resized)
 
@@ -133,23 +140,32 @@ class RandomResizedCropDecode:
 
 
 class CenterCropDecode:
-    """Decode each image of a jpeg dataset exactly (accurate DCT, full scale), then torchvision's
-    evaluation transform: the shorter side resized to ``round(size / ratio)`` (``Resize(256)`` for
-    224) and the centre cut out (``CenterCrop(224)``, which pads an image too small with zeros).
-    ``gpu``: decode on the loader's CUDA device (see :func:`decode_batch`).
+    """Decode each image of a jpeg dataset at full scale, then torchvision's evaluation transform:
+    the shorter side resized to ``round(size / ratio)`` (``Resize(256)`` for 224) and the centre
+    cut out (``CenterCrop(224)``, which pads an image too small with zeros). With ``ratio=1`` and
+    images already at ``size``, the whole images, decoded straight into the batch.
+
+    Args:
+        size: output side, or ``(height, width)``.
+        ratio: the output's share of the resized shorter side.
+        fast: libjpeg-turbo's fast integer DCT and fast upsampling (FFCV's jpg mode decodes with the
+            fast DCT); off by default, since evaluation wants the exact pixels.
+        gpu: decode on the loader's CUDA device (see :func:`decode_batch`).
 
     Example:
         >>> CenterCropDecode(224)
-        CenterCropDecode(size=(224, 224), ratio=0.8750, gpu=False)
+        CenterCropDecode(size=(224, 224), ratio=0.8750, fast=False, gpu=False)
     """
 
-    def __init__(self, size: int | Sequence[int], *, ratio: float = 224 / 256, gpu: bool = False) -> None:
+    def __init__(
+        self, size: int | Sequence[int], *, ratio: float = 224 / 256, fast: bool = False, gpu: bool = False
+    ) -> None:
         self.size = check_size(size)
         if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not 0 < ratio <= 1:
             raise UsageError(f"ratio must be in (0, 1], got {ratio!r}")
-        if not isinstance(gpu, bool):
-            raise UsageError(f"gpu must be a bool, got {gpu!r}")
-        self.ratio, self.gpu = float(ratio), gpu
+        if not all(isinstance(flag, bool) for flag in (fast, gpu)):
+            raise UsageError(f"fast and gpu must be bools, got {fast!r} and {gpu!r}")
+        self.ratio, self.fast, self.gpu = float(ratio), fast, gpu
 
     def draw(self, shapes: torch.Tensor, indices: torch.Tensor, *, seed: int, epoch: int) -> tuple[None, None]:
         """Nothing is random."""
@@ -171,10 +187,11 @@ class CenterCropDecode:
         short = round(min(self.size) / self.ratio)
         resized = (short, int(short * width / height)) if height <= width else (int(short * height / width), short)
         if resized == (height, width) == self.size and out.permute(1, 2, 0).is_contiguous():
-            _check_size(decode_jpeg_bytes(data, name, buffer=out.permute(1, 2, 0).numpy()), self.size, shape, name)
+            whole = decode_jpeg_bytes(data, name, fast=self.fast, buffer=out.permute(1, 2, 0).numpy())
+            _check_size(whole.shape[:2], self.size, shape, name)
             return
-        pixels = decode_jpeg_bytes(data, name, buffer=scratch)
-        _check_size(pixels, (height, width), shape, name)
+        pixels = decode_jpeg_bytes(data, name, fast=self.fast, buffer=scratch)
+        _check_size(pixels.shape[:2], (height, width), shape, name)
         image = _resize_hwc(pixels, resized)
         (top, to_top, rows), (left, to_left, columns) = (
             _centre_window(resized[0], self.size[0]),
@@ -185,15 +202,23 @@ class CenterCropDecode:
         out[:, to_top : to_top + rows, to_left : to_left + columns] = image[:, top : top + rows, left : left + columns]
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(size={self.size}, ratio={self.ratio:.4f}, gpu={self.gpu})"
+        return f"{type(self).__name__}(size={self.size}, ratio={self.ratio:.4f}, fast={self.fast}, gpu={self.gpu})"
 
 
-def _check_size(pixels: np.ndarray, expected: tuple[int, int], shape: list[int], name: Callable[[], str]) -> None:
-    """A decode must come out at the size the dataset's index records (at the DCT scale asked for):
-    else ``shapes.memmap`` was damaged, and a crop computed from it would be wrong."""
-    if tuple(pixels.shape[:2]) != tuple(expected):
+def _header_size(data: bytes, name: Callable[[], str]) -> tuple[int, int]:
+    """The ``(height, width)`` a stored JPEG's header gives."""
+    try:
+        return simplejpeg.decode_jpeg_header(data)[:2]
+    except ValueError as error:
+        raise DatasetError(f"{name()} does not decode ({error}); rebuild the dataset") from None
+
+
+def _check_size(found: Sequence[int], expected: tuple[int, int], shape: list[int], name: Callable[[], str]) -> None:
+    """An image must decode (or its header say it does) at the size the dataset's index records (at
+    the DCT scale asked for): else ``shapes.memmap`` was damaged, and a crop computed from it would be wrong."""
+    if tuple(found) != tuple(expected):
         raise DatasetError(
-            f"{name()} decodes to {pixels.shape[0]}x{pixels.shape[1]} where its recorded size {shape[0]}x{shape[1]} "
+            f"{name()} decodes to {found[0]}x{found[1]} where its recorded size {shape[0]}x{shape[1]} "
             f"gives {expected[0]}x{expected[1]}: shapes.memmap is damaged; run gpuload verify, then rebuild the dataset"
         )
 

@@ -211,11 +211,13 @@ def decode_jpeg_bytes(
     min_height: int = 0,
     min_width: int = 0,
     buffer: np.ndarray | None = None,
+    strict: bool = True,
 ) -> np.ndarray:
     """Decode a stored JPEG to RGB ``[H, W, 3]`` with libjpeg-turbo: exactly (accurate DCT and
     upsampling) unless ``fast``, at the smallest DCT scale that keeps at least ``min_height`` x
     ``min_width``, into ``buffer`` when given (large enough; the result views it). ``name()``
-    names the image in an error.
+    names the image in an error. ``strict=False`` ignores libjpeg's warnings (for the copies of
+    :func:`gpuload.store.jpeg.first_rows`, whose data goes on after their last row).
 
     Raises:
         DatasetError: it does not decode (it passed its checksum: the build stored a bad file).
@@ -229,6 +231,7 @@ def decode_jpeg_bytes(
             min_height=min_height,
             min_width=min_width,
             buffer=buffer,
+            strict=strict,
         )
     except ValueError as error:
         raise DatasetError(f"{name()} does not decode ({error}); rebuild the dataset") from None

@@ -18,7 +18,7 @@ import xxhash
 from ..errors import DecodeError
 from .decode import SIDEWAYS, decode_image, decode_pixels, exif_orientation, open_image, read_bytes
 
-__all__ = ["REENCODE_REASONS", "StoredJpeg", "store_jpeg"]
+__all__ = ["REENCODE_REASONS", "StoredJpeg", "first_rows", "store_jpeg"]
 
 REENCODE_REASONS = ("not_jpeg", "progressive", "exif_rotated", "not_rgb_or_gray", "larger_than_max_side")
 
@@ -88,3 +88,67 @@ def _reencode_reason(image, orientation: int, shape: tuple[int, int], max_side: 
     if max_side is not None and max(shape) > max_side:
         return "larger_than_max_side"
     return None
+
+
+_SEQUENTIAL = {0xC0, 0xC1}  # baseline and extended sequential Huffman frames
+_STANDALONE = {0x01, *range(0xD0, 0xD8)}  # markers with no length field
+_SOS = 0xDA  # start of scan
+
+
+def first_rows(data: bytes, rows: int) -> tuple[bytes, int] | None:
+    """A copy of a JPEG whose frame declares only its first rows, so that libjpeg-turbo stops
+    decoding below them; returns the copy and the rows it declares, or ``None`` where that would
+    save nothing or does not apply.
+
+    A sequential JPEG whose first scan holds every component has one scan, which stores the rows
+    top to bottom: a decoder told the image is shorter decodes only those rows (entropy decoding
+    included) and skips the rest of the data (which libjpeg reports as extraneous bytes: decode the
+    copy with ``strict=False``). The copy declares one MCU row more than ``rows``, so that
+    upsampling the chroma of the last row wanted sees the same neighbours as in the whole image:
+    the first ``rows`` rows decode to the same pixels, at any DCT scale. Progressive and
+    multi-scan files are left whole (``None``).
+
+    Example:
+        >>> import matplotlib.cbook
+        >>> data = open(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False), "rb").read()
+        >>> copy, declared = first_rows(data, 100)
+        >>> declared, simplejpeg.decode_jpeg(copy, strict=False).shape
+        (128, (128, 512, 3))
+    """
+    if data[:2] != b"\xff\xd8":
+        return None
+    position, frame = 2, None
+    while position + 4 <= len(data):
+        if data[position] != 0xFF:
+            return None
+        marker = data[position + 1]
+        if marker == 0xFF:  # a fill byte before a marker
+            position += 1
+            continue
+        if marker in _STANDALONE:
+            position += 2
+            continue
+        if marker in _SEQUENTIAL:
+            frame = position
+        elif marker == _SOS:  # the first scan: it must hold every component of a sequential frame
+            if frame is None or data[position + 4 : position + 5] != data[frame + 9 : frame + 10]:
+                return None
+            return _declare_rows(data, frame, rows)
+        elif 0xC2 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            return None  # a progressive, lossless or arithmetic-coded frame
+        position += 2 + int.from_bytes(data[position + 2 : position + 4], "big")
+    return None
+
+
+def _declare_rows(data: bytes, frame: int, rows: int) -> tuple[bytes, int] | None:
+    """``data`` with the height of the frame header at ``frame`` cut to ``rows`` plus one MCU row."""
+    height = int.from_bytes(data[frame + 5 : frame + 7], "big")
+    components = data[frame + 9]
+    sampling = data[frame + 11 : frame + 10 + 3 * components : 3]
+    if height == 0 or len(sampling) != components:
+        return None  # a height defined after the scan (DNL), or a cut header
+    mcu = 8 * max(factor & 0x0F for factor in sampling)
+    declared = (-(-rows // mcu) + 1) * mcu
+    if rows < 1 or declared >= height:
+        return None
+    return data[: frame + 5] + declared.to_bytes(2, "big") + data[frame + 7 :], declared
