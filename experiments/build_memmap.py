@@ -9,7 +9,8 @@ Side by side in one run, for each dataset size N (page cache warm for the source
 - the talk's recipe (tensordict's ImageNet tutorial): ``DataLoader(ImageFolder, PILToTensor)``
   with 2 workers filling a tensorclass of ``MemoryMappedTensor.empty`` fields, memmapped to disk.
 Rates are images per second (median of the repeats, min-max kept); memory is the peak that the
-OS cannot reclaim (anonymous + shared, not page cache).
+OS cannot reclaim (anonymous + shared, not page cache). Before each contender the disk catches up
+(``os.sync``), so that no contender pays for the writes of the one before it.
 
     python -m experiments.build_memmap --counts 2000 8000 --repeats 3
 """
@@ -17,6 +18,7 @@ OS cannot reclaim (anonymous + shared, not page cache).
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import tempfile
 import warnings
@@ -107,10 +109,12 @@ def measure(count: int, repeats: int, workdir: Path) -> dict:
     memory: dict[str, list[int]] = {name: [] for name in builds}
     for repeat in range(repeats):
         for name, limit in limits.items():
+            os.sync()
             runs[name].append(len(files) / elapsed(limit, files, workers))
         order = list(builds) if repeat % 2 == 0 else list(reversed(builds))
         for name in order:
             shutil.rmtree(out, ignore_errors=True)
+            os.sync()
             with UnreclaimableMemory() as watch:
                 seconds = elapsed(builds[name])
             runs[name].append(len(files) / seconds)
