@@ -129,6 +129,7 @@ class MemmapImageDataset(torch.utils.data.Dataset):
             self.image_shape = None
             self.data = _open_jpeg_index(self.path, self.manifest)
             self._jpegs = _JpegFile(self.path / self.manifest.array_path("data"))
+            self._ranges = torch.stack([self.data.starts, self.data.lengths], 1).numpy()  # read per image, fast
             self._checksums = np.array([int(checksum, 16) for checksum in self.manifest.checksums], dtype=np.uint64)
         _check_labels(self.path, self.data.labels.numpy(), self.manifest)
 
@@ -158,7 +159,7 @@ class MemmapImageDataset(torch.utils.data.Dataset):
             DatasetError: the bytes on disk differ from what was built (disk damage), naming the
                 image and its source.
         """
-        start, length = int(self.data.starts[index]), int(self.data.lengths[index])
+        start, length = self._ranges[index].tolist()
         data = self._jpegs.read(start, length)
         if xxhash.xxh3_64_intdigest(data) != self._checksums[index]:
             raise DatasetError(
