@@ -79,10 +79,11 @@ class DataLoader:
             Other devices (``"mps"``, ``"xpu"``...) are refused: load to the CPU and move the batches.
         prefetch: batches prepared ahead of the consumer (host buffers: ``prefetch + 2``). Jpeg
             datasets prepare at least ``threads`` batches ahead, one per decoding thread.
-        threads: background threads preparing batches. Raw datasets: 2 by default (each gather
-            also uses torch's intra-op threads, and two gatherers hide each other's hand-off gaps:
-            measured on 2 cores, 98% of a bare ``index_select`` loop against 87% with one). Jpeg
-            datasets: the number of cores (each thread decodes its batch).
+        threads: background threads preparing batches, each running its torch ops on one core (no
+            intra-op threads: a team per thread would fight the others for the cores). Raw
+            datasets: 2 by default (two gatherers hide each other's hand-off gaps; ``gpuload bench``
+            compares them with bare ``index_select`` loops). Jpeg datasets: the number of cores
+            (each thread decodes its batch).
         transform: applied to each uint8 image batch on ``device`` right after its copy, by the
             background threads (on CUDA on the loader's side stream, before the batch is handed
             over), without autograd; e.g. :class:`gpuload.RandomResizedCrop` for a user who prefers
@@ -573,10 +574,8 @@ class _Pipeline:
         producers: int,
         give_back: Callable[[_Ring], None],
         transform: _BatchTransform | None,
-        decoding: bool,
     ) -> None:
         self.ring, self.gather, self.labels, self.batches, self.ahead = ring, gather, labels, batches, ahead
-        self.decoding = decoding
         self.transform = transform
         self.give_back = give_back  # called by the last producer to exit
         # Buffers the user may still hold (the last batch of the previous epoch is still bound
@@ -605,8 +604,7 @@ class _Pipeline:
                 thread.join(timeout)
 
     def _produce(self) -> None:
-        if self.decoding:
-            single_threaded_torch()  # one decoding thread per core already: no OpenMP team from each
+        single_threaded_torch()  # the producers share the cores: no OpenMP team from each
         try:
             while (claim := self._claim()) is not None:
                 self._fill_and_publish(*claim)
@@ -701,7 +699,6 @@ class _EpochIterator:
             min(loader.threads, max(1, self.total)),
             loader._rings.give_back,
             transform,
-            decoding=loader._images is None,
         )
         self._held: deque[_Slot] = deque()  # CPU: slots of the last two batches yielded
         self._pipeline.start()
