@@ -13,7 +13,7 @@ import torch
 
 from .errors import UsageError
 
-__all__ = ["default_workers", "describe_machine", "machine_line", "resolve_workers", "single_threaded_torch"]
+__all__ = ["default_workers", "describe_machine", "machine_line", "limit_torch_threads", "resolve_workers"]
 
 
 def default_workers() -> int:
@@ -46,18 +46,20 @@ def resolve_workers(workers: int | None) -> int:
     return workers
 
 
-def single_threaded_torch() -> None:
-    """Run this thread's torch CPU ops without intra-op threads, leaving every other thread as it is.
+def limit_torch_threads(count: int = 1) -> None:
+    """Run this thread's torch CPU ops on at most ``count`` intra-op threads, leaving every other
+    thread as it is.
 
-    For worker threads that each already keep a core busy (decoding): an OpenMP parallel region
-    started from each of them brings its own team of threads, and the teams fight for the cores
-    (measured: 2 decoding threads of a jpeg loader went 3-5x slower). OpenMP's thread count is a
-    per-thread setting; torch sets this thread's on its first use, so it is set after that.
-    ``torch.set_num_threads`` would change it for the whole process.
+    For worker threads that share the cores (decoding, gathering): an OpenMP parallel region
+    started from each of them brings its own team of threads as large as the machine, and the
+    teams fight for the cores (measured: 2 decoding threads of a jpeg loader went 3-5x slower).
+    Give each worker its share of the cores. OpenMP's thread count is a per-thread setting; torch
+    sets this thread's on its first use, so it is set after that. ``torch.set_num_threads`` would
+    change it for the whole process.
     """
     torch.get_num_threads()
     if _OMP_SET_NUM_THREADS is not None:
-        _OMP_SET_NUM_THREADS(1)
+        _OMP_SET_NUM_THREADS(max(1, count))
 
 
 def describe_machine() -> dict:

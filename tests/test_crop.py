@@ -1,3 +1,6 @@
+import shutil
+from pathlib import Path
+
 import numpy as np
 import pytest
 import simplejpeg
@@ -10,7 +13,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 import gpuload.loading.crop
-from gpuload import DataLoader, MemmapImageDataset, UsageError, build_memmap
+from gpuload import DataLoader, MemmapImageDataset, UsageError, build_memmap, verify_memmap
 from gpuload.loading.crop import (
     CenterCropDecode,
     RandomResizedCropDecode,
@@ -139,6 +142,20 @@ class TestRandomResizedCropDecode:
         whole = decoded(varied_jpegs, decode, range(12), seed=3)
         assert sum(c is not None for c in cuts) >= 4
         assert torch.equal(cut, whole)
+
+    def test_any_sampling_libjpeg_turbo_decodes_is_cropped(self, tmp_path):
+        """A JPEG whose luma is sampled 1x4 (which simplejpeg's header reader cannot name) is stored
+        as it is, cropped, and verified like any other."""
+        (tmp_path / "photos" / "a").mkdir(parents=True)
+        shutil.copy(Path(__file__).parent / "data" / "luma_sampled_1x4.jpg", tmp_path / "photos" / "a")
+        dataset = MemmapImageDataset(build_memmap(tmp_path / "photos", format="jpeg", progress=False))
+        whole = dataset[0][0]
+        assert dataset.manifest.jpeg["reencoded"] == {} and tuple(whole.shape) == (3, 100, 64)
+        decode = RandomResizedCropDecode(16, fast=False, flip=False)
+        boxes, _ = decode.draw(dataset.data.shapes, torch.arange(1), seed=0, epoch=0)
+        reference = F.resized_crop(whole, *boxes[0].int().tolist(), [16, 16], antialias=True)
+        assert torch.equal(decoded(dataset, decode, [0])[0], reference)
+        assert verify_memmap(dataset.path, progress=False) == []
 
     def test_flips_mirror_the_same_box_and_draws_depend_only_on_seed_epoch_index(self, varied_jpegs):
         plain = decoded(varied_jpegs, RandomResizedCropDecode(32, flip=False), range(12), seed=5)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from gpuload import DatasetError, MemmapImageDataset, UsageError, build_memmap, decode_image
-from gpuload.store.jpeg import first_rows, store_jpeg
+from gpuload.store.jpeg import first_rows, frame_size, store_jpeg
 
 
 def block_means_gap(first: np.ndarray, second: np.ndarray) -> float:
@@ -246,6 +246,25 @@ class TestFirstRows:
         assert part.shape[1] == whole.shape[1] and part.shape[0] >= wanted
         np.testing.assert_array_equal(part[:wanted], whole[:wanted])
 
+    @pytest.mark.parametrize("encoding", ["444", "422", "420", "440", "411", "Gray"])
+    def test_every_row_count_at_every_scale_decodes_as_the_whole_image(self, encoding):
+        """Exhaustive on one image of odd size: the MCU-row boundaries, where a cut without its
+        extra MCU row would change the last rows wanted, are all covered."""
+        height, width = 203, 77
+        data = simplejpeg.encode_jpeg(
+            np.ascontiguousarray(np.asarray(photo((height, width)))), 90, colorsubsampling=encoding
+        )
+        for denominator in (1, 2, 4, 8):
+            options = {"colorspace": "RGB", "min_width": -(-width // denominator)}
+            whole = simplejpeg.decode_jpeg(data, min_height=-(-height // denominator), **options)
+            for rows in range(1, height + 1):
+                cut = first_rows(data, rows)
+                if cut is None:
+                    continue
+                part = simplejpeg.decode_jpeg(cut[0], min_height=-(-cut[1] // denominator), strict=False, **options)
+                wanted = -(-rows * whole.shape[0] // height)
+                np.testing.assert_array_equal(part[:wanted], whole[:wanted], err_msg=f"rows={rows} 1/{denominator}")
+
     def test_only_single_scan_sequential_jpegs_are_cut(self):
         image = photo((200, 64))
         image.save(baseline := io.BytesIO(), "JPEG", quality=90)
@@ -256,6 +275,8 @@ class TestFirstRows:
         assert first_rows(b"not a jpeg", 50) is None
         data = baseline.getvalue()
         assert first_rows(data[:20], 50) is None  # a cut header
+        assert frame_size(data) == (200, 64) and frame_size(progressive.getvalue()) == (200, 64)
+        assert frame_size(data[:20]) is None and frame_size(b"not a jpeg") is None
         scan = data.index(b"\xff\xda")
         one_component = data[: scan + 4] + b"\x01" + data[scan + 5 :]  # a first scan of one component of three
         assert first_rows(one_component, 50) is None  # other scans follow it: left whole

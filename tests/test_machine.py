@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gpuload import UsageError, default_workers, describe_machine, machine, machine_line
-from gpuload.machine import resolve_workers, single_threaded_torch
+from gpuload.machine import limit_torch_threads, resolve_workers
 
 
 def test_describes_cpu_memory_and_versions():
@@ -29,11 +29,12 @@ def test_resolve_workers():
 
 
 @pytest.mark.skipif(machine._OMP_SET_NUM_THREADS is None, reason="torch does not use OpenMP here")
-def test_single_threaded_torch_changes_only_the_calling_thread():
+@pytest.mark.parametrize("count", [1, 2, 0])
+def test_limit_torch_threads_changes_only_the_calling_thread(count):
     seen = {}
 
     def worker():
-        single_threaded_torch()
+        limit_torch_threads(count)
         seen["worker"] = torch.get_num_threads()
 
     def other():
@@ -44,5 +45,5 @@ def test_single_threaded_torch_changes_only_the_calling_thread():
         thread = threading.Thread(target=target)
         thread.start()
         thread.join()
-    assert seen["worker"] == 1
+    assert seen["worker"] == max(1, count)
     assert seen["other"] == before == torch.get_num_threads()

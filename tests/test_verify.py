@@ -136,24 +136,31 @@ class TestJpeg:
         problems = verify_memmap(copy, sources=sources, progress=False)
         assert len(problems) == 1 and problems[0].startswith("1 images do not match their build checksum:")
 
-    def test_a_changed_size_in_the_index_is_found_and_refused_at_load_time(self, jpeg_dataset, tmp_path):
+    @pytest.mark.parametrize("decode", ["RandomResizedCropDecode", "CenterCropDecode"])
+    @pytest.mark.parametrize("height", [12, 2**24 + 24, 2**30], ids=["half", "huge", "overflowing"])
+    def test_a_changed_size_in_the_index_is_found_and_refused_at_load_time(
+        self, jpeg_dataset, tmp_path, decode, height
+    ):
         import numpy as np
         import torch
 
-        from gpuload import DataLoader, DatasetError, MemmapImageDataset, RandomResizedCropDecode
+        import gpuload
+        from gpuload import DataLoader, DatasetError, MemmapImageDataset
 
         copy = Path(shutil.copytree(jpeg_dataset, tmp_path / "copy"))
         shapes = copy / "shapes.memmap"
         shapes.chmod(0o644)
         values = np.fromfile(shapes, np.int32).reshape(-1, 2)
-        values[4, 0] //= 2  # image 4 recorded half as tall as it is
+        real = values[4].tolist()
+        values[4, 0] = height  # image 4 recorded with another height
         values.tofile(shapes)
         problems = verify_memmap(copy, progress=False)
         assert len(problems) == 1 and problems[0].startswith("1 images differ from their size in shapes.memmap: 4 (")
-        loader = DataLoader(MemmapImageDataset(copy), batch_size=20, decode=RandomResizedCropDecode(8), device="cpu")
+        decoder = getattr(gpuload, decode)(8)
+        loader = DataLoader(MemmapImageDataset(copy), batch_size=20, decode=decoder, device="cpu")
         with pytest.raises(
             DatasetError,
-            match=r"image 4 .* decodes to \d+x\d+ where its recorded size 24x64 .*shapes.memmap is damaged",
+            match=rf"image 4 .* decodes to {real[0]}x{real[1]} where its recorded size is {height}x{real[1]}: shapes.memmap is damaged",
         ):
             next(iter(loader))
         assert torch.is_tensor(MemmapImageDataset(copy)[4][0])

@@ -20,13 +20,12 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 import numpy as np
-import simplejpeg
 import torch
 
 from ..errors import DatasetError, UsageError
 from ..store.dataset import MemmapImageDataset, decode_jpeg_bytes
 from ..store.decode import resize_image
-from ..store.jpeg import first_rows
+from ..store.jpeg import first_rows, frame_size
 from ..transforms.augment import (
     CROP_DRAWS,
     centre_offset,
@@ -104,7 +103,7 @@ class RandomResizedCropDecode:
         flip: bool,
         name: Callable[[], str],
         out: torch.Tensor,
-        scratch: np.ndarray,
+        scratch: Scratch,
     ) -> None:
         """One image into ``out`` (``[3, S, S]``): decoded into ``scratch`` at the smallest DCT scale
         that keeps its box at least the output's size, the box cut out, resized and maybe mirrored."""
@@ -116,7 +115,7 @@ class RandomResizedCropDecode:
         y0, x0 = int(top * scale_y), int(left * scale_x)
         y1 = max(y0 + 1, min(scaled[0], round((top + box_height) * scale_y)))
         x1 = max(x0 + 1, min(scaled[1], round((left + box_width) * scale_x)))
-        _check_size(_header_size(data, name), (height, width), shape, name)  # never cut by a damaged index
+        _check_header(data, shape, name)  # never cut by a damaged index
         cut = first_rows(data, -(-y1 * height // scaled[0]))  # decode down to the box's last row only
         data, rows = cut if cut is not None else (data, height)
         pixels = decode_jpeg_bytes(
@@ -125,7 +124,7 @@ class RandomResizedCropDecode:
             fast=self.fast,
             min_height=-(-rows // denominator),
             min_width=scaled[1],
-            buffer=scratch,
+            buffer=scratch.get(3 * height * width),
             strict=cut is None,
         )
         _check_size(pixels.shape[:2], (-(-rows // denominator), scaled[1]), shape, name)
@@ -179,18 +178,19 @@ class CenterCropDecode:
         flip: None,
         name: Callable[[], str],
         out: torch.Tensor,
-        scratch: np.ndarray,
+        scratch: Scratch,
     ) -> None:
         """One image into ``out`` (``[3, S, S]``): decoded, resized as torchvision's ``Resize``, its
         centre cut out. An image already at the output's size is decoded straight into ``out``."""
         height, width = shape
+        _check_header(data, shape, name)
         short = round(min(self.size) / self.ratio)
         resized = (short, int(short * width / height)) if height <= width else (int(short * height / width), short)
         if resized == (height, width) == self.size and out.permute(1, 2, 0).is_contiguous():
             whole = decode_jpeg_bytes(data, name, fast=self.fast, buffer=out.permute(1, 2, 0).numpy())
             _check_size(whole.shape[:2], self.size, shape, name)
             return
-        pixels = decode_jpeg_bytes(data, name, fast=self.fast, buffer=scratch)
+        pixels = decode_jpeg_bytes(data, name, fast=self.fast, buffer=scratch.get(3 * height * width))
         _check_size(pixels.shape[:2], (height, width), shape, name)
         image = _resize_hwc(pixels, resized)
         (top, to_top, rows), (left, to_left, columns) = (
@@ -205,21 +205,41 @@ class CenterCropDecode:
         return f"{type(self).__name__}(size={self.size}, ratio={self.ratio:.4f}, fast={self.fast}, gpu={self.gpu})"
 
 
-def _header_size(data: bytes, name: Callable[[], str]) -> tuple[int, int]:
-    """The ``(height, width)`` a stored JPEG's header gives."""
-    try:
-        return simplejpeg.decode_jpeg_header(data)[:2]
-    except ValueError as error:
-        raise DatasetError(f"{name()} does not decode ({error}); rebuild the dataset") from None
+class Scratch:
+    """One decode buffer for a batch, grown to the largest image decoded into it (sized only once
+    the image's header has confirmed its recorded size).
+
+    Example:
+        >>> scratch = Scratch()
+        >>> scratch.get(12).size, scratch.get(6).size
+        (12, 12)
+    """
+
+    def __init__(self) -> None:
+        self.buffer = np.empty(0, dtype=np.uint8)
+
+    def get(self, size: int) -> np.ndarray:
+        if self.buffer.size < size:
+            self.buffer = np.empty(size, dtype=np.uint8)
+        return self.buffer
+
+
+def _check_header(data: bytes, shape: list[int], name: Callable[[], str]) -> None:
+    """The stored JPEG's frame header must give the size the dataset's index records."""
+    found = frame_size(data)
+    if found is None:
+        raise DatasetError(f"{name()} has no JPEG frame header; rebuild the dataset")
+    _check_size(found, tuple(shape), shape, name)
 
 
 def _check_size(found: Sequence[int], expected: tuple[int, int], shape: list[int], name: Callable[[], str]) -> None:
     """An image must decode (or its header say it does) at the size the dataset's index records (at
     the DCT scale asked for): else ``shapes.memmap`` was damaged, and a crop computed from it would be wrong."""
     if tuple(found) != tuple(expected):
+        scaled = "" if tuple(expected) == tuple(shape) else f" gives {expected[0]}x{expected[1]}"
         raise DatasetError(
-            f"{name()} decodes to {found[0]}x{found[1]} where its recorded size {shape[0]}x{shape[1]} "
-            f"gives {expected[0]}x{expected[1]}: shapes.memmap is damaged; run gpuload verify, then rebuild the dataset"
+            f"{name()} decodes to {found[0]}x{found[1]} where its recorded size is {shape[0]}x{shape[1]}{scaled}: "
+            f"shapes.memmap is damaged; run gpuload verify, then rebuild the dataset"
         )
 
 
@@ -257,7 +277,7 @@ def decode_crops(
     """
     shapes = dataset.data.shapes[indices]
     boxes, flips = decode.draw(shapes, indices, seed=seed, epoch=epoch)
-    scratch = np.empty(int((shapes[:, 0] * shapes[:, 1]).max()) * 3, dtype=np.uint8)
+    scratch = Scratch()
     for row, (index, shape) in enumerate(zip(indices.tolist(), shapes.tolist())):
         box = None if boxes is None else boxes[row].tolist()
         flip = None if flips is None else bool(flips[row])

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UsageError
-from ..machine import default_workers, single_threaded_torch
+from ..machine import default_workers, limit_torch_threads
 from ..store.dataset import ImageData, MemmapImageDataset
 from .crop import CenterCropDecode, RandomResizedCropDecode, decode_batch, decode_crops
 from .order import distributed_rank, epoch_order
@@ -79,8 +79,9 @@ class DataLoader:
             Other devices (``"mps"``, ``"xpu"``...) are refused: load to the CPU and move the batches.
         prefetch: batches prepared ahead of the consumer (host buffers: ``prefetch + 2``). Jpeg
             datasets prepare at least ``threads`` batches ahead, one per decoding thread.
-        threads: background threads preparing batches, each running its torch ops on one core (no
-            intra-op threads: a team per thread would fight the others for the cores). Raw
+        threads: background threads preparing batches, each running its torch ops on its share
+            of the cores (one core each on a 2-core machine: a team of intra-op threads per
+            thread as large as the machine would fight the others for the cores). Raw
             datasets: 2 by default (two gatherers hide each other's hand-off gaps; ``gpuload bench``
             compares them with bare ``index_select`` loops). Jpeg datasets: the number of cores
             (each thread decodes its batch).
@@ -604,7 +605,7 @@ class _Pipeline:
                 thread.join(timeout)
 
     def _produce(self) -> None:
-        single_threaded_torch()  # the producers share the cores: no OpenMP team from each
+        limit_torch_threads(default_workers() // len(self.threads))  # the producers share the cores
         try:
             while (claim := self._claim()) is not None:
                 self._fill_and_publish(*claim)

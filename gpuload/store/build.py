@@ -22,7 +22,7 @@ from tensordict import MemoryMappedTensor, TensorDict
 from tqdm.auto import tqdm
 
 from ..errors import DatasetError, DecodeError, UsageError
-from ..machine import resolve_workers, single_threaded_torch
+from ..machine import limit_torch_threads, resolve_workers
 from .decode import Resize, check_target, decode_into, read_size
 from .files import OutputLock, check_apart, fsync_file, fsync_folder, rename_exchange, rename_noreplace, resolve
 from .jpeg import REENCODE_REASONS, StoredJpeg, store_jpeg
@@ -136,7 +136,7 @@ def build_memmap(
             _check_replaceable(out)
         index = scan_image_folder(src, classes=classes)
         unreadable: dict[int, str] = {}
-        with ThreadPoolExecutor(workers, "gpuload-decode", initializer=single_threaded_torch) as pool:
+        with ThreadPoolExecutor(workers, "gpuload-decode", initializer=limit_torch_threads) as pool:
             if format == "raw" and size is None:
                 size, unreadable = _common_size(index, pool, strict)
             tmp = out.with_name(f".{out.name}.tmp-{secrets.token_hex(4)}")

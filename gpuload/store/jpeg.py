@@ -10,6 +10,7 @@ larger than ``max_side``, is decoded upright and re-encoded at ``quality``.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import numpy as np
 import simplejpeg
@@ -18,7 +19,7 @@ import xxhash
 from ..errors import DecodeError
 from .decode import SIDEWAYS, decode_image, decode_pixels, exif_orientation, open_image, read_bytes
 
-__all__ = ["REENCODE_REASONS", "StoredJpeg", "first_rows", "store_jpeg"]
+__all__ = ["REENCODE_REASONS", "StoredJpeg", "first_rows", "frame_size", "store_jpeg"]
 
 REENCODE_REASONS = ("not_jpeg", "progressive", "exif_rotated", "not_rgb_or_gray", "larger_than_max_side")
 
@@ -91,8 +92,28 @@ def _reencode_reason(image, orientation: int, shape: tuple[int, int], max_side: 
 
 
 _SEQUENTIAL = {0xC0, 0xC1}  # baseline and extended sequential Huffman frames
+_FRAMES = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # every start of frame (not DHT, JPG, DAC)
 _STANDALONE = {0x01, *range(0xD0, 0xD8)}  # markers with no length field
 _SOS = 0xDA  # start of scan
+
+
+def frame_size(data: bytes) -> tuple[int, int] | None:
+    """The ``(height, width)`` a JPEG's frame header gives (height 0: set later by a DNL marker),
+    or ``None`` where it has none (not a JPEG, a cut header).
+
+    Example:
+        >>> import matplotlib.cbook
+        >>> frame_size(open(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False), "rb").read())
+        (600, 512)
+    """
+    for position, marker in _markers(data):
+        if marker in _FRAMES:
+            if position + 9 > len(data):
+                return None
+            return int.from_bytes(data[position + 5 : position + 7], "big"), int.from_bytes(
+                data[position + 7 : position + 9], "big"
+            )
+    return None
 
 
 def first_rows(data: bytes, rows: int) -> tuple[bytes, int] | None:
@@ -115,12 +136,28 @@ def first_rows(data: bytes, rows: int) -> tuple[bytes, int] | None:
         >>> declared, simplejpeg.decode_jpeg(copy, strict=False).shape
         (128, (128, 512, 3))
     """
+    frame = None
+    for position, marker in _markers(data):
+        if marker in _FRAMES:
+            if marker not in _SEQUENTIAL:
+                return None  # a progressive, lossless or arithmetic-coded frame
+            frame = position
+        elif marker == _SOS:  # the first scan: it must hold every component of a sequential frame
+            if frame is None or data[position + 4 : position + 5] != data[frame + 9 : frame + 10]:
+                return None
+            return _declare_rows(data, frame, rows)
+    return None
+
+
+def _markers(data: bytes) -> Iterator[tuple[int, int]]:
+    """``(position, marker)`` of each marker segment from the start of a JPEG to its first scan;
+    stops early where the data is not a JPEG or its headers are cut."""
     if data[:2] != b"\xff\xd8":
-        return None
-    position, frame = 2, None
+        return
+    position = 2
     while position + 4 <= len(data):
         if data[position] != 0xFF:
-            return None
+            return
         marker = data[position + 1]
         if marker == 0xFF:  # a fill byte before a marker
             position += 1
@@ -128,24 +165,18 @@ def first_rows(data: bytes, rows: int) -> tuple[bytes, int] | None:
         if marker in _STANDALONE:
             position += 2
             continue
-        if marker in _SEQUENTIAL:
-            frame = position
-        elif marker == _SOS:  # the first scan: it must hold every component of a sequential frame
-            if frame is None or data[position + 4 : position + 5] != data[frame + 9 : frame + 10]:
-                return None
-            return _declare_rows(data, frame, rows)
-        elif 0xC2 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            return None  # a progressive, lossless or arithmetic-coded frame
+        yield position, marker
+        if marker == _SOS:
+            return
         position += 2 + int.from_bytes(data[position + 2 : position + 4], "big")
-    return None
 
 
 def _declare_rows(data: bytes, frame: int, rows: int) -> tuple[bytes, int] | None:
     """``data`` with the height of the frame header at ``frame`` cut to ``rows`` plus one MCU row."""
     height = int.from_bytes(data[frame + 5 : frame + 7], "big")
-    components = data[frame + 9]
+    components = data[frame + 9] if frame + 9 < len(data) else 0
     sampling = data[frame + 11 : frame + 10 + 3 * components : 3]
-    if height == 0 or len(sampling) != components:
+    if height == 0 or components == 0 or len(sampling) != components:
         return None  # a height defined after the scan (DNL), or a cut header
     mcu = 8 * max(factor & 0x0F for factor in sampling)
     declared = (-(-rows // mcu) + 1) * mcu

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import simplejpeg
 import xxhash
 from tqdm.auto import tqdm
 
 from ..errors import DatasetError, DecodeError, UsageError
 from .dataset import MemmapImageDataset
 from .decode import decode_image
+from .jpeg import frame_size
 
 __all__ = ["describe_memmap", "verify_memmap"]
 
@@ -82,7 +82,7 @@ def verify_memmap(
         stored = _stored_bytes(dataset, index)
         if f"{xxhash.xxh3_64_intdigest(stored):016x}" != manifest.checksums[index]:
             bad.append(index)
-        elif dataset.storage == "jpeg" and _jpeg_size(stored) != tuple(dataset.data.shapes[index].tolist()):
+        elif dataset.storage == "jpeg" and frame_size(stored) != tuple(dataset.data.shapes[index].tolist()):
             resized.append(index)
     if bad:
         shown = ", ".join(f"{index} ({manifest.samples[index][0]})" for index in bad[:5])
@@ -94,15 +94,6 @@ def verify_memmap(
         count = len(dataset) if sources == "all" else sources
         problems += _compare_sources(dataset, count, seed, skip=set(bad) | set(resized))
     return problems
-
-
-def _jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """(height, width) from a JPEG's header, or ``None`` where it has none."""
-    try:
-        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-    except ValueError:
-        return None
-    return height, width
 
 
 def _stored_bytes(dataset: MemmapImageDataset, index: int):
