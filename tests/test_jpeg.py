@@ -1,8 +1,10 @@
 import io
 import json
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -50,6 +52,17 @@ class TestStoreJpeg:
         assert pixels.shape[:2] == stored.shape
         expected = decode_image(tmp_path / name).permute(1, 2, 0).numpy()
         assert block_means_gap(pixels, expected) < 3  # the same picture, upright (JPEG keeps 8x8 means)
+
+    def test_a_jpeg_that_only_pillow_reads_is_re_encoded_as_pillow_decodes_it(self):
+        """Luma 2x2, blue 2x1, red 1x1: a valid JPEG that libjpeg-turbo cannot classify; stored as
+        it was, no load could ever decode it."""
+        path = Path(__file__).parent / "data" / "sampling_unknown_to_libjpeg_turbo.jpg"
+        with pytest.raises(ValueError, match="subsampling"):
+            simplejpeg.decode_jpeg(path.read_bytes())
+        stored = store_jpeg(path, quality=95)
+        assert stored.reencoded == "not_read_by_libjpeg_turbo" and stored.shape == (100, 64)
+        reference = np.asarray(Image.open(path).convert("RGB"))
+        assert block_means_gap(simplejpeg.decode_jpeg(stored.data), reference) < 2
 
     def test_a_progressive_jpeg_is_re_encoded(self, tmp_path):
         photo().save(tmp_path / "p.jpg", quality=90, progressive=True)
@@ -180,6 +193,19 @@ class TestDataset:
         with pytest.raises(DatasetError, match=r"image 3 \(background/0003.jpg\) does not match its build checksum"):
             dataset[3]
         assert dataset[2][0].shape == (3, *SIZE)
+
+    def test_a_data_file_cut_after_opening_names_the_image_it_cuts(self, jpeg_dataset, tmp_path):
+        import shutil
+
+        copy = shutil.copytree(jpeg_dataset, tmp_path / "copy.jpeg")
+        (copy / "data.memmap").chmod(0o644)
+        dataset = MemmapImageDataset(copy)
+        os.truncate(copy / "data.memmap", int(dataset.data.starts[19]) + 10)
+        with pytest.raises(
+            DatasetError, match=r"image 19 \(.*\): .*data.memmap ends before byte \d+: the file was truncated"
+        ):
+            dataset[19]
+        assert dataset[18][0].shape == (3, *SIZE)
 
     def test_pickles_as_its_path(self, jpeg_dataset):
         import pickle

@@ -160,7 +160,10 @@ class MemmapImageDataset(torch.utils.data.Dataset):
                 image and its source.
         """
         start, length = self._ranges[index].tolist()
-        data = self._jpegs.read(start, length)
+        try:
+            data = self._jpegs.read(start, length)
+        except DatasetError as error:
+            raise DatasetError(f"{self.describe(index)}: {error}") from None
         if xxhash.xxh3_64_intdigest(data) != self._checksums[index]:
             raise DatasetError(
                 f"{self.describe(index)} does not match its build checksum: the file is damaged; "

@@ -42,6 +42,7 @@ __all__ = [
     "check_target",
     "decode_image",
     "decode_into",
+    "decode_jpeg_strict",
     "exif_orientation",
     "read_size",
 ]
@@ -238,7 +239,7 @@ def decode_pixels(
     """
     if image.format == "JPEG":
         colorspace = {"RGB": "RGB", "L": "GRAY"}.get(image.mode)
-        pixels = _decode_jpeg(data, path, colorspace or "CMYK", request)
+        pixels = decode_jpeg_strict(data, path, colorspace or "CMYK", request)
         if colorspace == "RGB" and pixels is not None:
             return pixels
         if colorspace == "GRAY" and pixels is not None:
@@ -261,8 +262,8 @@ def _upright(pixels: np.ndarray, orientation: int) -> torch.Tensor:
     return upright.flip(flips) if flips else upright
 
 
-def _decode_jpeg(
-    data: bytes, path: str | os.PathLike, colorspace: str, request: tuple[int, int] | None
+def decode_jpeg_strict(
+    data: bytes, path: str | os.PathLike, colorspace: str, request: tuple[int, int] | None = None
 ) -> np.ndarray | None:
     """libjpeg-turbo's strict decode of a JPEG, or ``None`` where it cannot read the file at all.
 

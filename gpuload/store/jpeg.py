@@ -3,8 +3,9 @@
 Every stored image must decode upright, fast, with libjpeg-turbo's DCT-domain scaling: a baseline
 JPEG in RGB (YCbCr) or grayscale with no EXIF rotation is stored byte for byte (after a strict
 decode that finds damage, as for raw builds). Anything else, a progressive JPEG (2-3x slower to
-decode, and it cannot skip rows), an EXIF-rotated one, a CMYK or 12-bit one, a PNG, or an image
-larger than ``max_side``, is decoded upright and re-encoded at ``quality``.
+decode, and it cannot skip rows), an EXIF-rotated one, a CMYK or 12-bit one, one whose sampling
+libjpeg-turbo cannot read, a PNG, or an image larger than ``max_side``, is decoded upright (by
+Pillow where libjpeg-turbo cannot) and re-encoded at ``quality``.
 """
 
 from __future__ import annotations
@@ -17,11 +18,18 @@ import simplejpeg
 import xxhash
 
 from ..errors import DecodeError
-from .decode import SIDEWAYS, decode_image, decode_pixels, exif_orientation, open_image, read_bytes
+from .decode import SIDEWAYS, decode_image, decode_jpeg_strict, exif_orientation, open_image, read_bytes
 
 __all__ = ["REENCODE_REASONS", "StoredJpeg", "first_rows", "frame_size", "store_jpeg"]
 
-REENCODE_REASONS = ("not_jpeg", "progressive", "exif_rotated", "not_rgb_or_gray", "larger_than_max_side")
+REENCODE_REASONS = (
+    "not_jpeg",
+    "progressive",
+    "exif_rotated",
+    "not_rgb_or_gray",
+    "larger_than_max_side",
+    "not_read_by_libjpeg_turbo",
+)
 
 
 class StoredJpeg:
@@ -58,8 +66,11 @@ def store_jpeg(path: str | os.PathLike, *, max_side: int | None = None, quality:
             height, width = width, height
         reason = _reencode_reason(image, orientation, (height, width), max_side)
         if reason is None:
-            decode_pixels(image, data, path, None)  # a strict decode: damage is found here, as in a raw build
-            return StoredJpeg(data, (height, width), None)
+            # A strict decode: damage is found here, as in a raw build. A JPEG that libjpeg-turbo
+            # cannot read at all (a sampling it does not know) is left to Pillow and re-encoded.
+            if decode_jpeg_strict(data, path, "RGB" if image.mode == "RGB" else "GRAY") is not None:
+                return StoredJpeg(data, (height, width), None)
+            reason = "not_read_by_libjpeg_turbo"
     if max_side is not None and max(height, width) > max_side:
         scale = max_side / max(height, width)
         height, width = max(1, round(height * scale)), max(1, round(width * scale))
