@@ -280,6 +280,7 @@ class TestFirstRows:
         data = simplejpeg.encode_jpeg(
             np.ascontiguousarray(np.asarray(photo((height, width)))), 90, colorsubsampling=encoding
         )
+        cuts = 0
         for denominator in (1, 2, 4, 8):
             options = {"colorspace": "RGB", "min_width": -(-width // denominator)}
             whole = simplejpeg.decode_jpeg(data, min_height=-(-height // denominator), **options)
@@ -287,9 +288,11 @@ class TestFirstRows:
                 cut = first_rows(data, rows)
                 if cut is None:
                     continue
+                cuts += 1
                 part = simplejpeg.decode_jpeg(cut[0], min_height=-(-cut[1] // denominator), strict=False, **options)
                 wanted = -(-rows * whole.shape[0] // height)
                 np.testing.assert_array_equal(part[:wanted], whole[:wanted], err_msg=f"rows={rows} 1/{denominator}")
+        assert cuts >= 4 * (height - 40)  # all but the rows near the bottom are cut, at every scale
 
     def test_only_single_scan_sequential_jpegs_are_cut(self):
         image = photo((200, 64))
@@ -303,6 +306,10 @@ class TestFirstRows:
         assert first_rows(data[:20], 50) is None  # a cut header
         assert frame_size(data) == (200, 64) and frame_size(progressive.getvalue()) == (200, 64)
         assert frame_size(data[:20]) is None and frame_size(b"not a jpeg") is None
+        padded = data[:2] + b"\xff\x01\xff\xff\xff" + data[2:]  # a standalone marker, then fill bytes
+        assert frame_size(padded) == (200, 64)
+        copy, declared = first_rows(padded, 50)
+        assert simplejpeg.decode_jpeg(copy, strict=False).shape == (declared, 64, 3)
         scan = data.index(b"\xff\xda")
         one_component = data[: scan + 4] + b"\x01" + data[scan + 5 :]  # a first scan of one component of three
         assert first_rows(one_component, 50) is None  # other scans follow it: left whole

@@ -136,7 +136,7 @@ class TestJpeg:
         problems = verify_memmap(copy, sources=sources, progress=False)
         assert len(problems) == 1 and problems[0].startswith("1 images do not match their build checksum:")
 
-    @pytest.mark.parametrize("decode", ["RandomResizedCropDecode", "CenterCropDecode"])
+    @pytest.mark.parametrize("decode", ["RandomResizedCropDecode", "CenterCropDecode", "decode_batch"])
     @pytest.mark.parametrize("height", [12, 2**24 + 24, 2**30], ids=["half", "huge", "overflowing"])
     def test_a_changed_size_in_the_index_is_found_and_refused_at_load_time(
         self, jpeg_dataset, tmp_path, decode, height
@@ -156,13 +156,26 @@ class TestJpeg:
         values.tofile(shapes)
         problems = verify_memmap(copy, progress=False)
         assert len(problems) == 1 and problems[0].startswith("1 images differ from their size in shapes.memmap: 4 (")
-        decoder = getattr(gpuload, decode)(8)
-        loader = DataLoader(MemmapImageDataset(copy), batch_size=20, decode=decoder, device="cpu")
+        if decode == "decode_batch":  # the batched path of gpu=True, on its CPU fallback
+            from gpuload.loading.crop import decode_batch
+
+            def load():
+                dataset = MemmapImageDataset(copy)
+                decoder = gpuload.RandomResizedCropDecode(8)
+                return decode_batch(dataset, torch.arange(20), decoder, seed=0, epoch=0, device=torch.device("cpu"))
+        else:
+            loader = DataLoader(
+                MemmapImageDataset(copy), batch_size=20, decode=getattr(gpuload, decode)(8), device="cpu"
+            )
+
+            def load():
+                return next(iter(loader))
+
         with pytest.raises(
             DatasetError,
             match=rf"image 4 .* decodes to {real[0]}x{real[1]} where its recorded size is {height}x{real[1]}: shapes.memmap is damaged",
         ):
-            next(iter(loader))
+            load()
         assert torch.is_tensor(MemmapImageDataset(copy)[4][0])
 
     def test_describe(self, jpeg_dataset):

@@ -304,6 +304,8 @@ def decode_batch(
     """
     shapes = dataset.data.shapes[indices]
     blobs = [dataset.read_jpeg(index) for index in indices.tolist()]
+    for blob, index, shape in zip(blobs, indices.tolist(), shapes.tolist()):
+        _check_header(blob, shape, partial(dataset.describe, index))  # before sizing anything by shapes
     images = _decode_all(blobs, indices, dataset, device)
     height, width = int(shapes[:, 0].max()), int(shapes[:, 1].max())
     compute = torch.float16 if device.type == "cuda" else torch.float32

@@ -6,6 +6,8 @@ decode that finds damage, as for raw builds). Anything else, a progressive JPEG 
 decode, and it cannot skip rows), an EXIF-rotated one, a CMYK or 12-bit one, one whose sampling
 libjpeg-turbo cannot read, a PNG, or an image larger than ``max_side``, is decoded upright (by
 Pillow where libjpeg-turbo cannot) and re-encoded at ``quality``.
+Pillow does not report corrupt data inside a JPEG, so damage in one that only Pillow reads goes
+unnoticed (as in a raw build).
 """
 
 from __future__ import annotations
