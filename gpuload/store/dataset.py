@@ -129,7 +129,7 @@ class MemmapImageDataset(torch.utils.data.Dataset):
             self.image_shape = None
             self.data = _open_jpeg_index(self.path, self.manifest)
             self._jpegs = _JpegFile(self.path / self.manifest.array_path("data"))
-            self._ranges = torch.stack([self.data.starts, self.data.lengths], 1).numpy()  # read per image, fast
+            self._starts, self._lengths = self.data.starts.numpy(), self.data.lengths.numpy()  # views, fast to index
             self._checksums = np.array([int(checksum, 16) for checksum in self.manifest.checksums], dtype=np.uint64)
         _check_labels(self.path, self.data.labels.numpy(), self.manifest)
 
@@ -159,7 +159,7 @@ class MemmapImageDataset(torch.utils.data.Dataset):
             DatasetError: the bytes on disk differ from what was built (disk damage), naming the
                 image and its source.
         """
-        start, length = self._ranges[index].tolist()
+        start, length = int(self._starts[index]), int(self._lengths[index])
         try:
             data = self._jpegs.read(start, length)
         except DatasetError as error:
