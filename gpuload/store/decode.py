@@ -36,6 +36,7 @@ from ..errors import DecodeError, UsageError
 from .manifest import RESIZE_MODES
 
 __all__ = [
+    "JPEG_COLORSPACES",
     "RESIZE_MODES",
     "DecodeError",
     "check_image",
@@ -63,6 +64,8 @@ _FLIPS = {
     7: (True, True),
     8: (True, False),
 }
+# Pillow modes of the JPEGs libjpeg-turbo decodes, and its colorspace for each.
+JPEG_COLORSPACES = {"RGB": "RGB", "L": "GRAY"}
 _SIXTEEN_BIT = {"I", "I;16", "I;16B", "I;16L", "I;16N"}
 _COVER_LIMIT = 4  # crop mode resizes the whole image when it covers at most 4 times the target's pixels
 # Errors reading a file that are about the file: gone, a folder, unreadable, a damaged disk block.
@@ -238,7 +241,7 @@ def decode_pixels(
     ``request``: the smallest stored ``(width, height)`` wanted; a JPEG may then decode at a reduced scale.
     """
     if image.format == "JPEG":
-        colorspace = {"RGB": "RGB", "L": "GRAY"}.get(image.mode)
+        colorspace = JPEG_COLORSPACES.get(image.mode)
         pixels = decode_jpeg_strict(data, path, colorspace or "CMYK", request)
         if colorspace == "RGB" and pixels is not None:
             return pixels

@@ -20,7 +20,15 @@ import simplejpeg
 import xxhash
 
 from ..errors import DecodeError
-from .decode import SIDEWAYS, decode_image, decode_jpeg_strict, exif_orientation, open_image, read_bytes
+from .decode import (
+    JPEG_COLORSPACES,
+    SIDEWAYS,
+    decode_image,
+    decode_jpeg_strict,
+    exif_orientation,
+    open_image,
+    read_bytes,
+)
 
 __all__ = ["REENCODE_REASONS", "StoredJpeg", "first_rows", "frame_size", "store_jpeg"]
 
@@ -70,7 +78,7 @@ def store_jpeg(path: str | os.PathLike, *, max_side: int | None = None, quality:
         if reason is None:
             # A strict decode: damage is found here, as in a raw build. A JPEG that libjpeg-turbo
             # cannot read at all (a sampling it does not know) is left to Pillow and re-encoded.
-            if decode_jpeg_strict(data, path, "RGB" if image.mode == "RGB" else "GRAY") is not None:
+            if decode_jpeg_strict(data, path, JPEG_COLORSPACES[image.mode]) is not None:
                 return StoredJpeg(data, (height, width), None)
             reason = "not_read_by_libjpeg_turbo"
     if max_side is not None and max(height, width) > max_side:
@@ -97,7 +105,7 @@ def _reencode_reason(image, orientation: int, shape: tuple[int, int], max_side: 
         return "progressive"
     if orientation != 1:
         return "exif_rotated"
-    if image.mode not in ("RGB", "L"):
+    if image.mode not in JPEG_COLORSPACES:
         return "not_rgb_or_gray"
     if max_side is not None and max(shape) > max_side:
         return "larger_than_max_side"
