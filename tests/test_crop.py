@@ -25,12 +25,14 @@ from gpuload.loading.crop import (
 
 @pytest.fixture(scope="module")
 def varied_jpegs(tmp_path_factory):
-    """A jpeg dataset of 12 photos of several sizes, landscape and portrait, stored as they are."""
+    """A jpeg dataset of 12 photos of several sizes, landscape and portrait, stored as they are;
+    the last 6 with a restart marker per MCU row (as ``gpuload compress`` writes them)."""
     root = tmp_path_factory.mktemp("varied") / "photos"
     sizes = [(480, 640), (640, 480), (300, 301), (120, 900), (700, 200), (96, 128)] * 2
     for number, size in enumerate(sizes):
         (root / "a").mkdir(parents=True, exist_ok=True)
-        photo(size).save(root / "a" / f"{number:02d}.jpg", quality=92)
+        restarts = {"restart_marker_rows": 1} if number >= 6 else {}
+        photo(size).save(root / "a" / f"{number:02d}.jpg", quality=92, **restarts)
     return MemmapImageDataset(build_memmap(root, format="jpeg", progress=False))
 
 
@@ -130,18 +132,38 @@ class TestRandomResizedCropDecode:
 
     @pytest.mark.parametrize("fast", [False, True])
     @pytest.mark.parametrize("scale", [(0.08, 1.0), (0.5, 1.0)])
-    def test_stopping_below_the_box_gives_the_pixels_of_the_whole_decode(self, varied_jpegs, fast, scale, monkeypatch):
-        """Each image is decoded only down to its box's last row (at every DCT scale): the batch is
-        the one a whole decode gives."""
+    def test_decoding_only_the_box_rows_gives_the_pixels_of_the_whole_decode(
+        self, varied_jpegs, fast, scale, monkeypatch
+    ):
+        """Each image is decoded only down to its box's last row, and from its first where restart
+        markers allow (at every DCT scale): the batch is the one a whole decode gives."""
         decode = RandomResizedCropDecode(48, scale=scale, fast=fast)
-        cuts = []
-        real = gpuload.loading.crop.first_rows
-        monkeypatch.setattr(gpuload.loading.crop, "first_rows", lambda *a: cuts.append(real(*a)) or cuts[-1])
+        windows = []
+        real = gpuload.loading.crop.row_window
+        monkeypatch.setattr(
+            gpuload.loading.crop, "row_window", lambda *a, **k: windows.append(real(*a, **k)) or windows[-1]
+        )
         cut = decoded(varied_jpegs, decode, range(12), seed=3)
-        monkeypatch.setattr(gpuload.loading.crop, "first_rows", lambda *a: None)
+        monkeypatch.setattr(gpuload.loading.crop, "row_window", lambda *a, **k: None)
         whole = decoded(varied_jpegs, decode, range(12), seed=3)
-        assert sum(c is not None for c in cuts) >= 4
+        assert sum(window is not None for window in windows) >= 4
+        assert sum(window is not None and window[1] > 0 for window in windows) >= 2  # rows above skipped too
         assert torch.equal(cut, whole)
+
+    @pytest.mark.parametrize("fast", [False, True])
+    def test_boxes_on_mcu_row_edges_decode_as_the_whole_image(self, varied_jpegs, fast, monkeypatch):
+        """Boxes whose first or last row is at an MCU row's edge, where a window without the rows
+        that smooth chroma upsampling reads would change pixels (accurate mode)."""
+        decode = RandomResizedCropDecode(48, fast=fast, flip=False)
+        indices = torch.arange(6, 12).repeat_interleave(4)  # the images with restart markers
+        tops = torch.tensor([32.0, 33.0, 47.0, 48.0]).repeat(6)
+        boxes = torch.stack(
+            [tops, torch.full_like(tops, 5.0), torch.full_like(tops, 50.0), torch.full_like(tops, 60.0)], 1
+        )
+        monkeypatch.setattr(decode, "draw", lambda *a, **k: (boxes, torch.zeros(len(boxes), dtype=torch.bool)))
+        cut = decoded(varied_jpegs, decode, indices)
+        monkeypatch.setattr(gpuload.loading.crop, "row_window", lambda *a, **k: None)
+        assert torch.equal(cut, decoded(varied_jpegs, decode, indices))
 
     def test_any_sampling_libjpeg_turbo_decodes_is_cropped(self, tmp_path):
         """A JPEG whose luma is sampled 1x4 (which simplejpeg's header reader cannot name) is stored

@@ -1,6 +1,7 @@
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from gpuload import DatasetError, MemmapImageDataset, UsageError, build_memmap, decode_image
-from gpuload.store.jpeg import first_rows, frame_size, store_jpeg
+from gpuload.store.jpeg import frame_size, row_window, scale_is_exact, store_jpeg
 
 
 def block_means_gap(first: np.ndarray, second: np.ndarray) -> float:
@@ -240,76 +241,138 @@ def test_a_gray_image_stored_as_it_was_decodes_to_rgb(tmp_path):
     assert image.shape[0] == 3 and torch.equal(image[0], image[1])
 
 
-class TestFirstRows:
-    @settings(max_examples=80, deadline=None)
+ENCODINGS = ["444", "422", "420", "440", "411", "Gray"]
+# Pillow's restart markers: every MCU row, every 2 rows, every 3 MCUs (intervals that end inside rows)
+RESTARTS = [{"restart_marker_rows": 1}, {"restart_marker_rows": 2}, {"restart_marker_blocks": 3}]
+
+
+def encoded(size: tuple[int, int], encoding: str, restarts: dict | None = None) -> bytes:
+    """grace_hopper at ``size``, as a JPEG with that chroma sampling (simplejpeg's names) and,
+    with ``restarts`` (Pillow's options), restart markers."""
+    pixels = np.ascontiguousarray(np.asarray(photo(size)))
+    if restarts is None:
+        return simplejpeg.encode_jpeg(pixels, quality=90, colorsubsampling=encoding)
+    image = Image.fromarray(pixels).convert("L" if encoding == "Gray" else "RGB")
+    subsampling = {"444": "4:4:4", "422": "4:2:2", "420": "4:2:0", "Gray": "4:4:4"}[encoding]
+    image.save(buffer := io.BytesIO(), "JPEG", quality=90, subsampling=subsampling, **restarts)
+    return buffer.getvalue()
+
+
+def window_matches(data: bytes, rows: tuple[int, int], denominator: int, fast: bool, context: bool) -> int | None:
+    """Decode the rows ``rows`` (at 1/``denominator``) of ``row_window``'s copy and check they are
+    the whole decode's; returns the copy's first row (``None``: no copy)."""
+    height, width = frame_size(data)
+    first, last = rows[0] * denominator, min(height, rows[1] * denominator)
+    window = row_window(data, first, last, context=context)
+    if window is None:
+        return None
+    copy, top, declared = window
+    assert top % 8 == 0 and top <= first and last <= top + declared <= height
+    assert frame_size(copy) == (declared, width)
+    if not (scale_is_exact(denominator, height, width) and scale_is_exact(denominator, declared, width)):
+        return top  # a few pixels across: the decoder would take another scale (the crop decodes whole)
+    options = {"colorspace": "RGB", "fastdct": fast, "fastupsample": fast, "min_width": -(-width // denominator)}
+    whole = simplejpeg.decode_jpeg(data, min_height=-(-height // denominator), **options)
+    part = simplejpeg.decode_jpeg(copy, min_height=-(-declared // denominator), strict=False, **options)
+    assert part.shape == (-(-declared // denominator), whole.shape[1], 3)
+    offset = top // denominator
+    np.testing.assert_array_equal(
+        part[rows[0] - offset : rows[1] - offset], whole[rows[0] : rows[1]], err_msg=f"rows {rows} at 1/{denominator}"
+    )
+    return top
+
+
+class TestRowWindow:
+    @settings(max_examples=150, deadline=None)
     @given(
         size=st.tuples(st.integers(17, 400), st.integers(1, 300)),
-        encoding=st.sampled_from(["444", "422", "420", "440", "411", "Gray", "420 with restart markers"]),
-        rows=st.integers(1, 400),
+        encoding=st.sampled_from(ENCODINGS),
+        restarts=st.sampled_from([None, *RESTARTS]),
+        rows=st.tuples(st.floats(0, 1), st.floats(0, 1)),
         denominator=st.sampled_from([1, 2, 4, 8]),
         fast=st.booleans(),
     )
-    def test_the_rows_asked_for_decode_to_the_pixels_of_the_whole_image(self, size, encoding, rows, denominator, fast):
-        height, width = size
-        pixels = np.asarray(photo(size))
-        if encoding == "420 with restart markers":
-            Image.fromarray(pixels).save(buffer := io.BytesIO(), "JPEG", quality=90, restart_marker_rows=1)
-            data = buffer.getvalue()
-        else:
-            data = simplejpeg.encode_jpeg(np.ascontiguousarray(pixels), quality=90, colorsubsampling=encoding)
-        rows = min(rows, height)
-        cut = first_rows(data, rows)
-        if cut is None:  # nothing to save: the rows and one more MCU row reach the bottom
-            mcu = 16 if encoding.startswith(("420", "440")) else 8
-            assert (-(-rows // mcu) + 1) * mcu >= height
-            return
-        copy, declared = cut
-        assert declared < height and simplejpeg.decode_jpeg_header(copy)[:2] == (declared, width)
-        options = {"colorspace": "RGB", "fastdct": fast, "fastupsample": fast, "min_width": -(-width // denominator)}
-        whole = simplejpeg.decode_jpeg(data, min_height=-(-height // denominator), **options)
-        part = simplejpeg.decode_jpeg(copy, min_height=-(-declared // denominator), strict=False, **options)
-        wanted = -(-rows * whole.shape[0] // height)  # the output rows that cover the first `rows`
-        assert part.shape[1] == whole.shape[1] and part.shape[0] >= wanted
-        np.testing.assert_array_equal(part[:wanted], whole[:wanted])
+    def test_the_rows_asked_for_decode_to_the_pixels_of_the_whole_image(
+        self, size, encoding, restarts, rows, denominator, fast
+    ):
+        if restarts is not None and encoding in ("440", "411"):
+            encoding = "420"  # sampling Pillow does not write
+        data = encoded(size, encoding, restarts)
+        scaled = -(-size[0] // denominator)
+        first = min(int(rows[0] * scaled), scaled - 1)
+        last = first + 1 + int(rows[1] * (scaled - first - 1))
+        for context in (True, False) if fast else (True,):  # accurate upsampling needs the context rows
+            window_matches(data, (first, last), denominator, fast, context)
 
-    @pytest.mark.parametrize("encoding", ["444", "422", "420", "440", "411", "Gray"])
-    def test_every_row_count_at_every_scale_decodes_as_the_whole_image(self, encoding):
-        """Exhaustive on one image of odd size: the MCU-row boundaries, where a cut without its
-        extra MCU row would change the last rows wanted, are all covered."""
-        height, width = 203, 77
-        data = simplejpeg.encode_jpeg(
-            np.ascontiguousarray(np.asarray(photo((height, width)))), 90, colorsubsampling=encoding
-        )
-        cuts = 0
+    @pytest.mark.parametrize("restarts", [None, *RESTARTS], ids=["no restarts", "rows=1", "rows=2", "blocks=3"])
+    @pytest.mark.parametrize("encoding", ["444", "422", "420", "Gray"])
+    def test_every_window_at_every_scale_decodes_as_the_whole_image(self, encoding, restarts):
+        """Exhaustive on one image of odd size: every first row, at every scale, with and without the
+        context rows that smooth upsampling reads. Without them, or with the copy's restart
+        markers left unrenumbered, some rows differ."""
+        data = encoded((203, 77), encoding, restarts)
+        tops = set()
         for denominator in (1, 2, 4, 8):
-            options = {"colorspace": "RGB", "min_width": -(-width // denominator)}
-            whole = simplejpeg.decode_jpeg(data, min_height=-(-height // denominator), **options)
-            for rows in range(1, height + 1):
-                cut = first_rows(data, rows)
-                if cut is None:
-                    continue
-                cuts += 1
-                part = simplejpeg.decode_jpeg(cut[0], min_height=-(-cut[1] // denominator), strict=False, **options)
-                wanted = -(-rows * whole.shape[0] // height)
-                np.testing.assert_array_equal(part[:wanted], whole[:wanted], err_msg=f"rows={rows} 1/{denominator}")
-        assert cuts >= 4 * (height - 40)  # all but the rows near the bottom are cut, at every scale
+            scaled = -(-203 // denominator)
+            for first in range(scaled):
+                for last in {first + 1, min(scaled, first + 9), scaled}:
+                    for fast, context in ((False, True), (True, True), (True, False)):
+                        tops.add(window_matches(data, (first, last), denominator, fast, context))
+        if restarts is None:
+            assert tops == {0, None}  # cut below only
+        else:
+            assert len(tops - {None, 0}) >= 3  # windows start at many rows
+
+    @pytest.mark.parametrize("denominator", [2, 4, 8])
+    def test_the_scale_is_exact_where_no_larger_scale_gives_the_same_size(self, denominator):
+        """TurboJPEG decodes at the largest scale that fits the size asked: where the next larger one
+        gives the same size, it takes that one (the property test above fails on such images when
+        they are not left out)."""
+        eighths = 8 // denominator
+        inexact = set()
+        for height in range(1, 40):
+            for width in range(1, 40):
+                asked = (-(-height // denominator), -(-width // denominator))
+                same_at_larger = (-(-height * (eighths + 1) // 8), -(-width * (eighths + 1) // 8)) == asked
+                assert scale_is_exact(denominator, height, width) == (not same_at_larger)
+                if same_at_larger:
+                    inexact |= {height, width}
+        assert max(inexact) <= 5  # only images a few pixels across in both sides
 
     def test_only_single_scan_sequential_jpegs_are_cut(self):
         image = photo((200, 64))
         image.save(baseline := io.BytesIO(), "JPEG", quality=90)
         image.save(progressive := io.BytesIO(), "JPEG", quality=90, progressive=True)
-        assert first_rows(baseline.getvalue(), 50) is not None
-        assert first_rows(progressive.getvalue(), 50) is None
-        assert first_rows(baseline.getvalue(), 190) is None  # nothing to save
-        assert first_rows(b"not a jpeg", 50) is None
+        assert row_window(baseline.getvalue(), 40, 50) is not None
+        assert row_window(progressive.getvalue(), 40, 50) is None
+        assert row_window(baseline.getvalue(), 40, 190) is None  # nothing to save
+        assert row_window(b"not a jpeg", 40, 50) is None
         data = baseline.getvalue()
-        assert first_rows(data[:20], 50) is None  # a cut header
+        assert row_window(data[:20], 40, 50) is None  # a cut header
         assert frame_size(data) == (200, 64) and frame_size(progressive.getvalue()) == (200, 64)
         assert frame_size(data[:20]) is None and frame_size(b"not a jpeg") is None
         padded = data[:2] + b"\xff\x01\xff\xff\xff" + data[2:]  # a standalone marker, then fill bytes
         assert frame_size(padded) == (200, 64)
-        copy, declared = first_rows(padded, 50)
-        assert simplejpeg.decode_jpeg(copy, strict=False).shape == (declared, 64, 3)
+        copy, top, declared = row_window(padded, 40, 50)
+        assert top == 0 and simplejpeg.decode_jpeg(copy, strict=False).shape == (declared, 64, 3)
         scan = data.index(b"\xff\xda")
         one_component = data[: scan + 4] + b"\x01" + data[scan + 5 :]  # a first scan of one component of three
-        assert first_rows(one_component, 50) is None  # other scans follow it: left whole
+        assert row_window(one_component, 40, 50) is None  # other scans follow it: left whole
+
+    def test_restart_markers_out_of_place_leave_the_rows_above(self):
+        """A window starts at a restart marker only where the markers are where the restart
+        interval puts them, in sequence; otherwise it is cut below only."""
+        data = encoded((200, 64), "420", {"restart_marker_rows": 1})
+        copy, top, declared = row_window(data, 100, 120)
+        assert (top, declared) == (80, 64) and copy.count(b"\xff\xd0") == 1  # RST0 in the copy, once
+        markers = [found.start() for found in re.finditer(rb"\xff[\xd0-\xd7]", data)]
+        assert len(markers) == 200 // 16  # one between every two of the 13 MCU rows
+        swapped = bytearray(data)
+        swapped[markers[6] + 1] = 0xD1  # RST6, inside the window, turned RST1
+        assert row_window(bytes(swapped), 100, 120)[1] == 0
+        missing = data[: markers[1]] + data[markers[1] + 2 :]  # RST1 gone
+        assert row_window(missing, 100, 120)[1] == 0
+        np.testing.assert_array_equal(  # both still decode right from the top
+            simplejpeg.decode_jpeg(row_window(bytes(swapped), 100, 120)[0], strict=False)[:120],
+            simplejpeg.decode_jpeg(bytes(swapped), strict=False)[:120],
+        )

@@ -3,7 +3,9 @@
 ``gpuload.DataLoader(jpeg_dataset, decode=RandomResizedCropDecode(224))`` decodes every sample of a
 batch in the loader's threads: libjpeg-turbo (simplejpeg, which releases the GIL) decodes at the
 smallest DCT scale (1/8, 1/4, 1/2 or 1) at which the sample's crop box is still at least as large
-as the output, the box is cut out and resized (torch's antialiased bilinear uint8 resize), flipped
+as the output, and only the box's rows (:func:`gpuload.store.jpeg.row_window`: all rows below the
+box are skipped, and those above it too where restart markers begin MCU rows, as in the JPEGs
+that ``gpuload compress`` writes); the box is cut out and resized (torch's antialiased bilinear uint8 resize), flipped
 when drawn so, and written into the batch's pinned buffer: fixed-size uint8 ``[B, 3, S, S]``
 batches that go to the device exactly as raw batches do.
 
@@ -25,7 +27,7 @@ import torch
 from ..errors import DatasetError, UsageError
 from ..store.dataset import MemmapImageDataset, decode_jpeg_bytes
 from ..store.decode import resize_image
-from ..store.jpeg import first_rows, frame_size
+from ..store.jpeg import frame_size, row_window, scale_is_exact
 from ..transforms.augment import (
     CROP_DRAWS,
     centre_offset,
@@ -46,7 +48,8 @@ class RandomResizedCropDecode:
     distribution), optionally mirrored, for training.
 
     Each image is decoded at the smallest DCT scale (1/8, 1/4, 1/2 or 1) at which its box is still
-    at least the output's size; the box is then cut out on that scale's pixel grid (its top and left
+    at least the output's size, and only down to its rows (from its rows where the JPEG has a restart
+    marker per MCU row); the box is then cut out on that scale's pixel grid (its top and left
     edges move by less than one pixel of that scale, its bottom and right by up to half of one) and
     resized. With ``fast=False`` and a box smaller than twice the output, the pixels are
     exactly torchvision's ``resized_crop(antialias=True)`` of the full decode.
@@ -109,15 +112,26 @@ class RandomResizedCropDecode:
         that keeps its box at least the output's size, the box cut out, resized and maybe mirrored."""
         (height, width), (top, left, box_height, box_width) = shape, box
         out_height, out_width = self.size
-        denominator = next((d for d in (8, 4, 2) if box_height >= d * out_height and box_width >= d * out_width), 1)
+        denominator = next(
+            (
+                d
+                for d in (8, 4, 2)
+                if box_height >= d * out_height and box_width >= d * out_width and scale_is_exact(d, height, width)
+            ),
+            1,
+        )
         scaled = (-(-height // denominator), -(-width // denominator))  # libjpeg's size at 1/denominator
         scale_y, scale_x = scaled[0] / height, scaled[1] / width
         y0, x0 = int(top * scale_y), int(left * scale_x)
         y1 = max(y0 + 1, min(scaled[0], round((top + box_height) * scale_y)))
         x1 = max(x0 + 1, min(scaled[1], round((left + box_width) * scale_x)))
         _check_header(data, shape, name)  # never cut by a damaged index
-        cut = first_rows(data, -(-y1 * height // scaled[0]))  # decode down to the box's last row only
-        data, rows = cut if cut is not None else (data, height)
+        # Decode only the box's rows (scaled row k is rows k*d to k*d + d - 1 of the image):
+        # libjpeg's smooth upsampling (accurate mode) reads one more MCU row on each side.
+        window = row_window(data, y0 * denominator, min(height, y1 * denominator), context=not self.fast)
+        if window is not None and not scale_is_exact(denominator, window[2], width):
+            window = None  # a few rows of an image a few pixels wide: the scale would not be 1/denominator
+        data, first, rows = window if window is not None else (data, 0, height)
         pixels = decode_jpeg_bytes(
             data,
             name,
@@ -125,10 +139,11 @@ class RandomResizedCropDecode:
             min_height=-(-rows // denominator),
             min_width=scaled[1],
             buffer=scratch.get(3 * height * width),
-            strict=cut is None,
+            strict=window is None,
         )
         _check_size(pixels.shape[:2], (-(-rows // denominator), scaled[1]), shape, name)
-        resized = _resize_hwc(pixels[y0:y1, x0:x1], self.size)
+        offset = first // denominator  # the window starts at an MCU row: a multiple of 8 rows
+        resized = _resize_hwc(pixels[y0 - offset : y1 - offset, x0:x1], self.size)
         out.copy_(resized.flip(-1) if flip else resized)
 
     def __repr__(self) -> str:

@@ -221,7 +221,7 @@ def decode_jpeg_bytes(
     upsampling) unless ``fast``, at the smallest DCT scale that keeps at least ``min_height`` x
     ``min_width``, into ``buffer`` when given (large enough; the result views it). ``name()``
     names the image in an error. ``strict=False`` ignores libjpeg's warnings (for the copies of
-    :func:`gpuload.store.jpeg.first_rows`, whose data goes on after their last row).
+    :func:`gpuload.store.jpeg.row_window`, whose data may go on after their last row).
 
     Raises:
         DatasetError: it does not decode (it passed its checksum: the build stored a bad file).

@@ -12,8 +12,11 @@ unnoticed (as in a raw build).
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from collections.abc import Iterator
+from itertools import islice
 
 import numpy as np
 import simplejpeg
@@ -30,7 +33,7 @@ from .decode import (
     read_bytes,
 )
 
-__all__ = ["REENCODE_REASONS", "StoredJpeg", "first_rows", "frame_size", "store_jpeg"]
+__all__ = ["REENCODE_REASONS", "StoredJpeg", "frame_size", "row_window", "scale_is_exact", "store_jpeg"]
 
 REENCODE_REASONS = (
     "not_jpeg",
@@ -116,6 +119,8 @@ _SEQUENTIAL = {0xC0, 0xC1}  # baseline and extended sequential Huffman frames
 _FRAMES = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # every start of frame (not DHT, JPG, DAC)
 _STANDALONE = {0x01, *range(0xD0, 0xD8)}  # markers with no length field
 _SOS = 0xDA  # start of scan
+_DRI = 0xDD  # define restart interval
+_RESTART = re.compile(rb"\xff[\xd0-\xd7]")  # RST0 to RST7, in entropy-coded data
 
 
 def frame_size(data: bytes) -> tuple[int, int] | None:
@@ -137,37 +142,71 @@ def frame_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def first_rows(data: bytes, rows: int) -> tuple[bytes, int] | None:
-    """A copy of a JPEG whose frame declares only its first rows, so that libjpeg-turbo stops
-    decoding below them; returns the copy and the rows it declares, or ``None`` where that would
-    save nothing or does not apply.
+def row_window(data: bytes, first: int, last: int, *, context: bool = True) -> tuple[bytes, int, int] | None:
+    """A copy of a JPEG that holds only its rows ``first`` to ``last`` (end excluded), widened to
+    whole MCU rows, so that libjpeg-turbo decodes only those; returns the copy, the image row its
+    first row is, and the rows it declares. ``None`` where that saves nothing or does not apply.
 
-    A sequential JPEG whose first scan holds every component has one scan, which stores the rows
-    top to bottom: a decoder told the image is shorter decodes only those rows (entropy decoding
-    included) and skips the rest of the data (which libjpeg reports as extraneous bytes: decode the
-    copy with ``strict=False``). The copy declares one MCU row more than ``rows``, so that
-    upsampling the chroma of the last row wanted sees the same neighbours as in the whole image:
-    the first ``rows`` rows decode to the same pixels, at any DCT scale. Progressive and
-    multi-scan files are left whole (``None``).
+    A sequential JPEG whose first scan holds every component stores its MCU rows top to bottom.
+    Below the window: the copy's frame declares fewer rows, and the decoder stops there (it reports
+    the data after them as extraneous bytes: decode the copy with ``strict=False``). Above the
+    window: only where restart markers begin MCU rows (``gpuload compress`` writes one per MCU
+    row; Pillow's ``restart_marker_rows``): the copy's scan starts at the restart marker before the
+    window's first row, and stops at the one after its last, with the markers between renumbered.
+    ``context`` adds one MCU row on each side, which libjpeg's smooth ("fancy") chroma upsampling
+    reads: with it, the rows wanted decode to the pixels of the whole image at any DCT scale;
+    without it, only with ``fastupsample``. Progressive and multi-scan files are left whole.
 
     Example:
         >>> import matplotlib.cbook
         >>> data = open(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False), "rb").read()
-        >>> copy, declared = first_rows(data, 100)
-        >>> declared, simplejpeg.decode_jpeg(copy, strict=False).shape
-        (128, (128, 512, 3))
+        >>> copy, top, rows = row_window(data, 40, 100)
+        >>> top, rows, simplejpeg.decode_jpeg(copy, strict=False).shape
+        (0, 128, (128, 512, 3))
     """
-    frame = None
-    for position, marker in _markers(data):
-        if marker in _FRAMES:
-            if marker not in _SEQUENTIAL:
-                return None  # a progressive, lossless or arithmetic-coded frame
-            frame = position
-        elif marker == _SOS:  # the first scan: it must hold every component of a sequential frame
-            if frame is None or data[position + 4 : position + 5] != data[frame + 9 : frame + 10]:
-                return None
-            return _declare_rows(data, frame, rows)
-    return None
+    header = _frame_and_scan(data)
+    if header is None:
+        return None
+    frame, interval, scan = header
+    height, width = (
+        int.from_bytes(data[frame + 5 : frame + 7], "big"),
+        int.from_bytes(data[frame + 7 : frame + 9], "big"),
+    )
+    components = data[frame + 9]
+    sampling = data[frame + 11 : frame + 10 + 3 * components : 3]
+    if height == 0 or width == 0 or components == 0 or len(sampling) != components:
+        return None  # a height defined after the scan (DNL), or a cut header
+    # An MCU: one 8x8 block of a single-component scan, else every component's blocks of one area.
+    mcu_height = 8 if components == 1 else 8 * max(factor & 0x0F for factor in sampling)
+    mcu_width = 8 if components == 1 else 8 * max(factor >> 4 for factor in sampling)
+    per_row, mcu_rows = -(-width // mcu_width), -(-height // mcu_height)
+    bottom = min(mcu_rows, -(-last // mcu_height) + context)
+    if interval:  # from the nearest MCU row above that a restart marker starts
+        step = interval // math.gcd(interval, per_row)
+        top = max(0, first // mcu_height - context) // step * step
+        pieces = _restart_window(data, scan, interval, per_row, (top, bottom, mcu_rows)) if top else None
+        if pieces is not None:
+            declared = min(height, bottom * mcu_height) - top * mcu_height
+            copy = b"".join([data[: frame + 5], declared.to_bytes(2, "big"), data[frame + 7 : scan], *pieces])
+            return copy, top * mcu_height, declared
+    if bottom >= mcu_rows:
+        return None  # nothing to save
+    declared = bottom * mcu_height
+    return data[: frame + 5] + declared.to_bytes(2, "big") + data[frame + 7 :], 0, declared
+
+
+def scale_is_exact(denominator: int, height: int, width: int) -> bool:
+    """Whether a decode asked for at least ``ceil(side / denominator)`` pixels per side (simplejpeg's
+    ``min_height``, ``min_width``) runs at exactly 1/``denominator`` (1, 2, 4 or 8). TurboJPEG
+    decodes at the largest of its M/8 scales that fits that size, and for an image a few pixels
+    across the next larger scale can give the same size.
+
+    Example:
+        >>> scale_is_exact(2, 480, 640), scale_is_exact(2, 3, 3), scale_is_exact(2, 3, 640)
+        (True, False, True)
+    """
+    larger = 8 // denominator + 1  # in eighths
+    return denominator == 1 or any(-(-side * larger // 8) > -(-side // denominator) for side in (height, width))
 
 
 def _markers(data: bytes) -> Iterator[tuple[int, int]]:
@@ -192,15 +231,50 @@ def _markers(data: bytes) -> Iterator[tuple[int, int]]:
         position += 2 + int.from_bytes(data[position + 2 : position + 4], "big")
 
 
-def _declare_rows(data: bytes, frame: int, rows: int) -> tuple[bytes, int] | None:
-    """``data`` with the height of the frame header at ``frame`` cut to ``rows`` plus one MCU row."""
-    height = int.from_bytes(data[frame + 5 : frame + 7], "big")
-    components = data[frame + 9] if frame + 9 < len(data) else 0
-    sampling = data[frame + 11 : frame + 10 + 3 * components : 3]
-    if height == 0 or components == 0 or len(sampling) != components:
-        return None  # a height defined after the scan (DNL), or a cut header
-    mcu = 8 * max(factor & 0x0F for factor in sampling)
-    declared = (-(-rows // mcu) + 1) * mcu
-    if rows < 1 or declared >= height:
-        return None
-    return data[: frame + 5] + declared.to_bytes(2, "big") + data[frame + 7 :], declared
+def _frame_and_scan(data: bytes) -> tuple[int, int, int] | None:
+    """Where a sequential JPEG's frame header is, its restart interval (0: none), and where its
+    first scan's data starts; ``None`` unless that scan holds every component (one scan)."""
+    frame, interval = None, 0
+    for position, marker in _markers(data):
+        if marker in _FRAMES:
+            if marker not in _SEQUENTIAL:
+                return None  # a progressive, lossless or arithmetic-coded frame
+            frame = position
+        elif marker == _DRI:
+            interval = int.from_bytes(data[position + 4 : position + 6], "big")
+        elif marker == _SOS:
+            if (
+                frame is None
+                or len(data) < frame + 10
+                or data[position + 4 : position + 5] != data[frame + 9 : frame + 10]
+            ):
+                return None  # a cut header, or other scans follow this one
+            return frame, interval, position + 2 + int.from_bytes(data[position + 2 : position + 4], "big")
+    return None
+
+
+def _restart_window(
+    data: bytes, scan: int, interval: int, per_row: int, rows: tuple[int, int, int]
+) -> list[bytes] | None:
+    """The pieces of a scan that holds only the restart intervals of MCU rows ``top`` to ``bottom``
+    (the first starts at a restart marker), the markers between them renumbered from RST0, and an
+    end of image; ``None`` where the markers are not where the restart interval puts them."""
+    top, bottom, mcu_rows = rows
+    total = -(-mcu_rows * per_row // interval)  # the scan's restart intervals
+    first, end = top * per_row // interval, -(-bottom * per_row // interval)  # the ones kept
+    markers = [found.start() for found in islice(_RESTART.finditer(data, scan), end)]
+    if len(markers) < min(end, total - 1) or any(
+        data[markers[i] + 1] != 0xD0 + i % 8 for i in range(first - 1, end - 1)
+    ):
+        return None  # fewer markers than the interval says, or out of sequence: decode it whole
+    if len(markers) == end:  # the window stops at a restart marker
+        stop = markers[end - 1]
+    else:  # it reaches the end of the scan
+        stop = data.find(b"\xff\xd9", markers[-1])
+        stop = len(data) if stop < 0 else stop
+    pieces, start = [], markers[first - 1] + 2
+    for number, marker in enumerate(markers[first : end - 1]):  # RSTn counts from RST0 in the copy
+        pieces += (data[start:marker], bytes((0xFF, 0xD0 + number % 8)))
+        start = marker + 2
+    pieces += (data[start:stop], b"\xff\xd9")
+    return pieces
