@@ -7,11 +7,13 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import ODD_KINDS, write_bad_file, write_odd_image
+import simplejpeg
+from conftest import ODD_KINDS, photo, write_bad_file, write_odd_image
 from PIL import Image
 
 import gpuload.store.compress
 from gpuload import BusyError, CompressError, CompressReport, UsageError, compress_folder, decode_image, find_ffmpeg
+from gpuload.store.jpeg import row_window
 
 
 def relative_files(root):
@@ -42,6 +44,36 @@ class TestCompress:
         fine = compress_folder(photo_folder, tmp_path / "q2", quality=2, progress=False)
         coarse = compress_folder(photo_folder, tmp_path / "q20", quality=20, progress=False)
         assert coarse.bytes_after < fine.bytes_after
+
+    @pytest.mark.parametrize("size", [(480, 640), (203, 77), (1001, 33), (100, 17)])
+    def test_outputs_have_a_restart_marker_per_mcu_row_so_crops_skip_the_rows_above(self, tmp_path, size):
+        (tmp_path / "src").mkdir()
+        photo(size).save(tmp_path / "src" / "a.jpg", quality=95)
+        compress_folder(tmp_path / "src", tmp_path / "dst", progress=False)
+        data = (tmp_path / "dst" / "a.jpg").read_bytes()
+        middle = size[0] // 2
+        copy, top, rows = row_window(data, middle, middle + 1, context=True)
+        assert 0 < top <= middle < top + rows <= size[0] and rows <= 3 * 16  # the rows around it only
+        whole, part = simplejpeg.decode_jpeg(data), simplejpeg.decode_jpeg(copy, strict=False)
+        np.testing.assert_array_equal(part[middle - top], whole[middle])
+
+    @pytest.mark.parametrize("size", [(100, 7), (17, 5), (40, 16), (33, 1)])
+    def test_images_one_macroblock_wide_are_whole_jpegs_without_restart_markers(self, tmp_path, size):
+        """ffmpeg numbers the restart markers of images at most 16 px wide out of sequence (a JPEG
+        that libjpeg reports as corrupt): those are encoded again without."""
+        (tmp_path / "src").mkdir()
+        photo(size).save(tmp_path / "src" / "a.jpg", quality=95)
+        assert compress_folder(tmp_path / "src", tmp_path / "dst", progress=False).failed == []
+        data = (tmp_path / "dst" / "a.jpg").read_bytes()
+        assert simplejpeg.decode_jpeg(data, strict=True).shape == (*size, 3)
+        assert b"\xff\xdd" not in data  # no restart interval
+
+    def test_an_output_that_does_not_decode_is_reported_not_kept(self, photo_folder, tmp_path, monkeypatch):
+        monkeypatch.setattr(gpuload.store.compress, "_decodes", lambda data: False)
+        report = compress_folder(photo_folder, tmp_path / "q", progress=False)
+        assert report.done == 0 and len(report.failed) == 20
+        assert {reason for _, reason in report.failed} == {"ffmpeg wrote a JPEG that libjpeg-turbo reports as corrupt"}
+        assert relative_files(tmp_path / "q") == []
 
     @pytest.mark.parametrize("kind", sorted(ODD_KINDS))
     def test_odd_images_become_upright_rgb_jpegs(self, tmp_path, kind):
