@@ -108,9 +108,7 @@ def _add_build(subparsers) -> None:
         help="raw: uint8 pixels at one size (fastest to load); jpeg: the JPEG bytes, each image at its own "
         "size (10-20x smaller, for datasets larger than RAM) (default: raw)",
     )  # fmt: skip
-    parser.add_argument(
-        "--resize", choices=RESIZE_MODES, default="crop", help="raw: how other sizes fit (default: crop)"
-    )
+    parser.add_argument("--resize", choices=RESIZE_MODES, default=None, help="raw: how other sizes fit (default: crop)")
     parser.add_argument("--max-side", type=int, default=None, help="jpeg: scale larger images down to this side")
     parser.add_argument("--quality", type=int, default=90, help="jpeg: quality of re-encoded images (default: 90)")
     parser.add_argument(

@@ -169,6 +169,18 @@ class TestBadInputs:
             build_memmap(photo_folder, tmp_path / "out.memmap", progress=False, **kwargs)
         assert not (tmp_path / "out.memmap").exists()
 
+    @pytest.mark.parametrize("resize", ["crop", "pad", "stretch"])
+    def test_resize_with_jpeg_is_refused_even_the_default_mode(self, photo_folder, tmp_path, resize):
+        with pytest.raises(UsageError, match=r"resize applies only to format='raw' \(--format raw\)") as caught:
+            build_memmap(photo_folder, tmp_path / "out", format="jpeg", resize=resize, progress=False)
+        assert "leave resize out" in str(caught.value) and "\n" not in str(caught.value)
+        assert not (tmp_path / "out").exists()
+
+    def test_resize_left_out_is_crop_for_raw_and_nothing_for_jpeg(self, photo_folder, tmp_path):
+        raw = MemmapImageDataset(build_memmap(photo_folder, tmp_path / "raw", size=(24, 24), progress=False))
+        jpeg = MemmapImageDataset(build_memmap(photo_folder, tmp_path / "jpeg", format="jpeg", progress=False))
+        assert raw.manifest.resize == "crop" and jpeg.manifest.resize is None
+
     @pytest.mark.parametrize("error", [ZeroDivisionError, MemoryError, KeyboardInterrupt])
     def test_a_bug_while_decoding_stops_the_build_with_its_traceback(self, photo_folder, tmp_path, monkeypatch, error):
         def broken(*args):

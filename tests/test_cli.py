@@ -119,6 +119,16 @@ class TestJpegFormat:
         )
         assert code == 2 and "size applies to format='raw'" in err
 
+    @pytest.mark.parametrize("resize", ["crop", "pad", "stretch"])
+    def test_resize_with_jpeg_is_refused_in_one_line(self, capsys, photo_folder, tmp_path, resize):
+        out = tmp_path / "j"
+        code, stdout, err = run(
+            capsys, "build-memmap", str(photo_folder), "--out", str(out), "--format", "jpeg", "--resize", resize
+        )
+        assert code == 2 and stdout == "" and err.count("\n") == 1
+        assert err.startswith("gpuload: error: resize applies only to format='raw' (--format raw)")
+        assert not out.exists()
+
 
 class TestInfoAndVerify:
     def test_info(self, capsys, built_dataset):

@@ -51,7 +51,7 @@ def build_memmap(
     *,
     format: str = "raw",
     size: tuple[int, int] | None = None,
-    resize: Resize = "crop",
+    resize: Resize | None = None,
     max_side: int | None = None,
     quality: int = 90,
     classes: Sequence[str] | None = None,
@@ -83,8 +83,9 @@ def build_memmap(
             lie inside it, or contain it.
         format: ``"raw"`` (uint8 pixels) or ``"jpeg"`` (JPEG bytes).
         size: raw: ``(height, width)`` of the stored images; by default the images' common size.
-        resize: raw: how images of another size are fitted: ``"crop"``, ``"pad"`` or ``"stretch"``
-            (see :func:`gpuload.decode_image`).
+        resize: raw: how images of another size are fitted: ``"crop"`` (when left out), ``"pad"`` or
+            ``"stretch"`` (see :func:`gpuload.decode_image`). A jpeg build refuses it: its images keep
+            their own sizes and are cropped when loaded.
         max_side: jpeg: images with a longer side are scaled down to it (and re-encoded).
         quality: jpeg: the quality of re-encoded images (see :mod:`gpuload.store.jpeg`).
         classes: the class names, in label order (e.g. the training set's, for its validation set):
@@ -100,8 +101,9 @@ def build_memmap(
     Raises:
         FileNotFoundError: ``src`` does not exist or holds no image.
         FileExistsError: ``out`` exists and ``overwrite`` is false.
-        UsageError: bad arguments, ``out`` overlapping ``src``, ``overwrite`` of a folder that
-            is not only a gpuload dataset, or (raw) images of several sizes and no ``size``.
+        UsageError: bad arguments (``size`` or ``resize`` with ``format="jpeg"`` too), ``out``
+            overlapping ``src``, ``overwrite`` of a folder that is not only a gpuload dataset, or
+            (raw) images of several sizes and no ``size``.
         BusyError: another build of ``out`` is running.
         DecodeError: with ``strict``, the first file that cannot be decoded; else, no file could be.
         OSError: not enough disk space, or a write failed.
@@ -119,6 +121,7 @@ def build_memmap(
     out = resolve(out) if out is not None else src.with_name(f"{src.name}.memmap")
     if format not in FORMATS:
         raise UsageError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+    resize = _raw_resize(format, resize)
     size = check_target(size, resize)
     if format == "jpeg" and size is not None:
         raise UsageError("size applies to format='raw'; a jpeg dataset keeps each image's size (see max_side)")
@@ -159,6 +162,17 @@ def build_memmap(
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
     return out
+
+
+def _raw_resize(format: str, resize: Resize | None) -> Resize:
+    """The resize mode of a raw build, ``"crop"`` when left out; a jpeg build refuses any."""
+    if format == "jpeg" and resize is not None:
+        raise UsageError(
+            f"resize applies only to format='raw' (--format raw), got resize={resize!r} with format='jpeg'; "
+            "a jpeg dataset keeps each image at its own size: leave resize out, or crop when loading "
+            "(gpuload.RandomResizedCropDecode, CenterCropDecode)"
+        )
+    return "crop" if resize is None else resize
 
 
 def _positive_int(value: object) -> bool:
