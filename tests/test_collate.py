@@ -1,8 +1,12 @@
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 import torch.utils.data
+from conftest import photo
 
-from gpuload import Collate, MemmapImageDataset
+from gpuload import Collate, MemmapImageDataset, UsageError, build_memmap
 
 
 def test_stock_loader_with_collate_gets_the_gathered_batches(built_dataset):
@@ -21,6 +25,33 @@ def test_gathered_batch_is_not_restacked(built_dataset):
     gathered = dataset.__getitems__([3, 1])
     images, _ = Collate("cpu")(gathered)
     assert images.data_ptr() == gathered.data.images.data_ptr()
+
+
+@pytest.fixture(scope="module")
+def mixed_sizes(photo_folder, tmp_path_factory) -> Path:
+    """A jpeg dataset of 48x64 photos and one 30x90 photo."""
+    src = Path(shutil.copytree(photo_folder, tmp_path_factory.mktemp("mixed") / "photos"))
+    photo((30, 90)).save(src / "face" / "wide.jpg", quality=90)
+    return build_memmap(src, src.with_name("mixed.jpeg"), format="jpeg", progress=False)
+
+
+class TestJpegDatasetsAreRefused:
+    """A jpeg dataset keeps each image at its own size: Collate, which stacks, refuses its first batch
+    (even where its images happen to share one size) and names the loader that crops them."""
+
+    @pytest.mark.parametrize("which", ["mixed_sizes", "jpeg_dataset"])
+    @pytest.mark.parametrize("subset", [False, True])
+    def test_with_the_fix_named(self, request, which, subset):
+        dataset = MemmapImageDataset(request.getfixturevalue(which))
+        if subset:
+            dataset = torch.utils.data.Subset(dataset, range(len(dataset)))
+        loader = torch.utils.data.DataLoader(dataset, batch_size=len(dataset), collate_fn=Collate("cpu"))
+        with pytest.raises(UsageError) as caught:
+            next(iter(loader))
+        message = str(caught.value)
+        assert message.startswith("gpuload.Collate stacks images of one size, and the jpeg dataset ")
+        assert "gpuload.DataLoader(dataset, decode=gpuload.RandomResizedCropDecode(224))" in message
+        assert "CenterCropDecode(224)" in message and "\n" not in message
 
 
 def test_plain_samples_are_stacked():

@@ -12,6 +12,7 @@ from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
 from gpuload import DatasetError, GatheredSamples, ImageData, MemmapImageDataset, build_memmap
+from gpuload.store.dataset import JpegSamples
 
 PINNED = Path(__file__).parent / "data" / "tiny.memmap"
 
@@ -58,6 +59,13 @@ class TestLikeImageFolder:
         assert torch.equal(gathered.data.images, dataset.data.images[[3, 1, 3]])
         image, label = gathered[1]
         assert torch.equal(image, dataset[1][0]) and label == dataset[1][1]
+
+    def test_getitems_of_a_jpeg_dataset_decodes_each_image_at_its_own_size(self, jpeg_dataset):
+        dataset = MemmapImageDataset(jpeg_dataset)
+        samples = dataset.__getitems__([3, 1])
+        assert isinstance(samples, JpegSamples) and isinstance(samples, list) and samples.path == dataset.path
+        assert [label for _, label in samples] == [dataset[3][1], dataset[1][1]]
+        assert all(torch.equal(image, dataset[index][0]) for (image, _), index in zip(samples, (3, 1)))
 
 
 class TestReadOnly:

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 import torch
 import torch.utils.data
 
-from ..store.dataset import GatheredSamples
+from ..errors import UsageError
+from ..store.dataset import GatheredSamples, JpegSamples
 
 __all__ = ["Collate"]
 
@@ -20,6 +21,10 @@ class Collate:
     with one copy per field, so no per-sample stacking happens here; on CUDA the batch is
     pinned and copied with ``non_blocking=True``. Any other list of ``(image, label)`` pairs
     is stacked first. Returns ``(images, labels)`` like :class:`gpuload.DataLoader`.
+
+    A jpeg dataset keeps each image at its own size, so its batches cannot be stacked: load it
+    with :class:`gpuload.DataLoader` and ``decode=gpuload.RandomResizedCropDecode(224)`` (or
+    ``CenterCropDecode``), which crops at decode time.
 
     With a CUDA ``device`` it must run in the main process (``num_workers=0``): worker
     processes cannot use CUDA, and it refuses to try.
@@ -35,6 +40,17 @@ class Collate:
         self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
 
     def __call__(self, samples: Sequence[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch ``samples``.
+
+        Raises:
+            UsageError: the samples of a jpeg dataset (images of their own sizes).
+        """
+        if isinstance(samples, JpegSamples):
+            raise UsageError(
+                f"gpuload.Collate stacks images of one size, and the jpeg dataset {samples.path} keeps each image "
+                "at its own size; load it with gpuload.DataLoader(dataset, decode=gpuload.RandomResizedCropDecode(224))"
+                " (training) or decode=gpuload.CenterCropDecode(224) (evaluation), which crop at decode time"
+            )
         if isinstance(samples, GatheredSamples):
             images, labels = samples.data.images, samples.data.labels
             images, labels = (

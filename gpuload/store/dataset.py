@@ -19,7 +19,7 @@ from tensordict import tensorclass
 from ..errors import DatasetError
 from .manifest import Manifest
 
-__all__ = ["GatheredSamples", "ImageData", "JpegData", "MemmapImageDataset", "decode_jpeg_bytes"]
+__all__ = ["GatheredSamples", "ImageData", "JpegData", "JpegSamples", "MemmapImageDataset", "decode_jpeg_bytes"]
 
 # Linux's MAP_NORESERVE (Python 3.11's mmap module has no constant for it): a private mapping
 # without it is charged in full against RAM + swap, so datasets larger than that could not open.
@@ -77,6 +77,19 @@ class GatheredSamples(Sequence):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         return self.data.images[index], int(self.data.labels[index])
+
+
+class JpegSamples(list):
+    """The samples of a jpeg dataset's batch, decoded, each image at its own size.
+
+    It is what :meth:`MemmapImageDataset.__getitems__` gives a ``torch.utils.data.DataLoader`` for a
+    jpeg dataset: a list of ``(image, label)`` pairs, for a collate function that crops or pads them.
+    ``path`` names the dataset, so that :class:`gpuload.Collate`, which stacks, can refuse it clearly.
+    """
+
+    def __init__(self, samples: list[tuple[torch.Tensor, int]], path: Path) -> None:
+        super().__init__(samples)
+        self.path = path
 
 
 class MemmapImageDataset(torch.utils.data.Dataset):
@@ -188,9 +201,10 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         return torch.from_numpy(pixels).permute(2, 0, 1).contiguous(), int(self.data.labels[index])
 
     def __getitems__(self, indices: Sequence[int]) -> Sequence[tuple[torch.Tensor, int]]:
-        """Gather a batch (raw: with one copy per field); used by ``torch.utils.data.DataLoader``."""
+        """Gather a batch (raw: with one copy per field; jpeg: each image decoded at its own size);
+        used by ``torch.utils.data.DataLoader``."""
         if self.storage == "jpeg":
-            return [self[index] for index in indices]
+            return JpegSamples([self[index] for index in indices], self.path)
         return GatheredSamples(self.data[torch.as_tensor(indices, dtype=torch.long)])
 
     def __getstate__(self) -> dict:
