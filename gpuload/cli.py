@@ -1,10 +1,10 @@
 """The ``gpuload`` command line: a thin layer over the library calls.
 
 Exit codes: 0 done; 1 an input file failed (``--strict``, or no image could be decoded) or
-``verify`` found problems; 2 a user error (bad arguments, paths, a busy or invalid output, a full
-disk); 130 interrupted. Errors gpuload raises on purpose (:class:`gpuload.GpuloadError`) and
-``OSError``s about the user's paths print one line on stderr; anything else is a bug and shows its
-traceback. The library is imported only by the command that runs, so ``--help`` and argument
+``verify`` found problems in a dataset; 2 a user error (bad arguments, paths, a path that holds no
+dataset, a busy or invalid output, a full disk); 130 interrupted. Errors gpuload raises on purpose
+(:class:`gpuload.GpuloadError`) and ``OSError``s about the user's paths print one line on stderr;
+anything else is a bug and shows its traceback. The library is imported only by the command that runs, so ``--help`` and argument
 errors never import torch.
 """
 
@@ -204,7 +204,9 @@ def _run_info(args) -> int:
 
 
 def _add_verify(subparsers) -> None:
-    parser = subparsers.add_parser("verify", help="check a dataset's integrity (exit 1 on any problem)")
+    parser = subparsers.add_parser(
+        "verify", help="check a dataset's integrity (exit 1 on any problem, 2 where the path holds no dataset)"
+    )
     parser.add_argument("dataset", type=Path)
     parser.add_argument(
         "--sources",

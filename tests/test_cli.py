@@ -1,8 +1,10 @@
 import errno
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from conftest import write_bad_file
@@ -148,9 +150,36 @@ class TestInfoAndVerify:
         code, out, _ = run(capsys, "verify", str(built_dataset), "--sources")
         assert code == 0 and out.endswith(": OK\n")
 
-    def test_verify_exits_1_on_problems(self, capsys, tmp_path):
-        code, out, _ = run(capsys, "verify", str(tmp_path))
-        assert code == 1 and "problem:" in out and out.endswith("1 problems\n")
+    def test_verify_exits_1_on_problems(self, capsys, built_dataset, tmp_path):
+        copy = Path(shutil.copytree(built_dataset, tmp_path / "copy"))
+        (copy / "images.memmap").chmod(0o644)
+        with open(copy / "images.memmap", "r+b") as file:
+            file.write(b"\xff" * 16)  # damage image 0
+        code, out, _ = run(capsys, "verify", str(copy))
+        assert code == 1 and "problem: 1 images do not match their build checksum: 0 (" in out
+        assert out.endswith("1 problems\n")
+
+    def test_verify_of_a_dataset_whose_manifest_was_lost_exits_1(self, capsys, built_dataset, tmp_path):
+        copy = Path(shutil.copytree(built_dataset, tmp_path / "copy"))
+        (copy / "manifest.json").unlink()
+        code, out, _ = run(capsys, "verify", str(copy))
+        assert code == 1 and "manifest.json is missing" in out and out.endswith("1 problems\n")
+
+    @pytest.mark.parametrize(
+        ("make", "message"),
+        [
+            (lambda path: None, "does not exist; pass the folder that build-memmap wrote"),
+            (lambda path: path.write_text("notes"), "is not a folder; pass the folder that build-memmap wrote"),
+            (lambda path: path.mkdir(), "is not a gpuload dataset: it has no manifest.json and no labels.memmap"),
+        ],
+        ids=["missing", "file", "other_folder"],
+    )
+    def test_verify_of_a_path_that_is_no_dataset_is_a_usage_error(self, capsys, tmp_path, make, message):
+        path = tmp_path / "nope"
+        make(path)
+        code, out, err = run(capsys, "verify", str(path))
+        assert code == 2 and out == ""
+        assert err.startswith(f"gpuload: error: {path} {message}") and err.count("\n") == 1
 
     def test_info_on_a_non_dataset(self, capsys, tmp_path):
         code, _, err = run(capsys, "info", str(tmp_path))

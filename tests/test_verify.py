@@ -94,8 +94,34 @@ def test_a_bug_while_re_decoding_is_not_reported_as_a_damaged_source(built_datas
         verify_memmap(built_dataset, sources=3, progress=False)
 
 
-def test_not_a_dataset_is_one_problem(tmp_path):
-    assert verify_memmap(tmp_path, progress=False) == [f"{tmp_path} is not a gpuload dataset: it has no manifest.json"]
+class TestNotADataset:
+    """verify's problems are those of a dataset it checked: a path holding no dataset is refused."""
+
+    def test_a_missing_path(self, tmp_path):
+        with pytest.raises(FileNotFoundError, match=f"^{tmp_path / 'nope'} does not exist; pass the folder that"):
+            verify_memmap(tmp_path / "nope", progress=False)
+
+    def test_a_file(self, tmp_path):
+        (tmp_path / "notes").write_text("mine")
+        with pytest.raises(UsageError, match="notes is not a folder; pass the folder that build-memmap wrote"):
+            verify_memmap(tmp_path / "notes", progress=False)
+
+    def test_a_folder_with_no_dataset_file(self, tmp_path):
+        (tmp_path / "meta.json").write_text("{}")
+        with pytest.raises(UsageError, match="is not a gpuload dataset: it has no manifest.json and no labels.memmap"):
+            verify_memmap(tmp_path, progress=False)
+
+    def test_a_dataset_whose_manifest_was_lost_is_a_problem(self, writable_copy):
+        (writable_copy / "manifest.json").unlink()
+        assert verify_memmap(writable_copy, progress=False) == [
+            f"{writable_copy}: manifest.json is missing but the dataset's files are there (the manifest was deleted, "
+            "or the build never finished); rebuild the dataset"
+        ]
+
+    def test_a_damaged_manifest_is_a_problem(self, writable_copy):
+        (writable_copy / "manifest.json").write_text("{not json")
+        problems = verify_memmap(writable_copy, progress=False)
+        assert len(problems) == 1 and problems[0].startswith(f"{writable_copy / 'manifest.json'} is not valid JSON")
 
 
 def test_describe(built_dataset, photo_folder):

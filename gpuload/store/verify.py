@@ -17,6 +17,7 @@ from ..errors import DatasetError, DecodeError, UsageError
 from .dataset import MemmapImageDataset
 from .decode import decode_image
 from .jpeg import frame_size
+from .manifest import MANIFEST_NAME
 
 __all__ = ["describe_memmap", "verify_memmap"]
 
@@ -59,6 +60,11 @@ def verify_memmap(
     ``sources``, also decodes that many randomly chosen source images again (``"all"``: every
     one) and compares them with the stored pixels.
 
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        UsageError: ``path`` holds no dataset at all (a file, a folder with neither a manifest nor
+            a labels file), or bad ``sources``. A dataset too damaged to open is a problem instead.
+
     Example:
         >>> import tempfile
         >>> from gpuload import build_memmap, make_sample_folder
@@ -68,6 +74,13 @@ def verify_memmap(
     """
     if sources != "all" and (not isinstance(sources, int) or isinstance(sources, bool) or sources < 0):
         raise UsageError(f"sources must be a number of images to re-decode or 'all', got {sources!r}")
+    path = Path(path)
+    _check_holds_a_dataset(path)
+    if not (path / MANIFEST_NAME).exists():
+        return [
+            f"{path}: {MANIFEST_NAME} is missing but the dataset's files are there (the manifest was deleted, "
+            "or the build never finished); rebuild the dataset"
+        ]
     try:
         dataset = MemmapImageDataset(path)
     except DatasetError as error:
@@ -94,6 +107,22 @@ def verify_memmap(
         count = len(dataset) if sources == "all" else sources
         problems += _compare_sources(dataset, count, seed, skip=set(bad) | set(resized))
     return problems
+
+
+_LABELS = ("labels.memmap", "_tensordict/labels.memmap")  # every dataset has one (format 2, format 1)
+
+
+def _check_holds_a_dataset(path: Path) -> None:
+    """Refuse a path with no gpuload dataset at all: verify reports the problems of a dataset."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist; pass the folder that build-memmap wrote")
+    if not path.is_dir():
+        raise UsageError(f"{path} is not a folder; pass the folder that build-memmap wrote")
+    if not any((path / name).exists() for name in (MANIFEST_NAME, *_LABELS)):
+        raise UsageError(
+            f"{path} is not a gpuload dataset: it has no {MANIFEST_NAME} and no labels.memmap; "
+            "pass the folder that build-memmap wrote"
+        )
 
 
 def _stored_bytes(dataset: MemmapImageDataset, index: int):
