@@ -26,13 +26,55 @@ def test_existing_file_is_never_overwritten(tmp_path):
     assert path.read_bytes() == b"keep"
 
 
-def test_full_disk_fails_at_once_with_the_size(tmp_path, monkeypatch):
-    def no_space(fd, offset, length):
-        raise OSError(errno.ENOSPC, "No space left on device")
+class TestFullDisk:
+    """A full disk names the file, the bytes it needed, the space left and what to do; errno stays ENOSPC
+    (the command line prints it as one line)."""
 
-    monkeypatch.setattr(gpuload.store.writer.os, "posix_fallocate", no_space)
-    with pytest.raises(OSError, match="not enough disk space for 2.00 GB"):
-        BlockWriter(tmp_path / "out.bin", capacity=2 * 10**9)
+    def test_the_reservation_fails_at_once(self, tmp_path, monkeypatch):
+        def no_space(fd, offset, length):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(gpuload.store.writer.os, "posix_fallocate", no_space)
+        monkeypatch.setattr(gpuload.store.writer.os, "fstatvfs", lambda fd: _Statvfs(free_blocks=1000))
+        path = tmp_path / "out.bin"
+        with pytest.raises(OSError) as caught:
+            BlockWriter(path, capacity=2 * 10**9)
+        assert caught.value.errno == errno.ENOSPC
+        assert str(caught.value) == (
+            f"[Errno 28] not enough disk space to write {path}: it needs 2,000,000,000 bytes (2.00 GB) and its disk "
+            "has 4,096,000 bytes (0.00 GB) free; free space there or write to another disk"
+        )
+
+    def test_a_write_past_the_reservation(self, tmp_path, monkeypatch):
+        def no_space(fd, data, offset):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        path = tmp_path / "out.bin"
+        with BlockWriter(path, capacity=4) as writer:
+            writer.write(np.zeros(4, np.uint8))
+            monkeypatch.setattr(gpuload.store.writer.os, "pwrite", no_space)
+            monkeypatch.setattr(gpuload.store.writer.os, "fstatvfs", lambda fd: _Statvfs(free_blocks=0))
+            with pytest.raises(OSError) as caught:
+                writer.write(np.zeros(10, np.uint8))
+        assert caught.value.errno == errno.ENOSPC
+        assert str(caught.value) == (
+            f"[Errno 28] not enough disk space to write {path}: it needs 10 bytes (0.00 GB) beyond the 4 written and "
+            "its disk has 0 bytes (0.00 GB) free; free space there or write to another disk"
+        )
+
+    def test_other_write_errors_are_left_as_they_are(self, tmp_path, monkeypatch):
+        def failing(fd, data, offset):
+            raise OSError(errno.EIO, "Input/output error")
+
+        with BlockWriter(tmp_path / "out.bin", capacity=4) as writer:
+            monkeypatch.setattr(gpuload.store.writer.os, "pwrite", failing)
+            with pytest.raises(OSError, match=r"^\[Errno 5\] Input/output error$"):
+                writer.write(np.zeros(4, np.uint8))
+
+
+class _Statvfs:
+    def __init__(self, free_blocks: int) -> None:
+        self.f_bavail, self.f_frsize = free_blocks, 4096
 
 
 def test_filesystems_without_fallocate_still_work(tmp_path, monkeypatch):

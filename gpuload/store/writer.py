@@ -47,16 +47,27 @@ class BlockWriter:
         self._started = 0  # bytes whose write to disk has been started
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
-            _reserve(self._fd, capacity)
+            _reserve(self._fd, capacity, self.path)
         except BaseException:
             self.close()
             raise
 
     def write(self, block: np.ndarray) -> None:
-        """Append the bytes of a C-contiguous array."""
+        """Append the bytes of a C-contiguous array.
+
+        Raises:
+            OSError: the write failed; a full disk (``ENOSPC``) names the file and the bytes it needed.
+        """
         view = memoryview(block).cast("B")
         while view:  # pwrite may write less than asked
-            done = os.pwrite(self._fd, view, self.written)
+            try:
+                done = os.pwrite(self._fd, view, self.written)
+            except OSError as error:
+                if error.errno != errno.ENOSPC:
+                    raise
+                raise _no_space(
+                    self._fd, self.path, f"{_bytes(len(view))} beyond the {self.written:,} written"
+                ) from None
             self.written += done
             view = view[done:]
         if self._write_behind and self.written - self._started >= _WRITE_BEHIND_BYTES:
@@ -80,13 +91,27 @@ class BlockWriter:
         self.close()
 
 
-def _reserve(fd: int, capacity: int) -> None:
+def _reserve(fd: int, capacity: int, path: Path) -> None:
     if capacity <= 0 or not hasattr(os, "posix_fallocate"):
         return
     try:
         os.posix_fallocate(fd, 0, capacity)
     except OSError as error:
         if error.errno == errno.ENOSPC:
-            raise OSError(errno.ENOSPC, f"not enough disk space for {capacity / 1e9:.2f} GB") from None
+            raise _no_space(fd, path, _bytes(capacity)) from None
         if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
             raise
+
+
+def _no_space(fd: int, path: Path, needed: str) -> OSError:
+    """The ``ENOSPC`` error of a full disk, naming the file, the bytes it needed and the space left."""
+    stats = os.fstatvfs(fd)
+    return OSError(
+        errno.ENOSPC,
+        f"not enough disk space to write {path}: it needs {needed} and its disk has "
+        f"{_bytes(stats.f_bavail * stats.f_frsize)} free; free space there or write to another disk",
+    )
+
+
+def _bytes(count: int) -> str:
+    return f"{count:,} bytes ({count / 1e9:.2f} GB)"
