@@ -4,10 +4,11 @@ from pathlib import Path
 
 import pytest
 from conftest import photo
+from PIL import Image, ImageOps
 
 import gpuload.store.decode
 import gpuload.store.verify
-from gpuload import UsageError, build_memmap
+from gpuload import MemmapImageDataset, UsageError, build_memmap
 from gpuload.store.verify import describe_memmap, verify_memmap
 
 
@@ -207,3 +208,70 @@ class TestJpeg:
     def test_describe(self, jpeg_dataset):
         info = describe_memmap(jpeg_dataset)
         assert info["storage"] == "jpeg" and info["image_shape"] is None and info["images"] == 20
+
+
+# Every size from 1x1 to 9x9, and a few long thin ones: where JPEG's 8x8 blocks and 2x2 chroma
+# subsampling lose the most.
+TINY_SIZES = [(height, width) for height in range(1, 10) for width in range(1, 10)] + [(1, 40), (40, 1), (13, 11)]
+# How a source reaches the jpeg store: kept as it is (baseline JPEG) or re-encoded at the build's quality.
+TINY_KINDS = {
+    "baseline": lambda image, path: image.save(path.with_suffix(".jpg"), quality=90),
+    "progressive": lambda image, path: image.save(path.with_suffix(".jpg"), quality=90, progressive=True),
+    "png": lambda image, path: image.save(path.with_suffix(".png")),
+}
+
+
+def write_tiny_sources(root: Path, sizes=TINY_SIZES, content=photo) -> Path:
+    """One class per kind, one image of grace_hopper.jpg's content per size."""
+    for kind, save in TINY_KINDS.items():
+        (root / kind).mkdir(parents=True, exist_ok=True)
+        for height, width in sizes:
+            save(content((height, width)), root / kind / f"{height}x{width}")
+    return root
+
+
+@pytest.fixture(scope="module")
+def tiny_sources(tmp_path_factory) -> Path:
+    return write_tiny_sources(tmp_path_factory.mktemp("tiny") / "src")
+
+
+class TestTinyImages:
+    """A fresh build from any valid source passes verify --sources, and a swapped source is still found."""
+
+    @pytest.mark.parametrize("quality", [90, 50, 100])
+    def test_a_fresh_jpeg_build_of_tiny_images_passes_exactly(self, tiny_sources, tmp_path, quality, monkeypatch):
+        out = build_memmap(tiny_sources, tmp_path / "out", format="jpeg", quality=quality, progress=False)
+        reencoded = MemmapImageDataset(out).manifest.jpeg["reencoded"]
+        assert reencoded == {"progressive": len(TINY_SIZES), "not_jpeg": len(TINY_SIZES)}
+        monkeypatch.setattr(gpuload.store.verify, "decode_image", None)  # the same bytes: no pixel comparison
+        assert verify_memmap(out, sources="all", progress=False) == []
+
+    @pytest.mark.parametrize("max_side", [1, 3, 5, 7, 9])
+    def test_images_scaled_down_to_a_tiny_max_side_pass(self, photo_folder, tmp_path, max_side):
+        out = build_memmap(photo_folder, tmp_path / "out", format="jpeg", max_side=max_side, progress=False)
+        assert verify_memmap(out, sources="all", progress=False) == []
+
+    def test_a_fresh_raw_build_of_tiny_images_passes(self, tiny_sources, tmp_path):
+        out = build_memmap(tiny_sources, tmp_path / "out", size=(5, 3), resize="stretch", progress=False)
+        assert verify_memmap(out, sources="all", progress=False) == []
+
+    @pytest.mark.parametrize("storage", ["jpeg", "raw"])
+    def test_a_swapped_source_is_still_found(self, tmp_path, storage):
+        sizes = [(1, 1), (3, 5), (7, 1), (9, 9), (48, 64)]
+        src = write_tiny_sources(tmp_path / "src", sizes)
+        format_options = {"format": "jpeg"} if storage == "jpeg" else {"size": (8, 8)}
+        out = build_memmap(src, tmp_path / "out", progress=False, **format_options)
+        write_tiny_sources(src, sizes, content=lambda size: ImageOps.invert(photo(size)))  # other photos, same names
+        problems = verify_memmap(out, sources="all", progress=False)
+        assert len(problems) == len(sizes) * len(TINY_KINDS)
+        assert all(problem.startswith("image ") and " differs from its source " in problem for problem in problems)
+
+    def test_a_slightly_changed_re_encoded_source_is_found(self, tmp_path):
+        src = write_tiny_sources(tmp_path / "src", [(48, 64)])
+        out = build_memmap(src, tmp_path / "out", format="jpeg", progress=False)
+        with Image.open(src / "png" / "48x64.png") as image:
+            edited = image.copy()
+        edited.paste((255, 0, 0), (10, 10, 40, 40))  # a red box over a third of the photo
+        edited.save(src / "png" / "48x64.png")
+        problems = verify_memmap(out, sources="all", progress=False)
+        assert len(problems) == 1 and "png/48x64.png (mean pixel difference" in problems[0]
