@@ -8,8 +8,10 @@ On the same compressed photos (640x480, ffmpeg -q:v 3, bytes in memory), median 
   height-width-channel pixels and the write of 921.6 KB into new page-cache pages;
 - the step of a jpeg training crop after the decode: torch's antialiased uint8 resize of a
   typical box (the mean RandomResizedCrop box, about 400x400) to 224x224;
-- a jpeg training crop's decode (fast DCT), whole or only down to its box's last row
-  (:func:`gpuload.store.jpeg.first_rows`, its cost included), for RandomResizedCrop(224) boxes.
+- a jpeg training crop's decode (fast DCT, RandomResizedCrop(224) boxes): whole, only down to its
+  box's last row, and only its box's rows (from the restart marker above the box, which
+  ``gpuload compress`` writes at every MCU row), each cut by :func:`gpuload.store.jpeg.row_window`,
+  its cost included.
 
     python -m experiments.decode_costs [--images 300] [--repeats 3]
 """
@@ -29,7 +31,7 @@ import simplejpeg
 import torch
 
 import gpuload
-from gpuload.store.jpeg import first_rows
+from gpuload.store.jpeg import row_window
 
 from ._common import median_spread, photo_folders, write_result
 
@@ -64,12 +66,16 @@ def steps(blobs: list[bytes], scratch: Path) -> dict[str, Callable[[int], object
     )
     shapes = torch.tensor([[height, width]]).expand(len(blobs), 2)
     boxes, _ = gpuload.RandomResizedCropDecode(224).draw(shapes, torch.arange(len(blobs)), seed=0, epoch=0)
-    last_rows = [min(height, math.ceil(top + box_height)) for top, _, box_height, _ in boxes.tolist()]
+    rows = [(int(top), min(height, math.ceil(top + box_height))) for top, _, box_height, _ in boxes.tolist()]
     fast = {"fastdct": True, "fastupsample": True, "buffer": buffer}
+
+    def cut(i: int, first: int) -> object:
+        window = row_window(blobs[i], first, rows[i][1], context=False)
+        return simplejpeg.decode_jpeg(blobs[i] if window is None else window[0], strict=False, **fast)
+
     found["crop_decode_whole"] = lambda i: simplejpeg.decode_jpeg(blobs[i], **fast)
-    found["crop_decode_to_its_last_row"] = lambda i: simplejpeg.decode_jpeg(
-        *(first_rows(blobs[i], last_rows[i]) or (blobs[i],))[:1], strict=False, **fast
-    )
+    found["crop_decode_to_its_last_row"] = lambda i: cut(i, 0)
+    found["crop_decode_only_its_rows"] = lambda i: cut(i, rows[i][0])
     return found
 
 
@@ -94,8 +100,12 @@ def main(argv: list[str] | None = None) -> None:
     rows = {name: median_spread(values) for name, values in runs.items()}
     for name, spread in rows.items():
         print(f"  {name:<30} {spread['median']:6.3f} ms per image")
-    whole, cut = rows["crop_decode_whole"]["median"], rows["crop_decode_to_its_last_row"]["median"]
-    print(f"decoding a crop only down to its box's last row saves {1 - cut / whole:.0%} of its decode")
+    whole = rows["crop_decode_whole"]["median"]
+    for name, what in (
+        ("crop_decode_to_its_last_row", "down to its box's last row"),
+        ("crop_decode_only_its_rows", "its box's rows"),
+    ):
+        print(f"decoding a crop only {what} saves {1 - rows[name]['median'] / whole:.0%} of its decode")
     path = write_result("decode_costs", {"images": len(blobs), "threads": 1, "quick": args.quick, "ms_per_image": rows})
     print(f"wrote {path}")
 
