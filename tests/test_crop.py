@@ -165,6 +165,23 @@ class TestRandomResizedCropDecode:
         monkeypatch.setattr(gpuload.loading.crop, "row_window", lambda *a, **k: None)
         assert torch.equal(cut, decoded(varied_jpegs, decode, indices))
 
+    def test_a_window_of_a_few_rows_of_a_narrow_image_is_not_used_where_its_scale_would_change(
+        self, tmp_path, monkeypatch
+    ):
+        """A 5 px wide image's last 5 rows at 1/4 scale ask for 2x2 pixels, which TurboJPEG decodes at
+        3/8: the crop decodes the whole image there (at exactly 1/4), as without windows."""
+        (tmp_path / "photos" / "a").mkdir(parents=True)
+        photo((37, 5)).save(
+            tmp_path / "photos" / "a" / "narrow.jpg", quality=90, subsampling="4:4:4", restart_marker_rows=1
+        )
+        dataset = MemmapImageDataset(build_memmap(tmp_path / "photos", format="jpeg", progress=False))
+        decode = RandomResizedCropDecode(1, fast=True, flip=False)
+        boxes = torch.tensor([[32.0, 0.0, 5.0, 5.0], [0.0, 0.0, 5.0, 5.0], [16.0, 0.0, 21.0, 5.0]])
+        monkeypatch.setattr(decode, "draw", lambda *a, **k: (boxes, torch.zeros(3, dtype=torch.bool)))
+        cut = decoded(dataset, decode, [0, 0, 0])
+        monkeypatch.setattr(gpuload.loading.crop, "row_window", lambda *a, **k: None)
+        assert torch.equal(cut, decoded(dataset, decode, [0, 0, 0]))
+
     def test_any_sampling_libjpeg_turbo_decodes_is_cropped(self, tmp_path):
         """A JPEG whose luma is sampled 1x4 (which simplejpeg's header reader cannot name) is stored
         as it is, cropped, and verified like any other."""

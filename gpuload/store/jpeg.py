@@ -150,12 +150,16 @@ def row_window(data: bytes, first: int, last: int, *, context: bool = True) -> t
     A sequential JPEG whose first scan holds every component stores its MCU rows top to bottom.
     Below the window: the copy's frame declares fewer rows, and the decoder stops there (it reports
     the data after them as extraneous bytes: decode the copy with ``strict=False``). Above the
-    window: only where restart markers begin MCU rows (``gpuload compress`` writes one per MCU
-    row; Pillow's ``restart_marker_rows``): the copy's scan starts at the restart marker before the
-    window's first row, and stops at the one after its last, with the markers between renumbered.
+    window: only where restart markers begin MCU rows, at most two per row (``gpuload compress``
+    writes one per MCU row; Pillow's ``restart_marker_rows``): the copy's scan starts at the restart
+    marker before the window's first row, and stops at the one after its last, with the markers
+    between renumbered.
     ``context`` adds one MCU row on each side, which libjpeg's smooth ("fancy") chroma upsampling
     reads: with it, the rows wanted decode to the pixels of the whole image at any DCT scale;
     without it, only with ``fastupsample``. Progressive and multi-scan files are left whole.
+
+    Raises:
+        ValueError: not ``0 <= first < last`` with ``first`` inside the image.
 
     Example:
         >>> import matplotlib.cbook
@@ -176,12 +180,20 @@ def row_window(data: bytes, first: int, last: int, *, context: bool = True) -> t
     sampling = data[frame + 11 : frame + 10 + 3 * components : 3]
     if height == 0 or width == 0 or components == 0 or len(sampling) != components:
         return None  # a height defined after the scan (DNL), or a cut header
+    if not all(factor & 0x0F and factor >> 4 for factor in sampling):
+        return None  # a sampling factor of 0: no JPEG decoder reads it
+    if not 0 <= first < min(last, height):
+        raise ValueError(
+            f"rows must satisfy 0 <= first < last and first < {height} (the image's height), got {first} and {last}"
+        )
     # An MCU: one 8x8 block of a single-component scan, else every component's blocks of one area.
     mcu_height = 8 if components == 1 else 8 * max(factor & 0x0F for factor in sampling)
     mcu_width = 8 if components == 1 else 8 * max(factor >> 4 for factor in sampling)
     per_row, mcu_rows = -(-width // mcu_width), -(-height // mcu_height)
     bottom = min(mcu_rows, -(-last // mcu_height) + context)
-    if interval:  # from the nearest MCU row above that a restart marker starts
+    # From the nearest MCU row above that a restart marker starts, where there are at most two
+    # restart intervals per MCU row (more would cost more to find and renumber than the rows save).
+    if interval and 2 * interval >= per_row:
         step = interval // math.gcd(interval, per_row)
         top = max(0, first // mcu_height - context) // step * step
         pieces = _restart_window(data, scan, interval, per_row, (top, bottom, mcu_rows)) if top else None
@@ -237,8 +249,8 @@ def _frame_and_scan(data: bytes) -> tuple[int, int, int] | None:
     frame, interval = None, 0
     for position, marker in _markers(data):
         if marker in _FRAMES:
-            if marker not in _SEQUENTIAL:
-                return None  # a progressive, lossless or arithmetic-coded frame
+            if marker not in _SEQUENTIAL or frame is not None:
+                return None  # a progressive, lossless or arithmetic-coded frame, or a second frame
             frame = position
         elif marker == _DRI:
             interval = int.from_bytes(data[position + 4 : position + 6], "big")
@@ -267,10 +279,10 @@ def _restart_window(
         data[markers[i] + 1] != 0xD0 + i % 8 for i in range(first - 1, end - 1)
     ):
         return None  # fewer markers than the interval says, or out of sequence: decode it whole
-    if len(markers) == end:  # the window stops at a restart marker
+    if end < total:  # the window stops at a restart marker
         stop = markers[end - 1]
-    else:  # it reaches the end of the scan
-        stop = data.find(b"\xff\xd9", markers[-1])
+    else:  # it reaches the end of the scan (markers found after that would be in data after it)
+        stop = data.find(b"\xff\xd9", markers[total - 2])
         stop = len(data) if stop < 0 else stop
     pieces, start = [], markers[first - 1] + 2
     for number, marker in enumerate(markers[first : end - 1]):  # RSTn counts from RST0 in the copy
