@@ -1,4 +1,5 @@
 import errno
+import json
 import os
 import shutil
 import subprocess
@@ -45,10 +46,11 @@ class TestCompress:
         coarse = compress_folder(photo_folder, tmp_path / "q20", quality=20, progress=False)
         assert coarse.bytes_after < fine.bytes_after
 
+    @pytest.mark.parametrize("source", ["jpg", "png"])  # ffmpeg writes 4:2:0 and 4:4:4 (1x2 sampled) JPEGs
     @pytest.mark.parametrize("size", [(480, 640), (203, 77), (1001, 33), (100, 17)])
-    def test_outputs_have_a_restart_marker_per_mcu_row_so_crops_skip_the_rows_above(self, tmp_path, size):
+    def test_outputs_have_a_restart_marker_per_mcu_row_so_crops_skip_the_rows_above(self, tmp_path, size, source):
         (tmp_path / "src").mkdir()
-        photo(size).save(tmp_path / "src" / "a.jpg", quality=95)
+        photo(size).save(tmp_path / "src" / f"a.{source}", **({"quality": 95} if source == "jpg" else {}))
         compress_folder(tmp_path / "src", tmp_path / "dst", progress=False)
         data = (tmp_path / "dst" / "a.jpg").read_bytes()
         middle = size[0] // 2
@@ -66,7 +68,6 @@ class TestCompress:
         assert compress_folder(tmp_path / "src", tmp_path / "dst", progress=False).failed == []
         data = (tmp_path / "dst" / "a.jpg").read_bytes()
         assert simplejpeg.decode_jpeg(data, strict=True).shape == (*size, 3)
-        assert b"\xff\xdd" not in data  # no restart interval
 
     def test_an_output_that_does_not_decode_is_reported_not_kept(self, photo_folder, tmp_path, monkeypatch):
         monkeypatch.setattr(gpuload.store.compress, "_decodes", lambda data: False)
@@ -172,6 +173,20 @@ class TestResume:
             os.utime(source, ns=(1, 1))
         report = compress_folder(photo_copy, tmp_path / "q", quality=5 if change == "quality" else 3, progress=False)
         assert report.done == (1 if change == "source" else 20)
+
+    def test_outputs_of_a_version_without_restart_markers_are_redone_not_refused(self, photo_folder, tmp_path):
+        compress_folder(photo_folder, tmp_path / "q", progress=False)
+        journal = tmp_path / "q" / gpuload.store.compress.JOURNAL_NAME
+        old = [json.loads(line) for line in journal.read_text().splitlines()]
+        for record in old:  # as compress wrote them before: no restart markers, no such key
+            del record["restart_markers"]
+            output = tmp_path / "q" / record["target"]
+            output.write_bytes(simplejpeg.encode_jpeg(simplejpeg.decode_jpeg(output.read_bytes()), 90))
+            record["size"] = output.stat().st_size
+        journal.write_text("".join(json.dumps(record) + "\n" for record in old))
+        report = compress_folder(photo_folder, tmp_path / "q", progress=False)
+        assert (report.done, report.skipped, report.failed) == (20, 0, [])
+        assert all(b"\xff\xdd" in path.read_bytes() for path in (tmp_path / "q").rglob("*.jpg"))
 
     def test_after_kill_9_a_rerun_removes_the_temporary_files_and_finishes(self, photo_folder, tmp_path):
         dst = tmp_path / "q"

@@ -27,7 +27,9 @@ __all__ = ["JOURNAL_NAME", "CompressReport", "compress_folder", "find_ffmpeg"]
 JOURNAL_NAME = ".gpuload-compress.jsonl"  # in DST: one line per output this tool finished
 _PARTIAL = ".gpuload-tmp"  # suffix of the hidden temporary file beside each output being written
 _JPEG_SUFFIXES = (".jpg", ".jpeg")
-_RECORD_KEYS = {"target", "source_size", "source_mtime_ns", "quality", "size"}
+_RECORD_KEYS = {"target", "source_size", "source_mtime_ns", "quality", "restart_markers", "size"}
+# Records written before compress asked for restart markers: still this tool's outputs, redone.
+_RECORD_KEYS_BEFORE_RESTARTS = _RECORD_KEYS - {"restart_markers"}
 # ffmpeg filters that undo each EXIF orientation (2..8), since ffmpeg's own autorotation varies by version
 _ORIENTATION_FILTERS = {
     2: "hflip",
@@ -233,7 +235,7 @@ class _Journal:
                     record = json.loads(line)
                 except json.JSONDecodeError:  # a line torn by a crash
                     continue
-                if isinstance(record, dict) and set(record) == _RECORD_KEYS:
+                if isinstance(record, dict) and set(record) in (_RECORD_KEYS, _RECORD_KEYS_BEFORE_RESTARTS):
                     self.records[record["target"]] = record
         self._lock = threading.Lock()
 
@@ -272,6 +274,7 @@ class _Journal:
             "source_size": stat.st_size,
             "source_mtime_ns": stat.st_mtime_ns,
             "quality": quality,
+            "restart_markers": True,  # asked for; ffmpeg cannot write them into images 16 px wide
             "size": size,
         }
 
@@ -291,9 +294,9 @@ def _encode(ffmpeg: str, source: Path, target: Path, quality: int, journal: _Jou
     # More than one slice makes ffmpeg's JPEG encoder write a restart marker at every MCU row (the
     # same pixels, 3-4 % more bytes): a crop of a jpeg dataset then decodes only its rows. For
     # images one macroblock wide (16 px) it numbers them out of sequence: each output is checked,
-    # and encoded again without them where it does not decode.
+    # and encoded again without them where it does not decode (or ffmpeg refused the option).
     encoded, error = _run_ffmpeg([*command[:-1], "-slices", "2", command[-1]])
-    if not error and not _decodes(encoded):
+    if error or not _decodes(encoded):
         encoded, error = _run_ffmpeg(command)
         if not error and not _decodes(encoded):
             error = "ffmpeg wrote a JPEG that libjpeg-turbo reports as corrupt"
