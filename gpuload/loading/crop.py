@@ -48,8 +48,9 @@ class RandomResizedCropDecode:
     distribution), optionally mirrored, for training.
 
     Each image is decoded at the smallest DCT scale (1/8, 1/4, 1/2 or 1) at which its box is still
-    at least the output's size, and only down to its rows (from its rows where the JPEG has a restart
-    marker per MCU row); the box is then cut out on that scale's pixel grid (its top and left
+    at least the output's size (and which libjpeg-turbo takes exactly: not for images a few pixels
+    across), and only down to the box's last rows (from its first rows too where restart markers
+    begin MCU rows, as in the JPEGs ``gpuload compress`` writes); the box is then cut out on that scale's pixel grid (its top and left
     edges move by less than one pixel of that scale, its bottom and right by up to half of one) and
     resized. With ``fast=False`` and a box smaller than twice the output, the pixels are
     exactly torchvision's ``resized_crop(antialias=True)`` of the full decode.
