@@ -93,7 +93,7 @@ def _run_compress(args) -> int:
     for path, error in report.failed:
         print(f"failed: {path}: {error}")
     print(report.summary())
-    return 0
+    return 1 if report.failed and not (report.done or report.skipped) else 0  # not one image compressed
 
 
 def _add_build(subparsers) -> None:

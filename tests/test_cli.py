@@ -202,6 +202,12 @@ class TestCompress:
             f"gpuload: error: {photo_copy / 'face' / 'notes.jpg'}: not an image (Pillow cannot identify the format)"
         )
 
+    def test_no_file_compressed_is_a_failure(self, capsys, tmp_path):
+        for name in ("notes.jpg", "truncated.jpg"):
+            write_bad_file(tmp_path / "src" / "a", name)
+        code, out, _ = run(capsys, "compress", str(tmp_path / "src"), str(tmp_path / "q"))
+        assert code == 1 and "0 done, 0 skipped, 2 failed" in out
+
     def test_a_full_disk_is_an_error_not_a_success(self, capsys, photo_folder, tmp_path, monkeypatch):
         def full(fd):
             raise OSError(errno.ENOSPC, "No space left on device")

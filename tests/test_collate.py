@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.utils.data
-from conftest import photo
+from conftest import SIZE, photo
 
 from gpuload import Collate, MemmapImageDataset, UsageError, build_memmap
 
@@ -35,14 +35,14 @@ def mixed_sizes(photo_folder, tmp_path_factory) -> Path:
     return build_memmap(src, src.with_name("mixed.jpeg"), format="jpeg", progress=False)
 
 
-class TestJpegDatasetsAreRefused:
-    """A jpeg dataset keeps each image at its own size: Collate, which stacks, refuses its first batch
-    (even where its images happen to share one size) and names the loader that crops them."""
+class TestJpegDatasets:
+    """A jpeg dataset keeps each image at its own size: Collate, which stacks, refuses the first batch
+    of one with several sizes (even where that batch's images share one) and names the loader that
+    crops them; one whose images share one size is stacked."""
 
-    @pytest.mark.parametrize("which", ["mixed_sizes", "jpeg_dataset"])
     @pytest.mark.parametrize("subset", [False, True])
-    def test_with_the_fix_named(self, request, which, subset):
-        dataset = MemmapImageDataset(request.getfixturevalue(which))
+    def test_several_sizes_are_refused_with_the_fix_named(self, mixed_sizes, subset):
+        dataset = MemmapImageDataset(mixed_sizes)
         if subset:
             dataset = torch.utils.data.Subset(dataset, range(len(dataset)))
         loader = torch.utils.data.DataLoader(dataset, batch_size=len(dataset), collate_fn=Collate("cpu"))
@@ -52,6 +52,18 @@ class TestJpegDatasetsAreRefused:
         assert message.startswith("gpuload.Collate stacks images of one size, and the jpeg dataset ")
         assert "gpuload.DataLoader(dataset, decode=gpuload.RandomResizedCropDecode(224))" in message
         assert "CenterCropDecode(224)" in message and "\n" not in message
+
+    def test_a_batch_of_one_size_from_a_dataset_of_several_is_refused_too(self, mixed_sizes):
+        dataset = MemmapImageDataset(mixed_sizes)
+        with pytest.raises(UsageError, match="holds images of several sizes"):
+            Collate("cpu")(dataset.__getitems__([0]))
+
+    def test_one_size_is_stacked(self, jpeg_dataset):
+        dataset = MemmapImageDataset(jpeg_dataset)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=4, collate_fn=Collate("cpu"))
+        images, labels = next(iter(loader))
+        assert images.shape == (4, 3, *SIZE) and torch.equal(images[1], dataset[1][0])
+        assert labels.tolist() == [dataset[i][1] for i in range(4)]
 
 
 def test_plain_samples_are_stacked():

@@ -69,8 +69,25 @@ class TestCompress:
         data = (tmp_path / "dst" / "a.jpg").read_bytes()
         assert simplejpeg.decode_jpeg(data, strict=True).shape == (*size, 3)
 
+    def test_a_file_name_with_a_percent_pattern_is_that_file_not_a_numbered_sequence(self, tmp_path):
+        """ffmpeg reads ``img%d.jpg`` as the pattern of img1.jpg, img2.jpg...: each output must be
+        its own source's picture."""
+        (tmp_path / "src" / "a").mkdir(parents=True)
+        photo((40, 60)).save(tmp_path / "src" / "a" / "img%d.jpg", quality=95)
+        photo((30, 20)).transpose(Image.Transpose.FLIP_LEFT_RIGHT).save(tmp_path / "src" / "a" / "img1.jpg")
+        report = compress_folder(tmp_path / "src", tmp_path / "dst", progress=False)
+        assert (report.done, report.failed) == (2, [])
+        with Image.open(tmp_path / "dst" / "a" / "img%d.jpg") as image:
+            assert image.size == (60, 40)
+
+    def test_an_output_of_another_size_than_its_source_is_reported_not_kept(self, photo_folder, tmp_path, monkeypatch):
+        monkeypatch.setattr(gpuload.store.compress, "_decoded_size", lambda data: (3, 2))
+        report = compress_folder(photo_folder, tmp_path / "q", progress=False)
+        assert report.done == 0 and len(report.failed) == 20
+        assert {reason for _, reason in report.failed} == {"ffmpeg wrote a 2x3 JPEG for this 64x48 image"}
+
     def test_an_output_that_does_not_decode_is_reported_not_kept(self, photo_folder, tmp_path, monkeypatch):
-        monkeypatch.setattr(gpuload.store.compress, "_decodes", lambda data: False)
+        monkeypatch.setattr(gpuload.store.compress, "_decoded_size", lambda data: None)
         report = compress_folder(photo_folder, tmp_path / "q", progress=False)
         assert report.done == 0 and len(report.failed) == 20
         assert {reason for _, reason in report.failed} == {"ffmpeg wrote a JPEG that libjpeg-turbo reports as corrupt"}
@@ -173,6 +190,19 @@ class TestResume:
             os.utime(source, ns=(1, 1))
         report = compress_folder(photo_copy, tmp_path / "q", quality=5 if change == "quality" else 3, progress=False)
         assert report.done == (1 if change == "source" else 20)
+
+    def test_a_journal_line_torn_by_a_crash_does_not_swallow_the_next_one(self, photo_folder, tmp_path):
+        """A power cut or a full disk can leave the journal's last line cut short: the next run's
+        first line must not be glued onto it (and that output then refused as not ours)."""
+        compress_folder(photo_folder, tmp_path / "q", progress=False)
+        journal = tmp_path / "q" / gpuload.store.compress.JOURNAL_NAME
+        lines = journal.read_text().splitlines(keepends=True)
+        last = json.loads(lines[-1])["target"]
+        journal.write_text("".join(lines[:-1]) + lines[-1][:-40])  # torn, no newline
+        (tmp_path / "q" / last).unlink()  # that output was never renamed into place
+        assert compress_folder(photo_folder, tmp_path / "q", progress=False).done == 1
+        again = compress_folder(photo_folder, tmp_path / "q", progress=False)
+        assert (again.done, again.skipped, again.failed) == (0, 20, [])
 
     def test_outputs_of_a_version_without_restart_markers_are_redone_not_refused(self, photo_folder, tmp_path):
         compress_folder(photo_folder, tmp_path / "q", progress=False)

@@ -22,9 +22,9 @@ class Collate:
     pinned and copied with ``non_blocking=True``. Any other list of ``(image, label)`` pairs
     is stacked first. Returns ``(images, labels)`` like :class:`gpuload.DataLoader`.
 
-    A jpeg dataset keeps each image at its own size, so its batches cannot be stacked: load it
-    with :class:`gpuload.DataLoader` and ``decode=gpuload.RandomResizedCropDecode(224)`` (or
-    ``CenterCropDecode``), which crops at decode time.
+    A jpeg dataset keeps each image at its own size: one of several sizes is refused (load it with
+    :class:`gpuload.DataLoader` and ``decode=gpuload.RandomResizedCropDecode(224)`` or
+    ``CenterCropDecode``, which crop at decode time); one whose images share one size is stacked.
 
     With a CUDA ``device`` it must run in the main process (``num_workers=0``): worker
     processes cannot use CUDA, and it refuses to try.
@@ -43,12 +43,13 @@ class Collate:
         """Batch ``samples``.
 
         Raises:
-            UsageError: the samples of a jpeg dataset (images of their own sizes).
+            UsageError: the samples of a jpeg dataset whose images have several sizes (at its first
+                batch, even where that batch's images share one).
         """
-        if isinstance(samples, JpegSamples):
+        if isinstance(samples, JpegSamples) and not samples.one_size:
             raise UsageError(
-                f"gpuload.Collate stacks images of one size, and the jpeg dataset {samples.path} keeps each image "
-                "at its own size; load it with gpuload.DataLoader(dataset, decode=gpuload.RandomResizedCropDecode(224))"
+                f"gpuload.Collate stacks images of one size, and the jpeg dataset {samples.path} holds images of "
+                "several sizes; load it with gpuload.DataLoader(dataset, decode=gpuload.RandomResizedCropDecode(224))"
                 " (training) or decode=gpuload.CenterCropDecode(224) (evaluation), which crop at decode time"
             )
         if isinstance(samples, GatheredSamples):

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from ..errors import CompressError, DecodeError, UsageError
 from ..machine import resolve_workers
-from .decode import check_image
+from .decode import check_image, read_size
 from .files import OutputLock, check_apart, fsync_folder, resolve
 from .scan import IMG_EXTENSIONS, walk_images
 
@@ -230,7 +230,13 @@ class _Journal:
         self.path = dst / JOURNAL_NAME
         self.records: dict[str, dict] = {}
         if self.path.exists():
-            for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
+            text = self.path.read_text(encoding="utf-8", errors="replace")
+            if text and not text.endswith("\n"):  # a last line torn by a crash: end it, so the next is whole
+                with open(self.path, "a", encoding="utf-8") as file:
+                    file.write("\n")
+                    file.flush()
+                    os.fsync(file.fileno())
+            for line in text.splitlines():
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError:  # a line torn by a crash
@@ -283,25 +289,31 @@ def _encode(ffmpeg: str, source: Path, target: Path, quality: int, journal: _Jou
     """Encode one file; returns ``""`` on success, else why it failed. Errors writing the output raise."""
     try:
         orientation = check_image(source)
+        size = read_size(source)  # upright
     except DecodeError as error:
         return error.reason
     rotate = ["-vf", _ORIENTATION_FILTERS[orientation]] if orientation in _ORIENTATION_FILTERS else []
+    # The file comes on stdin, its format found from its bytes: given by name, ffmpeg would read
+    # ``img%d.jpg`` as the numbered sequence img1.jpg, img2.jpg...
     command = [
         ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-threads", "1", "-noautorotate",
-        "-i", str(source), *rotate, "-frames:v", "1", "-qmin", "1", "-q:v", str(quality),
+        "-i", "pipe:0", *rotate, "-frames:v", "1", "-qmin", "1", "-q:v", str(quality),
         "-threads", "1", "-f", "image2pipe", "-c:v", "mjpeg", "pipe:1",
     ]  # fmt: skip
     # More than one slice makes ffmpeg's JPEG encoder write a restart marker at every MCU row (the
     # same pixels, 3-4 % more bytes): a crop of a jpeg dataset then decodes only its rows. For
     # images one macroblock wide (16 px) it numbers them out of sequence: each output is checked,
     # and encoded again without them where it does not decode (or ffmpeg refused the option).
-    encoded, error = _run_ffmpeg([*command[:-1], "-slices", "2", command[-1]])
-    if error or not _decodes(encoded):
-        encoded, error = _run_ffmpeg(command)
-        if not error and not _decodes(encoded):
-            error = "ffmpeg wrote a JPEG that libjpeg-turbo reports as corrupt"
+    encoded, error = _run_ffmpeg([*command[:-1], "-slices", "2", command[-1]], source)
+    if error or _decoded_size(encoded) is None:
+        encoded, error = _run_ffmpeg(command, source)
     if error:
         return error
+    written = _decoded_size(encoded)
+    if written is None:
+        return "ffmpeg wrote a JPEG that libjpeg-turbo reports as corrupt"
+    if written != size:
+        return f"ffmpeg wrote a {written[1]}x{written[0]} JPEG for this {size[1]}x{size[0]} image"
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}{_PARTIAL}")
     try:
@@ -318,22 +330,25 @@ def _encode(ffmpeg: str, source: Path, target: Path, quality: int, journal: _Jou
     return ""
 
 
-def _run_ffmpeg(command: list[str]) -> tuple[bytes, str]:
-    """The JPEG that ``command`` writes to its stdout, and ``""``; or ``b""`` and why it failed."""
+def _run_ffmpeg(command: list[str], source: Path) -> tuple[bytes, str]:
+    """The JPEG that ``command`` writes to its stdout from ``source`` on its stdin, and ``""``; or
+    ``b""`` and why it failed."""
     try:
-        result = subprocess.run(command, capture_output=True, timeout=300)
+        with open(source, "rb") as file:
+            result = subprocess.run(command, stdin=file, capture_output=True, timeout=300)
     except subprocess.TimeoutExpired:
         return b"", "ffmpeg took more than 300 s"
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as error:  # gone or changed since it was checked
+        return b"", f"cannot read it ({error.strerror})"
     if result.returncode != 0 or not result.stdout.startswith(b"\xff\xd8"):
         lines = [line for line in result.stderr.decode(errors="replace").splitlines() if line.strip()]
         return b"", lines[-1].strip() if lines else f"ffmpeg exited with code {result.returncode} and wrote no JPEG"
     return result.stdout, ""
 
 
-def _decodes(data: bytes) -> bool:
-    """Whether libjpeg-turbo decodes a JPEG with no warning (strict mode)."""
+def _decoded_size(data: bytes) -> tuple[int, int] | None:
+    """The ``(height, width)`` of a JPEG that libjpeg-turbo decodes with no warning (strict mode), else ``None``."""
     try:
-        simplejpeg.decode_jpeg(data, strict=True)
+        return simplejpeg.decode_jpeg(data, strict=True).shape[:2]
     except ValueError:
-        return False
-    return True
+        return None

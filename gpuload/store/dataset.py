@@ -84,12 +84,13 @@ class JpegSamples(list):
 
     It is what :meth:`MemmapImageDataset.__getitems__` gives a ``torch.utils.data.DataLoader`` for a
     jpeg dataset: a list of ``(image, label)`` pairs, for a collate function that crops or pads them.
-    ``path`` names the dataset, so that :class:`gpuload.Collate`, which stacks, can refuse it clearly.
+    ``path`` names the dataset and ``one_size`` says whether all its images share one size, so that
+    :class:`gpuload.Collate`, which stacks, can refuse a dataset of several sizes at its first batch.
     """
 
-    def __init__(self, samples: list[tuple[torch.Tensor, int]], path: Path) -> None:
+    def __init__(self, samples: list[tuple[torch.Tensor, int]], path: Path, one_size: bool) -> None:
         super().__init__(samples)
-        self.path = path
+        self.path, self.one_size = path, one_size
 
 
 class MemmapImageDataset(torch.utils.data.Dataset):
@@ -144,6 +145,8 @@ class MemmapImageDataset(torch.utils.data.Dataset):
             self._jpegs = _JpegFile(self.path / self.manifest.array_path("data"))
             self._starts, self._lengths = self.data.starts.numpy(), self.data.lengths.numpy()  # views, fast to index
             self._checksums = np.array([int(checksum, 16) for checksum in self.manifest.checksums], dtype=np.uint64)
+            shapes = self.data.shapes.numpy()
+            self._one_size = bool((shapes == shapes[:1]).all())
         _check_labels(self.path, self.data.labels.numpy(), self.manifest)
 
     @property
@@ -204,7 +207,7 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         """Gather a batch (raw: with one copy per field; jpeg: each image decoded at its own size);
         used by ``torch.utils.data.DataLoader``."""
         if self.storage == "jpeg":
-            return JpegSamples([self[index] for index in indices], self.path)
+            return JpegSamples([self[index] for index in indices], self.path, self._one_size)
         return GatheredSamples(self.data[torch.as_tensor(indices, dtype=torch.long)])
 
     def __getstate__(self) -> dict:
