@@ -170,7 +170,7 @@ class TestInfoAndVerify:
         [
             (lambda path: None, "does not exist; pass the folder that build-memmap wrote"),
             (lambda path: path.write_text("notes"), "is not a folder; pass the folder that build-memmap wrote"),
-            (lambda path: path.mkdir(), "is not a gpuload dataset: it has no manifest.json and no labels.memmap"),
+            (lambda path: path.mkdir(), "is not a gpuload dataset: it holds none of the files build-memmap writes"),
         ],
         ids=["missing", "file", "other_folder"],
     )

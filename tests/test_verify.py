@@ -109,7 +109,9 @@ class TestNotADataset:
 
     def test_a_folder_with_no_dataset_file(self, tmp_path):
         (tmp_path / "meta.json").write_text("{}")
-        with pytest.raises(UsageError, match="is not a gpuload dataset: it has no manifest.json and no labels.memmap"):
+        with pytest.raises(
+            UsageError, match="is not a gpuload dataset: it holds none of the files build-memmap writes"
+        ):
             verify_memmap(tmp_path, progress=False)
 
     def test_a_dataset_whose_manifest_was_lost_is_a_problem(self, writable_copy):
@@ -118,6 +120,13 @@ class TestNotADataset:
             f"{writable_copy}: manifest.json is missing but the dataset's files are there (the manifest was deleted, "
             "or the build never finished); rebuild the dataset"
         ]
+
+    def test_a_dataset_that_lost_its_manifest_and_labels_is_still_a_damaged_dataset(self, writable_copy):
+        """An interrupted copy, say: any array a build writes makes the folder a (damaged) dataset."""
+        for path in writable_copy.iterdir():
+            if path.name != "images.memmap":
+                path.unlink()
+        assert verify_memmap(writable_copy, progress=False)[0].startswith(f"{writable_copy}: manifest.json is missing")
 
     def test_a_damaged_manifest_is_a_problem(self, writable_copy):
         (writable_copy / "manifest.json").write_text("{not json")

@@ -17,7 +17,7 @@ from ..errors import DatasetError, DecodeError, UsageError
 from .dataset import MemmapImageDataset, decode_jpeg_bytes
 from .decode import decode_image, read_bytes
 from .jpeg import frame_size, store_jpeg
-from .manifest import MANIFEST_NAME
+from .manifest import ARRAYS, MANIFEST_NAME
 
 __all__ = ["describe_memmap", "verify_memmap"]
 
@@ -110,7 +110,13 @@ def verify_memmap(
     return problems
 
 
-_LABELS = ("labels.memmap", "_tensordict/labels.memmap")  # every dataset has one (format 2, format 1)
+# The manifest or an array a build writes (both formats, and format 1's _tensordict/): a folder holding
+# one is a dataset, maybe damaged; one holding none is not (a meta.json alone may be anyone's).
+_BUILD_FILES = (
+    MANIFEST_NAME,
+    "_tensordict",
+    *sorted({f"{name}.memmap" for names in ARRAYS.values() for name in names}),
+)
 
 
 def _check_holds_a_dataset(path: Path) -> None:
@@ -119,10 +125,10 @@ def _check_holds_a_dataset(path: Path) -> None:
         raise FileNotFoundError(f"{path} does not exist; pass the folder that build-memmap wrote")
     if not path.is_dir():
         raise UsageError(f"{path} is not a folder; pass the folder that build-memmap wrote")
-    if not any((path / name).exists() for name in (MANIFEST_NAME, *_LABELS)):
+    if not any((path / name).exists() for name in _BUILD_FILES):
         raise UsageError(
-            f"{path} is not a gpuload dataset: it has no {MANIFEST_NAME} and no labels.memmap; "
-            "pass the folder that build-memmap wrote"
+            f"{path} is not a gpuload dataset: it holds none of the files build-memmap writes "
+            f"({MANIFEST_NAME}, labels.memmap...); pass the folder that build-memmap wrote"
         )
 
 
