@@ -100,6 +100,17 @@ class TestStoreJpeg:
         assert stored.shape == (150, 200) and stored.reencoded == "larger_than_max_side"
         assert store_jpeg(tmp_path / "big.jpg", max_side=400).reencoded is None
 
+    def test_reencoded_images_have_a_restart_marker_per_mcu_row_so_crops_skip_the_rows_above(self, tmp_path):
+        photo((600, 800)).save(tmp_path / "big.jpg", quality=90)
+        stored = store_jpeg(tmp_path / "big.jpg", max_side=400)
+        assert stored.shape == (300, 400) and stored.reencoded == "larger_than_max_side"
+        copy, top, declared = row_window(stored.data, 150, 160, context=True)
+        assert top == 128 and declared == 48  # the MCU rows around 150-159 only
+        np.testing.assert_array_equal(
+            simplejpeg.decode_jpeg(copy, strict=False)[150 - top : 160 - top],
+            simplejpeg.decode_jpeg(stored.data)[150:160],
+        )
+
     @pytest.mark.parametrize("name", ["truncated_eoi.jpg", "corrupt.jpg", "notes.jpg"])
     def test_damaged_files_are_decode_errors_as_in_raw_builds(self, tmp_path, name):
         from gpuload import DecodeError

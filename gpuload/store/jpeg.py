@@ -5,13 +5,15 @@ JPEG in RGB (YCbCr) or grayscale with no EXIF rotation is stored byte for byte (
 decode that finds damage, as for raw builds). Anything else, a progressive JPEG (2-3x slower to
 decode, and it cannot skip rows), an EXIF-rotated one, a CMYK or 12-bit one, one whose sampling
 libjpeg-turbo cannot read, a PNG, or an image larger than ``max_side``, is decoded upright (by
-Pillow where libjpeg-turbo cannot) and re-encoded at ``quality``.
+Pillow where libjpeg-turbo cannot) and re-encoded at ``quality``: baseline 4:2:0 with a restart
+marker at every MCU row, as ``gpuload compress`` writes them (see :func:`row_window`).
 Pillow does not report corrupt data inside a JPEG, so damage in one that only Pillow reads goes
 unnoticed (as in a raw build).
 """
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import re
@@ -19,8 +21,8 @@ from collections.abc import Iterator
 from itertools import islice
 
 import numpy as np
-import simplejpeg
 import xxhash
+from PIL import Image
 
 from ..errors import DecodeError
 from .decode import (
@@ -94,8 +96,12 @@ def store_jpeg(path: str | os.PathLike, *, max_side: int | None = None, quality:
             f"build with --max-side {JPEG_MAX_SIDE} or less, or with --format raw",
         )
     pixels = decode_image(path, (height, width), "stretch", data=data).permute(1, 2, 0).numpy()  # one read
-    encoded = simplejpeg.encode_jpeg(np.ascontiguousarray(pixels), quality=quality, colorsubsampling="420")
-    return StoredJpeg(encoded, (height, width), reason)
+    # Baseline 4:2:0 with a restart marker at every MCU row, as ``gpuload compress`` writes them:
+    # training crops then decode only their box's rows (:func:`row_window`).
+    Image.fromarray(np.ascontiguousarray(pixels)).save(
+        encoded := io.BytesIO(), "JPEG", quality=quality, subsampling="4:2:0", restart_marker_rows=1
+    )
+    return StoredJpeg(encoded.getvalue(), (height, width), reason)
 
 
 JPEG_MAX_SIDE = 65_500  # libjpeg-turbo's largest width or height
@@ -162,7 +168,7 @@ def row_window(data: bytes, first: int, last: int, *, context: bool = True) -> t
         ValueError: not ``0 <= first < last`` with ``first`` inside the image.
 
     Example:
-        >>> import matplotlib.cbook
+        >>> import matplotlib.cbook, simplejpeg
         >>> data = open(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False), "rb").read()
         >>> copy, top, rows = row_window(data, 40, 100)
         >>> top, rows, simplejpeg.decode_jpeg(copy, strict=False).shape
