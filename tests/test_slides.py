@@ -46,7 +46,7 @@ def test_rendering_is_deterministic_and_fills_every_placeholder():
 
 
 def test_committed_deck_matches_the_committed_results():
-    assert not write_slides(ROOT, check=True), "slides/slides.md is stale: run `gpuload slides`"
+    assert not write_slides(ROOT, check=True), "slides/slides.md is stale: run `python -m slides.generate`"
 
 
 def test_numbers_come_from_the_results():
