@@ -52,7 +52,7 @@ def candidates() -> dict[str, Callable[[bytes], object]]:
 
     found["simplejpeg"] = lambda data: simplejpeg.decode_jpeg(data)
     found["simplejpeg_fast"] = lambda data: simplejpeg.decode_jpeg(data, fastdct=True, fastupsample=True)
-    found["simplejpeg_half_scale"] = lambda data: simplejpeg.decode_jpeg(data, min_factor=2)
+    found["simplejpeg_half_scale"] = _half_scale
     try:
         import cv2
 
@@ -66,6 +66,15 @@ def candidates() -> dict[str, Callable[[bytes], object]]:
     except (ImportError, AttributeError, OSError):
         pass
     return found
+
+
+def _half_scale(data: bytes) -> object:
+    """simplejpeg at 1/2 scale: the smallest scale that keeps at least half of each side (``min_factor``
+    alone does not scale: without a minimum size simplejpeg keeps the full one)."""
+    import simplejpeg
+
+    height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+    return simplejpeg.decode_jpeg(data, min_height=-(-height // 2), min_width=-(-width // 2))
 
 
 def rate(decode: Callable[[bytes], object], blobs: list[bytes], threads: int) -> float:
