@@ -31,10 +31,7 @@ class TestFullDisk:
     (the command line prints it as one line)."""
 
     def test_the_reservation_fails_at_once(self, tmp_path, monkeypatch):
-        def no_space(fd, offset, length):
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        monkeypatch.setattr(gpuload.store.writer.os, "posix_fallocate", no_space)
+        monkeypatch.setattr(gpuload.store.writer.os, "posix_fallocate", _failing(errno.ENOSPC))
         monkeypatch.setattr(gpuload.store.writer.os, "fstatvfs", lambda fd: _Statvfs(free_blocks=1000))
         path = tmp_path / "out.bin"
         with pytest.raises(OSError) as caught:
@@ -46,13 +43,10 @@ class TestFullDisk:
         )
 
     def test_a_write_past_the_reservation(self, tmp_path, monkeypatch):
-        def no_space(fd, data, offset):
-            raise OSError(errno.ENOSPC, "No space left on device")
-
         path = tmp_path / "out.bin"
         with BlockWriter(path, capacity=4) as writer:
             writer.write(np.zeros(4, np.uint8))
-            monkeypatch.setattr(gpuload.store.writer.os, "pwrite", no_space)
+            monkeypatch.setattr(gpuload.store.writer.os, "pwrite", _failing(errno.ENOSPC))
             monkeypatch.setattr(gpuload.store.writer.os, "fstatvfs", lambda fd: _Statvfs(free_blocks=0))
             with pytest.raises(OSError) as caught:
                 writer.write(np.zeros(10, np.uint8))
@@ -63,13 +57,19 @@ class TestFullDisk:
         )
 
     def test_other_write_errors_are_left_as_they_are(self, tmp_path, monkeypatch):
-        def failing(fd, data, offset):
-            raise OSError(errno.EIO, "Input/output error")
-
         with BlockWriter(tmp_path / "out.bin", capacity=4) as writer:
-            monkeypatch.setattr(gpuload.store.writer.os, "pwrite", failing)
+            monkeypatch.setattr(gpuload.store.writer.os, "pwrite", _failing(errno.EIO))
             with pytest.raises(OSError, match=r"^\[Errno 5\] Input/output error$"):
                 writer.write(np.zeros(4, np.uint8))
+
+
+def _failing(code: int):
+    """A stand-in for an os call that fails with ``code``."""
+
+    def fail(*args):
+        raise OSError(code, os.strerror(code))
+
+    return fail
 
 
 class _Statvfs:
