@@ -69,6 +69,38 @@ class TestCompress:
         data = (tmp_path / "dst" / "a.jpg").read_bytes()
         assert simplejpeg.decode_jpeg(data, strict=True).shape == (*size, 3)
 
+    @pytest.mark.parametrize(
+        ("name", "options"),
+        [
+            ("a.tif", {}),
+            ("a.tiff", {"compression": "tiff_lzw"}),
+            ("pages.tif", {"save_all": True, "append_images": ["second page"]}),
+            ("a.webp", {"quality": 95}),
+            ("a.bmp", {}),
+            ("a.ppm", {}),
+            ("gray.pgm", {}),
+            ("sixteen.png", {}),
+            ("rotated.tif", {"tiffinfo": {274: 6}}),  # stored sideways: ffmpeg does not apply the TIFF tag
+        ],
+    )
+    def test_every_format_scanned_is_compressed_upright(self, tmp_path, name, options):
+        upright = photo((40, 64))
+        (tmp_path / "src").mkdir()
+        image = upright.convert("L") if name.endswith(".pgm") else upright
+        if name == "sixteen.png":
+            image = Image.fromarray(np.asarray(upright.convert("L"), np.uint16) * 257)  # 16-bit gray
+        if name == "rotated.tif":
+            image = upright.transpose(Image.Transpose.ROTATE_90)  # orientation 6 turns it back
+        if "append_images" in options:
+            options = {**options, "append_images": [photo((40, 64)).transpose(Image.Transpose.FLIP_TOP_BOTTOM)]}
+        image.save(tmp_path / "src" / name, **options)
+        report = compress_folder(tmp_path / "src", tmp_path / "dst", progress=False)
+        assert (report.done, report.failed) == (1, [])
+        output = (tmp_path / "dst" / name).with_suffix(".jpg").read_bytes()
+        pixels = simplejpeg.decode_jpeg(output, strict=True)
+        expected = np.asarray(upright.convert("L").convert("RGB") if "gray" in name or "sixteen" in name else upright)
+        assert pixels.shape == (40, 64, 3) and np.abs(pixels.astype(np.int16) - expected).mean() < 8
+
     def test_a_file_name_with_a_percent_pattern_is_that_file_not_a_numbered_sequence(self, tmp_path):
         """ffmpeg reads ``img%d.jpg`` as the pattern of img1.jpg, img2.jpg...: each output must be
         its own source's picture."""
@@ -131,7 +163,7 @@ class TestCompress:
 
     @pytest.mark.parametrize("error", [ZeroDivisionError, MemoryError])
     def test_a_bug_is_not_reported_as_a_damaged_file(self, photo_folder, tmp_path, monkeypatch, error):
-        def broken(path):
+        def broken(path, data=None):
             raise error("a bug, not a damaged file")
 
         monkeypatch.setattr(gpuload.store.compress, "check_image", broken)

@@ -215,11 +215,27 @@ class TestDecodeInto:
         decode_into(tmp_path / "a.jpg", out, "crop")
         assert np.array_equal(out, decode_image(tmp_path / "a.jpg", (30, 30), "crop").numpy())
 
-    def test_check_image_decodes_and_gives_the_orientation(self, tmp_path):
+    def test_check_image_decodes_and_gives_the_stored_orientation_and_the_upright_size(self, tmp_path):
         write_odd_image(tmp_path / "rotated.jpg", "exif_rotated")
-        assert check_image(tmp_path / "rotated.jpg") == 6
+        assert check_image(tmp_path / "rotated.jpg") == (6, SIZE)
+        data = (tmp_path / "rotated.jpg").read_bytes()
+        assert check_image(tmp_path / "named-only.jpg", data) == (6, SIZE)  # the bytes given, not read again
         with pytest.raises(DecodeError, match="truncated or corrupt JPEG"):
             check_image(write_bad_file(tmp_path, "corrupt.jpg"))
+
+    @pytest.mark.parametrize("orientation", range(1, 9))
+    def test_a_tiff_orientation_is_applied_once(self, tmp_path, orientation):
+        """Pillow turns a TIFF upright when it loads it (and gives its size upright): gpuload must not
+        turn it again; ffmpeg does not apply the tag, so check_image still gives it for compress."""
+        upright = photo((40, 64))
+        upright.save(tmp_path / "tagged.tif", tiffinfo={274: orientation})
+        with Image.open(tmp_path / "tagged.tif") as image:
+            assert image.getexif().get(274) == orientation
+            shown = np.asarray(ImageOps.exif_transpose(image).convert("RGB"))  # Pillow's reading of the tag
+        decoded = decode_image(tmp_path / "tagged.tif").permute(1, 2, 0).numpy()
+        np.testing.assert_array_equal(decoded, shown)
+        assert read_size(tmp_path / "tagged.tif") == shown.shape[:2]
+        assert check_image(tmp_path / "tagged.tif") == (orientation, shown.shape[:2])
 
 
 @pytest.mark.parametrize("orientation", range(1, 9))

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from ..errors import CompressError, DecodeError, UsageError
 from ..machine import resolve_workers
-from .decode import check_image, read_size
+from .decode import check_image, read_bytes
 from .files import OutputLock, check_apart, fsync_folder, resolve
 from .scan import IMG_EXTENSIONS, walk_images
 
@@ -49,7 +49,7 @@ class CompressReport:
     Attributes:
         done: files encoded by this run.
         skipped: files whose output already existed (a rerun resumes).
-        failed: ``(source path, ffmpeg's error line)`` per file that could not be encoded.
+        failed: ``(source path, why)`` per file that could not be encoded: the strict decoder's reason, ffmpeg's error line, or a check of ffmpeg's output.
         bytes_before: total size of the sources of the ``done`` and ``skipped`` files.
         bytes_after: total size of their outputs.
         seconds: wall time of the run.
@@ -288,28 +288,30 @@ class _Journal:
 def _encode(ffmpeg: str, source: Path, target: Path, quality: int, journal: _Journal) -> str:
     """Encode one file; returns ``""`` on success, else why it failed. Errors writing the output raise."""
     try:
-        orientation = check_image(source)
-        size = read_size(source)  # upright
+        data = read_bytes(source)  # once: what is checked is what ffmpeg encodes
+        orientation, size = check_image(source, data)
     except DecodeError as error:
         return error.reason
     rotate = ["-vf", _ORIENTATION_FILTERS[orientation]] if orientation in _ORIENTATION_FILTERS else []
-    # The file comes on stdin, its format found from its bytes: given by name, ffmpeg would read
-    # ``img%d.jpg`` as the numbered sequence img1.jpg, img2.jpg...
+    # The bytes go on stdin, their format found from them, as one packet (``-frame_size``: ffmpeg
+    # has no parser to split a TIFF): given a file name, ffmpeg would read ``img%d.jpg`` as the
+    # numbered sequence img1.jpg, img2.jpg...
     command = [
         ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-threads", "1", "-noautorotate",
-        "-i", "pipe:0", *rotate, "-frames:v", "1", "-qmin", "1", "-q:v", str(quality),
-        "-threads", "1", "-f", "image2pipe", "-c:v", "mjpeg", "pipe:1",
+        "-frame_size", str(len(data)), "-i", "pipe:0", *rotate, "-frames:v", "1", "-qmin", "1",
+        "-q:v", str(quality), "-threads", "1", "-f", "image2pipe", "-c:v", "mjpeg", "pipe:1",
     ]  # fmt: skip
     # More than one slice makes ffmpeg's JPEG encoder write a restart marker at every MCU row (the
-    # same pixels, 3-4 % more bytes): a crop of a jpeg dataset then decodes only its rows. For
+    # same pixels, a few bytes per row): a crop of a jpeg dataset then decodes only its rows. For
     # images one macroblock wide (16 px) it numbers them out of sequence: each output is checked,
     # and encoded again without them where it does not decode (or ffmpeg refused the option).
-    encoded, error = _run_ffmpeg([*command[:-1], "-slices", "2", command[-1]], source)
-    if error or _decoded_size(encoded) is None:
-        encoded, error = _run_ffmpeg(command, source)
+    encoded, error = _run_ffmpeg([*command[:-1], "-slices", "2", command[-1]], data)
+    written = None if error else _decoded_size(encoded)
+    if written is None:
+        encoded, error = _run_ffmpeg(command, data)
+        written = None if error else _decoded_size(encoded)
     if error:
         return error
-    written = _decoded_size(encoded)
     if written is None:
         return "ffmpeg wrote a JPEG that libjpeg-turbo reports as corrupt"
     if written != size:
@@ -330,16 +332,13 @@ def _encode(ffmpeg: str, source: Path, target: Path, quality: int, journal: _Jou
     return ""
 
 
-def _run_ffmpeg(command: list[str], source: Path) -> tuple[bytes, str]:
-    """The JPEG that ``command`` writes to its stdout from ``source`` on its stdin, and ``""``; or
+def _run_ffmpeg(command: list[str], data: bytes) -> tuple[bytes, str]:
+    """The JPEG that ``command`` writes to its stdout from ``data`` on its stdin, and ``""``; or
     ``b""`` and why it failed."""
     try:
-        with open(source, "rb") as file:
-            result = subprocess.run(command, stdin=file, capture_output=True, timeout=300)
+        result = subprocess.run(command, input=data, capture_output=True, timeout=300)
     except subprocess.TimeoutExpired:
         return b"", "ffmpeg took more than 300 s"
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as error:  # gone or changed since it was checked
-        return b"", f"cannot read it ({error.strerror})"
     if result.returncode != 0 or not result.stdout.startswith(b"\xff\xd8"):
         lines = [line for line in result.stderr.decode(errors="replace").splitlines() if line.strip()]
         return b"", lines[-1].strip() if lines else f"ffmpeg exited with code {result.returncode} and wrote no JPEG"

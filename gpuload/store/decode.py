@@ -152,17 +152,22 @@ def decode_into(path: str | os.PathLike, out: np.ndarray, resize: Resize = "crop
     np.copyto(out, _decode(path, tuple(out.shape[1:]), resize).numpy())
 
 
-def check_image(path: str | os.PathLike) -> int:
-    """Decode ``path`` once, as :func:`decode_image` would, to find damage; returns its EXIF orientation (1 to 8).
+def check_image(path: str | os.PathLike, data: bytes | None = None) -> tuple[int, tuple[int, int]]:
+    """Decode ``path`` once, as :func:`decode_image` would, to find damage; returns the orientation
+    of its stored pixels (its EXIF or TIFF tag, 1 to 8: what a decoder that ignores the tag, such as
+    ffmpeg, must apply) and its ``(height, width)`` upright. ``data``: its bytes, when read already.
 
     Raises:
         DecodeError: what :func:`decode_image` raises for the file.
     """
-    data = read_bytes(path)
+    data = read_bytes(path) if data is None else data
     with open_image(data, path) as image:
-        orientation = exif_orientation(image)
+        stored = _tagged_orientation(image)
+        height, width = image.height, image.width
+        if exif_orientation(image) in SIDEWAYS:
+            height, width = width, height
         decode_pixels(image, data, path, None)
-    return orientation
+    return stored, (height, width)
 
 
 def _decode(
@@ -180,7 +185,14 @@ def _decode(
 
 
 def exif_orientation(image: Image.Image) -> int:
-    """The EXIF orientation of an opened image, 1 (upright, as stored) to 8; 1 when absent or unreadable."""
+    """The orientation still to apply to the pixels of an opened image as Pillow loads them, 1
+    (upright) to 8: its EXIF orientation, but 1 for a TIFF, which Pillow turns upright itself when
+    it loads it (and whose size it already gives upright); 1 when absent or unreadable."""
+    return 1 if image.format == "TIFF" else _tagged_orientation(image)
+
+
+def _tagged_orientation(image: Image.Image) -> int:
+    """The orientation an image's EXIF or TIFF tag gives its stored pixels, 1 to 8; 1 when absent or unreadable."""
     try:
         orientation = image.getexif().get(_ORIENTATION, 1)
     except _PILLOW_DAMAGE:  # unreadable EXIF: show the pixels as stored
