@@ -22,7 +22,8 @@ def photo_folders(workdir: Path, count: int, size: tuple[int, int] = (480, 640),
     ffmpeg ``-q:v quality`` copy, made once under ``workdir`` and reused.
 
     The originals are made in a hidden temporary folder and renamed when complete; the copy is
-    resumed (and redone where an earlier version of ``compress_folder`` wrote it) by ``compress_folder`` itself. Nothing outside those two names is ever removed.
+    resumed (and redone where an earlier version wrote it) by ``compress_folder`` itself, which must
+    compress every photo. Nothing outside those two names is ever removed.
     """
     classes = len(gpuload.SAMPLE_CLASSES)
     per_class = -(-count // classes)
@@ -35,7 +36,9 @@ def photo_folders(workdir: Path, count: int, size: tuple[int, int] = (480, 640),
             shutil.rmtree(partial)  # a run of this function was killed while writing it
         gpuload.make_sample_folder(partial, images_per_class=per_class, size=size, quality=98)
         os.rename(partial, originals)
-    gpuload.compress_folder(originals, compressed, quality=quality, progress=False)  # skips what is finished
+    report = gpuload.compress_folder(originals, compressed, quality=quality, progress=False)  # skips what is finished
+    if report.failed:  # an experiment on fewer photos than it says would mislead
+        raise RuntimeError(f"compress failed on {len(report.failed)} photos, first {report.failed[0]}")
     return originals, compressed
 
 

@@ -104,8 +104,8 @@ def compress_folder(
     """Re-encode every image under ``src`` into ``dst`` with ffmpeg's JPEG encoder at ``-q:v quality``.
 
     The folder tree is mirrored; outputs are JPEGs (a ``.png`` becomes ``.jpg``), upright
-    (EXIF orientation applied), without metadata, and with a restart marker at every MCU row (3-4 %
-    more bytes for the same pixels), so that the training crops of a jpeg dataset built from them
+    (EXIF orientation applied), without metadata, and with a restart marker at every MCU row (a few
+    bytes per row, +4.5 % on 640x480 photos at ``-q:v 3``, for the same pixels), so that the training crops of a jpeg dataset built from them
     decode only the rows of their box. Every source is first decoded once by
     gpuload's strict decoder, so a damaged file (truncated, corrupt data) is reported, never
     re-encoded with grey blocks that ffmpeg would pass on without a word.
