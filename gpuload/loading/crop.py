@@ -5,9 +5,9 @@ batch in the loader's threads: libjpeg-turbo (simplejpeg, which releases the GIL
 smallest DCT scale (1/8, 1/4, 1/2 or 1) at which the sample's crop box is still at least as large
 as the output, and only the box's rows (:func:`gpuload.store.jpeg.row_window`: all rows below the
 box are skipped, and those above it too where restart markers begin MCU rows, as in the JPEGs
-that ``gpuload compress`` writes); the box is cut out and resized (torch's antialiased bilinear uint8 resize), flipped
-when drawn so, and written into the batch's pinned buffer: fixed-size uint8 ``[B, 3, S, S]``
-batches that go to the device exactly as raw batches do.
+that ``gpuload compress`` writes); the box is cut out and resized (torch's antialiased bilinear
+uint8 resize), flipped when drawn so, and written into the batch's pinned buffer: fixed-size uint8
+``[B, 3, S, S]`` batches that go to the device exactly as raw batches do.
 
 The random boxes and flips are a pure function of (seed, epoch, sample index), by a counter-based
 hash (splitmix64): an epoch is the same whatever the thread scheduling, and a resumed epoch
@@ -50,9 +50,9 @@ class RandomResizedCropDecode:
     Each image is decoded at the smallest DCT scale (1/8, 1/4, 1/2 or 1) at which its box is still
     at least the output's size (and which libjpeg-turbo takes exactly: not for images a few pixels
     across), and only down to the box's last rows (from its first rows too where restart markers
-    begin MCU rows, as in the JPEGs ``gpuload compress`` writes); the box is then cut out on that scale's pixel grid (its top and left
-    edges move by less than one pixel of that scale, its bottom and right by up to half of one) and
-    resized. With ``fast=False`` and a box smaller than twice the output, the pixels are
+    begin MCU rows, as in the JPEGs ``gpuload compress`` writes); the box is then cut out on that
+    scale's pixel grid (its top and left edges move by less than one pixel of that scale, its
+    bottom and right by up to half of one) and resized. With ``fast=False`` and a box smaller than twice the output, the pixels are
     exactly torchvision's ``resized_crop(antialias=True)`` of the full decode.
 
     Args:
