@@ -110,7 +110,7 @@ def _add_build(subparsers) -> None:
     )  # fmt: skip
     parser.add_argument("--resize", choices=RESIZE_MODES, default=None, help="raw: how other sizes fit (default: crop)")
     parser.add_argument("--max-side", type=int, default=None, help="jpeg: scale larger images down to this side")
-    parser.add_argument("--quality", type=int, default=90, help="jpeg: quality of re-encoded images (default: 90)")
+    parser.add_argument("--quality", type=int, default=None, help="jpeg: quality of re-encoded images (default: 90)")
     parser.add_argument(
         "--classes-from", type=Path, default=None, metavar="DATASET",
         help="use the class list (and labels) of this dataset, e.g. the training set's for a validation set",

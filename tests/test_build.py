@@ -1,6 +1,7 @@
 import errno
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -191,12 +192,44 @@ class TestBadInputs:
             build_memmap(photo_folder, tmp_path / "out.memmap", size=(10, 10), progress=False)
         assert os.listdir(tmp_path) == [".out.memmap.lock"]
 
-    def test_not_enough_disk_space_fails_before_decoding(self, photo_folder, tmp_path, monkeypatch):
+    @pytest.mark.parametrize(
+        ("format", "advice"),
+        [
+            ("raw", "choose a smaller size (--size) or another out"),
+            ("jpeg", "build with --max-side, or choose another out"),
+        ],
+    )
+    def test_not_enough_disk_space_fails_before_decoding(self, photo_folder, tmp_path, monkeypatch, format, advice):
         monkeypatch.setattr(gpuload.store.build.shutil, "disk_usage", lambda path: _Usage())
-        with pytest.raises(OSError, match="the dataset needs 0.00 GB .* but .* has 0.00 GB free") as caught:
-            build_memmap(photo_folder, tmp_path / "out.memmap", progress=False)
+        with pytest.raises(OSError) as caught:
+            build_memmap(photo_folder, tmp_path / "out.memmap", format=format, progress=False)
         assert caught.value.errno == errno.ENOSPC  # so the command line prints one line, not a traceback
-        assert not (tmp_path / "out.memmap").exists()
+        message = str(caught.value)
+        assert re.search(
+            r"the dataset needs [\d,]+ bytes \([\d.]+ MB: .*\) but .* has 100 bytes \(0.0 MB\) free", message
+        )
+        assert message.endswith(advice) and not (tmp_path / "out.memmap").exists()
+
+    def test_a_jpeg_build_with_max_side_is_not_refused_for_the_size_of_its_sources(
+        self, photo_folder, tmp_path, monkeypatch
+    ):
+        """Images scaled down to --max-side are re-encoded smaller than their sources: their bytes
+        say nothing of what the build needs, so nothing is refused or reserved up front."""
+        monkeypatch.setattr(gpuload.store.build.shutil, "disk_usage", lambda path: _Usage(free=1000))
+        reserved = []
+        monkeypatch.setattr(gpuload.store.writer.os, "posix_fallocate", lambda fd, offset, size: reserved.append(size))
+        out = build_memmap(photo_folder, tmp_path / "out.jpeg", format="jpeg", max_side=8, progress=False)
+        assert MemmapImageDataset(out).data.shapes.max() == 8 and reserved == []
+
+    def test_quality_with_raw_is_refused(self, photo_folder, tmp_path):
+        with pytest.raises(UsageError, match=r"quality applies only to format='jpeg'"):
+            build_memmap(photo_folder, tmp_path / "out", quality=80, progress=False)
+        assert (
+            MemmapImageDataset(
+                build_memmap(photo_folder, tmp_path / "jpeg", format="jpeg", progress=False)
+            ).manifest.jpeg["quality"]
+            == 90
+        )
 
     def test_stale_temporary_folders_are_removed_before_checking_free_space(self, photo_folder, tmp_path, monkeypatch):
         stale = tmp_path / ".out.memmap.tmp-1"  # left by a build killed on a nearly full disk

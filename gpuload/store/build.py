@@ -53,7 +53,7 @@ def build_memmap(
     size: tuple[int, int] | None = None,
     resize: Resize | None = None,
     max_side: int | None = None,
-    quality: int = 90,
+    quality: int | None = None,
     classes: Sequence[str] | None = None,
     workers: int | None = None,
     strict: bool = False,
@@ -87,7 +87,8 @@ def build_memmap(
             ``"stretch"`` (see :func:`gpuload.decode_image`). A jpeg build refuses it: its images keep
             their own sizes and are cropped when loaded.
         max_side: jpeg: images with a longer side are scaled down to it (and re-encoded).
-        quality: jpeg: the quality of re-encoded images (see :mod:`gpuload.store.jpeg`).
+        quality: jpeg: the quality of re-encoded images (see :mod:`gpuload.store.jpeg`), 90 when left
+            out. A raw build refuses it.
         classes: the class names, in label order (e.g. the training set's, for its validation set):
             a class folder not in the list is an error, a listed class with no image is kept.
         workers: decoding threads; defaults to the number of cores.
@@ -127,6 +128,12 @@ def build_memmap(
         raise UsageError("size applies to format='raw'; a jpeg dataset keeps each image's size (see max_side)")
     if max_side is not None and (format != "jpeg" or not _positive_int(max_side)):
         raise UsageError(f"max_side must be a positive integer, for format='jpeg' only, got {max_side!r}")
+    if quality is not None and format != "jpeg":
+        raise UsageError(
+            f"quality applies only to format='jpeg' (--format jpeg), got quality={quality!r} with format='raw'; "
+            "a raw build stores decoded pixels: leave quality out"
+        )
+    quality = 90 if quality is None else quality
     if not _positive_int(quality) or quality > 100:
         raise UsageError(f"quality must be an integer from 1 to 100, got {quality!r}")
     workers = resolve_workers(workers)
@@ -143,7 +150,7 @@ def build_memmap(
             if format == "raw" and size is None:
                 size, unreadable = _common_size(index, pool, strict)
             tmp = out.with_name(f".{out.name}.tmp-{secrets.token_hex(4)}")
-            _check_free_space(out.parent, index, size)
+            _check_free_space(out.parent, index, size, max_side)
             tmp.mkdir()
             try:
                 skipped = [
@@ -153,7 +160,8 @@ def build_memmap(
                 if format == "raw":
                     store: _Store = _RawStore(tmp, pool, size, resize, workers, sync, len(todo))
                 else:
-                    store = _JpegStore(tmp, pool, max_side, quality, workers, sync, _source_bytes(index))
+                    expected = _source_bytes(index) if max_side is None else 0  # scaled down: smaller, unknown
+                    store = _JpegStore(tmp, pool, max_side, quality, workers, sync, expected)
                 kept, checksums = _write(store, index, todo, skipped, strict, progress)
                 _finish(tmp, src, index, store, kept, checksums, skipped, sync)
                 _move_into_place(tmp, out, sync)
@@ -260,20 +268,26 @@ def _read_size_or_error(path: Path) -> tuple[int, int] | DecodeError:
         return error
 
 
-def _check_free_space(folder: Path, index: ImageFolderIndex, size: tuple[int, int] | None) -> None:
+def _check_free_space(
+    folder: Path, index: ImageFolderIndex, size: tuple[int, int] | None, max_side: int | None
+) -> None:
     """Refuse a build that cannot fit: the pixels (raw), or the source files' bytes (jpeg: the re-encoded
-    images are about as large)."""
+    images are about as large; with ``max_side`` they are smaller by an unknown amount, and nothing is checked)."""
     count = len(index.samples)
     if size is not None:
         needed, what = count * (3 * size[0] * size[1] + 8), f"{count} images of 3x{size[0]}x{size[1]} bytes"
-    else:
+        advice = "choose a smaller size (--size) or another out"
+    elif max_side is None:
         needed, what = _source_bytes(index) + 24 * count, f"the JPEG bytes of {count} images"
+        advice = "build with --max-side, or choose another out"
+    else:
+        return
     free = shutil.disk_usage(folder if folder.exists() else folder.parent).free
     if needed > free:
         raise OSError(
             errno.ENOSPC,
-            f"the dataset needs {needed / 1e9:.2f} GB ({what}) but {folder} has {free / 1e9:.2f} GB free; "
-            f"choose a smaller size or another out",
+            f"the dataset needs {needed:,} bytes ({needed / 1e6:,.1f} MB: {what}) but {folder} has "
+            f"{free:,} bytes ({free / 1e6:,.1f} MB) free; {advice}",
         )
 
 
