@@ -210,6 +210,21 @@ class TestBadInputs:
         )
         assert message.endswith(advice) and not (tmp_path / "out.memmap").exists()
 
+    def test_a_full_disk_while_finishing_names_the_dataset_and_what_to_do(self, photo_folder, tmp_path, monkeypatch):
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(gpuload.store.build.Manifest, "write", full)
+        with pytest.raises(OSError) as caught:
+            build_memmap(photo_folder, tmp_path / "out.memmap", progress=False)
+        assert caught.value.errno == errno.ENOSPC
+        assert str(caught.value) == (
+            f"[Errno 28] not enough disk space to finish {tmp_path / 'out.memmap'}: its images are written, and "
+            "writing its labels, metadata and manifest failed (No space left on device); free space there or "
+            "write to another disk"
+        )
+        assert os.listdir(tmp_path) == [".out.memmap.lock"]  # nothing half-built left
+
     def test_a_jpeg_build_with_max_side_is_not_refused_for_the_size_of_its_sources(
         self, photo_folder, tmp_path, monkeypatch
     ):

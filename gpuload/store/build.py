@@ -163,7 +163,16 @@ def build_memmap(
                     expected = _source_bytes(index) if max_side is None else 0  # scaled down: smaller, unknown
                     store = _JpegStore(tmp, pool, max_side, quality, workers, sync, expected)
                 kept, checksums = _write(store, index, todo, skipped, strict, progress)
-                _finish(tmp, src, index, store, kept, checksums, skipped, sync)
+                try:
+                    _finish(tmp, src, index, store, kept, checksums, skipped, sync)
+                except OSError as error:
+                    if error.errno != errno.ENOSPC:
+                        raise
+                    raise OSError(
+                        errno.ENOSPC,
+                        f"not enough disk space to finish {out}: its images are written, and writing its labels, "
+                        f"metadata and manifest failed ({error.strerror}); free space there or write to another disk",
+                    ) from None
                 _move_into_place(tmp, out, sync)
             except BaseException:
                 pool.shutdown(wait=True, cancel_futures=True)
