@@ -214,7 +214,12 @@ class TestCompress:
 
         monkeypatch.setattr(gpuload.store.compress.os, "fsync", full)
         code, _, err = run(capsys, "compress", str(photo_folder), str(tmp_path / "q"))
-        assert code == 2 and err.splitlines()[-1] == "gpuload: error: [Errno 28] No space left on device"
+        assert code == 2 and err.splitlines()[-1].startswith(
+            "gpuload: error: [Errno 28] not enough disk space to write "
+        )
+        assert err.splitlines()[-1].endswith(
+            "free space there and run again (what is finished is kept), or choose another DST"
+        )
 
     def test_bad_quality(self, capsys, photo_folder, tmp_path):
         code, _, err = run(capsys, "compress", str(photo_folder), str(tmp_path / "q"), "-q", "0")

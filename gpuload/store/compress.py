@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -326,6 +327,14 @@ def _encode(ffmpeg: str, source: Path, target: Path, quality: int, journal: _Jou
         journal.add(source, target, quality, len(encoded))
         os.replace(partial, target)
         fsync_folder(target.parent)
+    except OSError as error:
+        if error.errno != errno.ENOSPC:
+            raise
+        raise OSError(
+            errno.ENOSPC,
+            f"not enough disk space to write {target} ({len(encoded):,} bytes): free space there and run again "
+            "(what is finished is kept), or choose another DST",
+        ) from None
     finally:
         if os.path.lexists(partial):
             os.unlink(partial)
