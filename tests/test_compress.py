@@ -1,6 +1,7 @@
 import errno
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -367,6 +368,21 @@ class TestArguments:
         monkeypatch.setattr(gpuload.store.compress.shutil, "which", lambda name: None)
         with pytest.raises(FileNotFoundError, match=r"pip install imageio-ffmpeg .*apt-get install ffmpeg"):
             find_ffmpeg()
+
+    @pytest.mark.parametrize("kind", ["missing", "not executable"])
+    def test_an_ffmpeg_named_by_imageio_ffmpeg_exe_that_cannot_run_is_named(
+        self, photo_folder, tmp_path, monkeypatch, kind
+    ):
+        fake = tmp_path / "ffmpeg"
+        if kind == "not executable":
+            fake.write_text("#!/bin/sh\n")
+            fake.chmod(0o644)
+        monkeypatch.setenv("IMAGEIO_FFMPEG_EXE", str(fake))
+        with pytest.raises(
+            FileNotFoundError, match=f"^{re.escape(str(fake))} is not an executable ffmpeg .*IMAGEIO_FFMPEG_EXE"
+        ):
+            compress_folder(photo_folder, tmp_path / "q", progress=False)
+        assert not (tmp_path / "q").exists()
 
 
 def test_summary_line():

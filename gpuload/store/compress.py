@@ -77,12 +77,19 @@ def find_ffmpeg() -> str:
     ``IMAGEIO_FFMPEG_EXE`` names), else ``ffmpeg`` on ``PATH``.
 
     Raises:
-        FileNotFoundError: no ffmpeg anywhere, with how to get one.
+        FileNotFoundError: no ffmpeg anywhere, with how to get one, or one named by
+            ``IMAGEIO_FFMPEG_EXE`` that is not an executable file.
     """
     try:
         import imageio_ffmpeg
 
-        return imageio_ffmpeg.get_ffmpeg_exe()
+        found = imageio_ffmpeg.get_ffmpeg_exe()
+        if not (os.path.isfile(found) and os.access(found, os.X_OK)):  # the variable is taken as it is
+            raise FileNotFoundError(
+                f"{found} is not an executable ffmpeg (IMAGEIO_FFMPEG_EXE={os.environ.get('IMAGEIO_FFMPEG_EXE')!r}); "
+                "point IMAGEIO_FFMPEG_EXE at an ffmpeg, or unset it to use the one imageio-ffmpeg ships"
+            )
+        return found
     except (ImportError, RuntimeError):
         found = shutil.which("ffmpeg")
         if found:
