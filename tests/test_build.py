@@ -220,8 +220,7 @@ class TestBadInputs:
         assert caught.value.errno == errno.ENOSPC
         assert str(caught.value) == (
             f"[Errno 28] not enough disk space to finish {tmp_path / 'out.memmap'}: its images are written, and "
-            "writing its labels, metadata and manifest failed (No space left on device); free space there or "
-            "write to another disk"
+            "its labels, metadata and manifest did not fit; free space there or write to another disk"
         )
         assert os.listdir(tmp_path) == [".out.memmap.lock"]  # nothing half-built left
 

@@ -24,7 +24,16 @@ from tqdm.auto import tqdm
 from ..errors import DatasetError, DecodeError, UsageError
 from ..machine import limit_torch_threads, resolve_workers
 from .decode import Resize, check_target, decode_into, read_size
-from .files import OutputLock, check_apart, fsync_file, fsync_folder, rename_exchange, rename_noreplace, resolve
+from .files import (
+    OutputLock,
+    check_apart,
+    fsync_file,
+    fsync_folder,
+    full_disk_says,
+    rename_exchange,
+    rename_noreplace,
+    resolve,
+)
 from .jpeg import REENCODE_REASONS, StoredJpeg, store_jpeg
 from .manifest import ARRAYS, MANIFEST_NAME, Manifest
 from .scan import ImageFolderIndex, scan_image_folder
@@ -163,16 +172,11 @@ def build_memmap(
                     expected = _source_bytes(index) if max_side is None else 0  # scaled down: smaller, unknown
                     store = _JpegStore(tmp, pool, max_side, quality, workers, sync, expected)
                 kept, checksums = _write(store, index, todo, skipped, strict, progress)
-                try:
+                with full_disk_says(
+                    f"not enough disk space to finish {out}: its images are written, and its labels, metadata "
+                    "and manifest did not fit; free space there or write to another disk"
+                ):
                     _finish(tmp, src, index, store, kept, checksums, skipped, sync)
-                except OSError as error:
-                    if error.errno != errno.ENOSPC:
-                        raise
-                    raise OSError(
-                        errno.ENOSPC,
-                        f"not enough disk space to finish {out}: its images are written, and writing its labels, "
-                        f"metadata and manifest failed ({error.strerror}); free space there or write to another disk",
-                    ) from None
                 _move_into_place(tmp, out, sync)
             except BaseException:
                 pool.shutdown(wait=True, cancel_futures=True)

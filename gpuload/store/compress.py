@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -20,7 +19,7 @@ from tqdm.auto import tqdm
 from ..errors import CompressError, DecodeError, UsageError
 from ..machine import resolve_workers
 from .decode import check_image, read_bytes
-from .files import OutputLock, check_apart, fsync_folder, resolve
+from .files import OutputLock, check_apart, fsync_folder, full_disk_says, resolve
 from .scan import IMG_EXTENSIONS, walk_images
 
 __all__ = ["JOURNAL_NAME", "CompressReport", "compress_folder", "find_ffmpeg"]
@@ -326,22 +325,19 @@ def _encode(ffmpeg: str, source: Path, target: Path, quality: int, journal: _Jou
         return f"ffmpeg wrote a {written[1]}x{written[0]} JPEG for this {size[1]}x{size[0]} image"
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}{_PARTIAL}")
+    full = (
+        f"not enough disk space to write {target} ({len(encoded):,} bytes): free space there and run again "
+        "(what is finished is kept), or choose another DST"
+    )
     try:
-        with open(partial, "wb") as file:
-            file.write(encoded)
-            file.flush()
-            os.fsync(file.fileno())
-        journal.add(source, target, quality, len(encoded))
-        os.replace(partial, target)
-        fsync_folder(target.parent)
-    except OSError as error:
-        if error.errno != errno.ENOSPC:
-            raise
-        raise OSError(
-            errno.ENOSPC,
-            f"not enough disk space to write {target} ({len(encoded):,} bytes): free space there and run again "
-            "(what is finished is kept), or choose another DST",
-        ) from None
+        with full_disk_says(full):
+            with open(partial, "wb") as file:
+                file.write(encoded)
+                file.flush()
+                os.fsync(file.fileno())
+            journal.add(source, target, quality, len(encoded))
+            os.replace(partial, target)
+            fsync_folder(target.parent)
     finally:
         if os.path.lexists(partial):
             os.unlink(partial)

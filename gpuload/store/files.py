@@ -11,6 +11,8 @@ import ctypes
 import errno
 import fcntl
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import BusyError, UsageError
@@ -18,6 +20,7 @@ from ..errors import BusyError, UsageError
 __all__ = [
     "OutputLock",
     "check_apart",
+    "full_disk_says",
     "fsync_file",
     "fsync_folder",
     "rename_exchange",
@@ -30,6 +33,27 @@ _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
 _SYNC_FILE_RANGE_WRITE = 2
+
+
+@contextmanager
+def full_disk_says(message: str) -> Iterator[None]:
+    """A full disk (``ENOSPC``) inside becomes an ``OSError`` with ``message`` (what was being
+    written, what to do), still ``ENOSPC``, so the command line prints it as one line; other errors pass.
+
+    Example:
+        >>> try:
+        ...     with full_disk_says("not enough disk space to write x: free space there"):
+        ...         raise OSError(errno.ENOSPC, "No space left on device")
+        ... except OSError as error:
+        ...     print(error)
+        [Errno 28] not enough disk space to write x: free space there
+    """
+    try:
+        yield
+    except OSError as error:
+        if error.errno != errno.ENOSPC:
+            raise
+        raise OSError(errno.ENOSPC, message) from None
 
 
 def resolve(path: str | os.PathLike) -> Path:
