@@ -46,6 +46,7 @@ __all__ = [
     "decode_jpeg_strict",
     "exif_orientation",
     "read_size",
+    "upright_size",
 ]
 
 Resize = Literal["crop", "pad", "stretch"]
@@ -111,10 +112,15 @@ def read_size(path: str | os.PathLike) -> tuple[int, int]:
         if os.fstat(file.fileno()).st_size == 0:
             raise DecodeError(path, "empty file (0 bytes)")
         with open_image(file, path) as image:
-            width, height = image.size
-            if exif_orientation(image) in SIDEWAYS:
-                width, height = height, width
-    return height, width
+            return upright_size(image)
+
+
+def upright_size(image: Image.Image) -> tuple[int, int]:
+    """The ``(height, width)`` of an opened image as displayed, from its header (the orientation
+    still to apply, :func:`exif_orientation`, swaps the sides of a sideways one)."""
+    if exif_orientation(image) in SIDEWAYS:
+        return image.width, image.height
+    return image.height, image.width
 
 
 def decode_image(
@@ -162,12 +168,9 @@ def check_image(path: str | os.PathLike, data: bytes | None = None) -> tuple[int
     """
     data = read_bytes(path) if data is None else data
     with open_image(data, path) as image:
-        stored = _tagged_orientation(image)
-        height, width = image.height, image.width
-        if exif_orientation(image) in SIDEWAYS:
-            height, width = width, height
+        stored, size = _tagged_orientation(image), upright_size(image)
         decode_pixels(image, data, path, None)
-    return stored, (height, width)
+    return stored, size
 
 
 def _decode(

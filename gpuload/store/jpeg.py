@@ -27,12 +27,12 @@ from PIL import Image
 from ..errors import DecodeError
 from .decode import (
     JPEG_COLORSPACES,
-    SIDEWAYS,
     decode_image,
     decode_jpeg_strict,
     exif_orientation,
     open_image,
     read_bytes,
+    upright_size,
 )
 
 __all__ = ["REENCODE_REASONS", "StoredJpeg", "frame_size", "row_window", "scale_is_exact", "store_jpeg"]
@@ -76,9 +76,7 @@ def store_jpeg(path: str | os.PathLike, *, max_side: int | None = None, quality:
     data = read_bytes(path)
     with open_image(data, path) as image:
         orientation = exif_orientation(image)
-        height, width = image.height, image.width
-        if orientation in SIDEWAYS:
-            height, width = width, height
+        height, width = upright_size(image)
         reason = _reencode_reason(image, orientation, (height, width), max_side)
         if reason is None:
             # A strict decode: damage is found here, as in a raw build. A JPEG that libjpeg-turbo
