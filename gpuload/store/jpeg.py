@@ -138,11 +138,7 @@ def frame_size(data: bytes) -> tuple[int, int] | None:
     """
     for position, marker in _markers(data):
         if marker in _FRAMES:
-            if position + 9 > len(data):
-                return None
-            return int.from_bytes(data[position + 5 : position + 7], "big"), int.from_bytes(
-                data[position + 7 : position + 9], "big"
-            )
+            return None if position + 9 > len(data) else _size_at(data, position)
     return None
 
 
@@ -176,10 +172,7 @@ def row_window(data: bytes, first: int, last: int, *, context: bool = True) -> t
     if header is None:
         return None
     frame, interval, scan = header
-    height, width = (
-        int.from_bytes(data[frame + 5 : frame + 7], "big"),
-        int.from_bytes(data[frame + 7 : frame + 9], "big"),
-    )
+    height, width = _size_at(data, frame)
     components = data[frame + 9]
     sampling = data[frame + 11 : frame + 10 + 3 * components : 3]
     if height == 0 or width == 0 or components == 0 or len(sampling) != components:
@@ -223,6 +216,11 @@ def scale_is_exact(denominator: int, height: int, width: int) -> bool:
     """
     larger = 8 // denominator + 1  # in eighths
     return denominator == 1 or any(-(-side * larger // 8) > -(-side // denominator) for side in (height, width))
+
+
+def _size_at(data: bytes, frame: int) -> tuple[int, int]:
+    """The ``(height, width)`` of the frame header at ``frame`` (whole: checked by the caller)."""
+    return int.from_bytes(data[frame + 5 : frame + 7], "big"), int.from_bytes(data[frame + 7 : frame + 9], "big")
 
 
 def _markers(data: bytes) -> Iterator[tuple[int, int]]:
