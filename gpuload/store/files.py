@@ -11,7 +11,7 @@ import ctypes
 import errno
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -36,9 +36,10 @@ _SYNC_FILE_RANGE_WRITE = 2
 
 
 @contextmanager
-def full_disk_says(message: str) -> Iterator[None]:
+def full_disk_says(message: str | Callable[[], str]) -> Iterator[None]:
     """A full disk (``ENOSPC``) inside becomes an ``OSError`` with ``message`` (what was being
-    written, what to do), still ``ENOSPC``, so the command line prints it as one line; other errors pass.
+    written, what to do; a callable is asked only then), still ``ENOSPC``, so the command line
+    prints it as one line; other errors pass.
 
     Example:
         >>> try:
@@ -53,7 +54,7 @@ def full_disk_says(message: str) -> Iterator[None]:
     except OSError as error:
         if error.errno != errno.ENOSPC:
             raise
-        raise OSError(errno.ENOSPC, message) from None
+        raise OSError(errno.ENOSPC, message() if callable(message) else message) from None
 
 
 def resolve(path: str | os.PathLike) -> Path:

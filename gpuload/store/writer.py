@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import start_writeback
+from .files import full_disk_says, start_writeback
 
 __all__ = ["BlockWriter"]
 
@@ -59,17 +59,13 @@ class BlockWriter:
             OSError: the write failed; a full disk (``ENOSPC``) names the file and the bytes it needed.
         """
         view = memoryview(block).cast("B")
-        while view:  # pwrite may write less than asked
-            try:
+        with full_disk_says(
+            lambda: _no_space(self._fd, self.path, f"{_bytes(len(view))} beyond the {self.written:,} written")
+        ):
+            while view:  # pwrite may write less than asked
                 done = os.pwrite(self._fd, view, self.written)
-            except OSError as error:
-                if error.errno != errno.ENOSPC:
-                    raise
-                raise _no_space(
-                    self._fd, self.path, f"{_bytes(len(view))} beyond the {self.written:,} written"
-                ) from None
-            self.written += done
-            view = view[done:]
+                self.written += done
+                view = view[done:]
         if self._write_behind and self.written - self._started >= _WRITE_BEHIND_BYTES:
             start_writeback(self._fd, self._started, self.written - self._started)
             self._started = self.written
@@ -94,22 +90,20 @@ class BlockWriter:
 def _reserve(fd: int, capacity: int, path: Path) -> None:
     if capacity <= 0 or not hasattr(os, "posix_fallocate"):
         return
-    try:
-        os.posix_fallocate(fd, 0, capacity)
-    except OSError as error:
-        if error.errno == errno.ENOSPC:
-            raise _no_space(fd, path, _bytes(capacity)) from None
-        if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-            raise
+    with full_disk_says(lambda: _no_space(fd, path, _bytes(capacity))):
+        try:
+            os.posix_fallocate(fd, 0, capacity)
+        except OSError as error:
+            if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
 
 
-def _no_space(fd: int, path: Path, needed: str) -> OSError:
-    """The ``ENOSPC`` error of a full disk, naming the file, the bytes it needed and the space left."""
+def _no_space(fd: int, path: Path, needed: str) -> str:
+    """What a full disk stopped: the file, the bytes it needed and the space left."""
     stats = os.fstatvfs(fd)
-    return OSError(
-        errno.ENOSPC,
+    return (
         f"not enough disk space to write {path}: it needs {needed} and its disk has "
-        f"{_bytes(stats.f_bavail * stats.f_frsize)} free; free space there or write to another disk",
+        f"{_bytes(stats.f_bavail * stats.f_frsize)} free; free space there or write to another disk"
     )
 
 
