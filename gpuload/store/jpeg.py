@@ -61,8 +61,10 @@ class StoredJpeg:
         self.checksum = xxhash.xxh3_64_intdigest(data)
 
 
-def store_jpeg(path: str | os.PathLike, *, max_side: int | None = None, quality: int = 90) -> StoredJpeg:
-    """What the JPEG store keeps for ``path``.
+def store_jpeg(
+    path: str | os.PathLike, *, max_side: int | None = None, quality: int = 90, data: bytes | None = None
+) -> StoredJpeg:
+    """What the JPEG store keeps for ``path`` (``data``: its bytes, when read already).
 
     Raises:
         DecodeError: the file is damaged or not an image (what a raw build would skip).
@@ -73,7 +75,7 @@ def store_jpeg(path: str | os.PathLike, *, max_side: int | None = None, quality:
         >>> stored.shape, stored.reencoded
         ((300, 256), 'larger_than_max_side')
     """
-    data = read_bytes(path)
+    data = read_bytes(path) if data is None else data
     with open_image(data, path) as image:
         orientation = exif_orientation(image)
         height, width = upright_size(image)

@@ -181,15 +181,15 @@ def _compare_jpeg(dataset: MemmapImageDataset, index: int, path: Path) -> str | 
     alone is no fair reference for a re-encoded image: on a tiny one, 4:2:0 chroma over a few
     pixels and the 8x8 blocks lose more than the tolerance, even at quality 100.
     """
-    recorded = int(dataset.manifest.checksums[index], 16)
-    if xxhash.xxh3_64_intdigest(read_bytes(path)) == recorded:
+    recorded, data = int(dataset.manifest.checksums[index], 16), read_bytes(path)  # read once
+    if xxhash.xxh3_64_intdigest(data) == recorded:
         return None  # stored as it was, and unchanged
     settings = dataset.manifest.jpeg
-    again = store_jpeg(path, max_side=settings["max_side"], quality=settings["quality"])
+    again = store_jpeg(path, max_side=settings["max_side"], quality=settings["quality"], data=data)
     if again.checksum == recorded:
         return None
     stored = dataset[index][0].numpy().astype(np.int16)
-    references = [decode_image(path, stored.shape[1:], "stretch").numpy()]
+    references = [decode_image(path, stored.shape[1:], "stretch", data=data).numpy()]
     if again.shape == stored.shape[1:]:
         references.append(decode_jpeg_bytes(again.data, lambda: str(path)).transpose(2, 0, 1))
     return _beyond_tolerance(index, path, min(float(np.abs(stored - pixels).mean()) for pixels in references))
