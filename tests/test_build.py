@@ -18,6 +18,7 @@ from torchvision.transforms import v2
 
 import gpuload.store.build
 import gpuload.store.decode
+import gpuload.store.writer
 from gpuload import (
     BusyError,
     DecodeError,
@@ -222,6 +223,22 @@ class TestBadInputs:
             f"[Errno 28] not enough disk space to finish {tmp_path / 'out.memmap'}: its images are written, and "
             "its labels, metadata and manifest did not fit; free space there or write to another disk"
         )
+        assert os.listdir(tmp_path) == [".out.memmap.lock"]  # nothing half-built left
+
+    @pytest.mark.parametrize(("format", "name"), [("raw", "images.memmap"), ("jpeg", "data.memmap")])
+    def test_a_full_disk_while_writing_images_names_the_dataset_not_its_temporary_folder(
+        self, photo_folder, tmp_path, monkeypatch, format, name
+    ):
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(gpuload.store.writer.os, "pwrite", full)
+        with pytest.raises(OSError) as caught:
+            build_memmap(photo_folder, tmp_path / "out.memmap", format=format, progress=False)
+        assert caught.value.errno == errno.ENOSPC
+        message = str(caught.value)
+        assert message.startswith(f"[Errno 28] not enough disk space to write {tmp_path / 'out.memmap' / name}: ")
+        assert ".tmp-" not in message and message.endswith("free space there or write to another disk")
         assert os.listdir(tmp_path) == [".out.memmap.lock"]  # nothing half-built left
 
     def test_a_jpeg_build_with_max_side_is_not_refused_for_the_size_of_its_sources(

@@ -30,15 +30,16 @@ class TestFullDisk:
     """A full disk names the file, the bytes it needed, the space left and what to do; errno stays ENOSPC
     (the command line prints it as one line)."""
 
-    def test_the_reservation_fails_at_once(self, tmp_path, monkeypatch):
+    @pytest.mark.parametrize("name", [None, "dataset/out.bin"])
+    def test_the_reservation_fails_at_once(self, tmp_path, monkeypatch, name):
         monkeypatch.setattr(gpuload.store.writer.os, "posix_fallocate", _failing(errno.ENOSPC))
         monkeypatch.setattr(gpuload.store.writer.os, "fstatvfs", lambda fd: _Statvfs(free_blocks=1000))
         path = tmp_path / "out.bin"
         with pytest.raises(OSError) as caught:
-            BlockWriter(path, capacity=2 * 10**9)
+            BlockWriter(path, capacity=2 * 10**9, name=name)
         assert caught.value.errno == errno.ENOSPC
         assert str(caught.value) == (
-            f"[Errno 28] not enough disk space to write {path}: it needs 2,000,000,000 bytes (2.00 GB) and its disk "
+            f"[Errno 28] not enough disk space to write {name or path}: it needs 2,000,000,000 bytes (2.00 GB) and its disk "
             "has 4,096,000 bytes (0.00 GB) free; free space there or write to another disk"
         )
 

@@ -167,10 +167,10 @@ def build_memmap(
                 ]
                 todo = [position for position in range(len(index.samples)) if position not in unreadable]
                 if format == "raw":
-                    store: _Store = _RawStore(tmp, pool, size, resize, workers, sync, len(todo))
+                    store: _Store = _RawStore(tmp, out, pool, size, resize, workers, sync, len(todo))
                 else:
                     expected = _source_bytes(index) if max_side is None else 0  # scaled down: smaller, unknown
-                    store = _JpegStore(tmp, pool, max_side, quality, workers, sync, expected)
+                    store = _JpegStore(tmp, out, pool, max_side, quality, workers, sync, expected)
                 kept, checksums = _write(store, index, todo, skipped, strict, progress)
                 with full_disk_says(
                     f"not enough disk space to finish {out}: its images are written, and its labels, metadata "
@@ -340,6 +340,7 @@ class _RawStore(_Store):
     def __init__(
         self,
         tmp: Path,
+        out: Path,
         pool: ThreadPoolExecutor,
         size: tuple[int, int],
         resize: str,
@@ -351,7 +352,9 @@ class _RawStore(_Store):
         self.window = 2 * workers + 2  # decoded images in flight: bounds memory
         self.free = [np.empty((3, *size), np.uint8) for _ in range(self.window)]
         self.busy: dict[Future, np.ndarray] = {}
-        self.writer = BlockWriter(tmp / "images.memmap", count * 3 * size[0] * size[1], write_behind=sync)
+        self.writer = BlockWriter(
+            tmp / "images.memmap", count * 3 * size[0] * size[1], write_behind=sync, name=out / "images.memmap"
+        )
 
     def submit(self, path: Path) -> Future:
         buffer = self.free.pop()
@@ -391,6 +394,7 @@ class _JpegStore(_Store):
     def __init__(
         self,
         tmp: Path,
+        out: Path,
         pool: ThreadPoolExecutor,
         max_side: int | None,
         quality: int,
@@ -400,7 +404,7 @@ class _JpegStore(_Store):
     ) -> None:
         self.tmp, self.pool, self.max_side, self.quality = tmp, pool, max_side, quality
         self.window = 4 * workers + 4  # small results: more in flight hides the slow re-encodes
-        self.writer = BlockWriter(tmp / "data.memmap", expected_bytes, write_behind=sync)
+        self.writer = BlockWriter(tmp / "data.memmap", expected_bytes, write_behind=sync, name=out / "data.memmap")
         self.offsets, self.shapes = [0], []
         self.reencoded = dict.fromkeys(REENCODE_REASONS, 0)
 

@@ -30,6 +30,8 @@ class BlockWriter:
         path: the file to create; it must not exist.
         capacity: the bytes expected (reserved up front; writing more grows the file).
         write_behind: start the disk writes during the build (for a build that fsyncs at the end).
+        name: the file that error messages name (default ``path``): where it will be once moved
+            into place, for a file written under a temporary name.
 
     Example:
         >>> import tempfile
@@ -40,14 +42,22 @@ class BlockWriter:
         b'\\x00\\x01\\x02'
     """
 
-    def __init__(self, path: str | os.PathLike, capacity: int, *, write_behind: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        capacity: int,
+        *,
+        write_behind: bool = False,
+        name: str | os.PathLike | None = None,
+    ) -> None:
         self.path = Path(path)
+        self.name = self.path if name is None else Path(name)
         self.written = 0
         self._write_behind = write_behind
         self._started = 0  # bytes whose write to disk has been started
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
-            _reserve(self._fd, capacity, self.path)
+            _reserve(self._fd, capacity, self.name)
         except BaseException:
             self.close()
             raise
@@ -60,7 +70,7 @@ class BlockWriter:
         """
         view = memoryview(block).cast("B")
         with full_disk_says(
-            lambda: _no_space(self._fd, self.path, f"{_bytes(len(view))} beyond the {self.written:,} written")
+            lambda: _no_space(self._fd, self.name, f"{_bytes(len(view))} beyond the {self.written:,} written")
         ):
             while view:  # pwrite may write less than asked
                 done = os.pwrite(self._fd, view, self.written)
