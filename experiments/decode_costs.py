@@ -5,13 +5,20 @@ On the same compressed photos (640x480, ffmpeg -q:v 3, bytes in memory), median 
 - libjpeg-turbo (simplejpeg) decoding at each DCT scale M/8 (M = 8 ... 1), fast and accurate DCT:
   what decoding less saves (the entropy decoding is paid at every scale);
 - the steps of a raw build after the decode: the channel-first transposition of the decoder's
-  height-width-channel pixels and the write of 921.6 KB into new page-cache pages;
+  height-width-channel pixels (numpy's, and OpenCV's ``cv2.split`` where it is installed) and the
+  write of 921.6 KB into new page-cache pages;
 - the step of a jpeg training crop after the decode: torch's antialiased uint8 resize of a
   typical box (the mean RandomResizedCrop box, about 400x400) to 224x224;
 - a jpeg training crop's decode (fast DCT, RandomResizedCrop(224) boxes): whole, only down to its
   box's last row, and only its box's rows (from the restart marker above the box, which
   ``gpuload compress`` writes at every MCU row), each cut by :func:`gpuload.store.jpeg.row_window`,
-  its cost included.
+  its cost included;
+- where Debian's ``jpegtran`` is on ``PATH`` (``apt-get install libjpeg-turbo-progs``; it is not on
+  PyPI), what gpuload could gain from a restart marker at every MCU (``jpegtran -restart 1B``, a
+  lossless rewrite that ffmpeg cannot do): the photos' size and whole decode with those markers,
+  and a crop's decode of only its box's MCUs (rows and columns: the entropy decoding of the other
+  MCUs skipped), with and without the cost of cutting the copy (:func:`mcu_window`, a prototype
+  here, checked against the whole decode's pixels).
 
     python -m experiments.decode_costs [--images 300] [--repeats 3]
 """
@@ -21,9 +28,12 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +41,7 @@ import simplejpeg
 import torch
 
 import gpuload
-from gpuload.store.jpeg import row_window
+from gpuload.store.jpeg import _frame_and_scan, _size_at, row_window
 
 from ._common import median_spread, photo_folders, write_result
 
@@ -43,7 +53,7 @@ def per_image_ms(step: Callable[[int], object], count: int) -> float:
     return (time.perf_counter() - started) / count * 1e3
 
 
-def steps(blobs: list[bytes], scratch: Path) -> dict[str, Callable[[int], object]]:
+def steps(blobs: list[bytes], restarted: list[bytes] | None, scratch: Path) -> dict[str, Callable[[int], object]]:
     height, width = 480, 640
     found: dict[str, Callable[[int], object]] = {}
     buffer = np.empty(height * width * 3, dtype=np.uint8)
@@ -57,6 +67,12 @@ def steps(blobs: list[bytes], scratch: Path) -> dict[str, Callable[[int], object
     pixels = simplejpeg.decode_jpeg(blobs[0])
     planar = np.empty((3, height, width), dtype=np.uint8)
     found["transpose_to_channel_first"] = lambda i: np.copyto(planar, pixels.transpose(2, 0, 1))
+    try:
+        import cv2
+    except ImportError:
+        print("  opencv is not installed (pip install gpuload[bench]): its channel split left out")
+    else:  # OpenCV's compiled deinterleave, into the same planes
+        found["transpose_to_channel_first_opencv"] = lambda i: cv2.split(pixels, list(planar))
     fd = os.open(scratch, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     os.ftruncate(fd, len(blobs) * planar.nbytes)
     found["write_to_new_page_cache"] = lambda i: os.pwrite(fd, planar, i * planar.nbytes)
@@ -76,7 +92,79 @@ def steps(blobs: list[bytes], scratch: Path) -> dict[str, Callable[[int], object
     found["crop_decode_whole"] = lambda i: simplejpeg.decode_jpeg(blobs[i], **fast)
     found["crop_decode_to_its_last_row"] = lambda i: cut(i, 0)
     found["crop_decode_only_its_rows"] = lambda i: cut(i, rows[i][0])
+    if restarted is not None:
+        spans = [
+            (int(top), min(height, math.ceil(top + h)), int(left), min(width, math.ceil(left + w)))
+            for top, left, h, w in boxes.tolist()
+        ]
+        copies = [mcu_window(restarted[i], *spans[i])[0] for i in range(len(blobs))]
+        found["mcu_restarts_decode_whole"] = lambda i: simplejpeg.decode_jpeg(restarted[i], **fast)
+        found["mcu_restarts_cut_the_window"] = lambda i: mcu_window(restarted[i], *spans[i])
+        found["mcu_restarts_decode_only_its_mcus"] = lambda i: simplejpeg.decode_jpeg(copies[i], strict=False, **fast)
     return found
+
+
+def with_mcu_restarts(blobs: list[bytes]) -> list[bytes] | None:
+    """The photos rewritten losslessly with a restart marker at every MCU (``jpegtran -restart 1B``),
+    or ``None`` without ``jpegtran``."""
+    jpegtran = shutil.which("jpegtran")
+    if jpegtran is None:
+        print("  jpegtran is not on PATH (apt-get install libjpeg-turbo-progs): MCU windows left out")
+        return None
+    run = partial(subprocess.run, [jpegtran, "-restart", "1B"], capture_output=True, check=True)
+    return [run(input=blob).stdout for blob in blobs]
+
+
+def mcu_window(data: bytes, top: int, bottom: int, left: int, right: int) -> tuple[bytes, int, int]:
+    """A copy of a JPEG with a restart marker at every MCU (4:2:0, 16x16 MCUs) holding only the MCUs
+    of rows ``top:bottom`` and columns ``left:right``: each MCU row's intervals from the box's first
+    column to its last, one byte slice, the markers renumbered in order. Returns the copy and the
+    image row and column of its first pixel."""
+    frame, interval, scan = _frame_and_scan(data)
+    height, width = _size_at(data, frame)
+    if interval != 1 or data[frame + 11] != 0x22:
+        raise ValueError("mcu_window needs a 4:2:0 JPEG with a restart marker at every MCU")
+    per_row, first_row, end_row = -(-width // 16), top // 16, -(-bottom // 16)
+    first_column, end_column = left // 16, -(-right // 16)
+    array = np.frombuffer(data, np.uint8)
+    fill = np.flatnonzero(array[scan:-1] == 0xFF) + scan
+    markers = fill[(array[fill + 1] & 0xF8) == 0xD0]  # the marker after interval k (one MCU)
+    starts = np.insert(markers + 2, 0, scan)
+    ends = np.append(markers, data.rfind(b"\xff\xd9"))
+    mcu_rows = np.arange(first_row, end_row) * per_row
+    view = memoryview(data)
+    header = b"".join(
+        [
+            data[: frame + 5],
+            ((end_row - first_row) * 16).to_bytes(2, "big"),
+            min(width - first_column * 16, (end_column - first_column) * 16).to_bytes(2, "big"),
+            data[frame + 9 : scan],
+        ]
+    )
+    body = [
+        view[start : end + 2]  # with the marker after the row's last interval (the last becomes EOI)
+        for start, end in zip(starts[mcu_rows + first_column].tolist(), ends[mcu_rows + end_column - 1].tolist())
+    ]
+    copy = bytearray(header + b"".join(body))
+    copy[-2:] = b"\xff\xd9"
+    pixels = np.frombuffer(copy, np.uint8)
+    found = np.flatnonzero(pixels[len(header) : -3] == 0xFF) + len(header)
+    found = found[(pixels[found + 1] & 0xF8) == 0xD0]
+    pixels[found + 1] = 0xD0 + np.arange(len(found)) % 8
+    return bytes(copy), first_row * 16, first_column * 16
+
+
+def check_mcu_window(data: bytes) -> None:
+    """The box of an MCU window decodes to the whole decode's pixels (fast upsampling reads no
+    neighbouring MCU)."""
+    fast = {"fastdct": True, "fastupsample": True}
+    whole = simplejpeg.decode_jpeg(data, **fast)
+    for top, bottom, left, right in ((100, 300, 130, 400), (0, 480, 0, 640), (37, 61, 600, 640), (460, 480, 0, 17)):
+        copy, row, column = mcu_window(data, top, bottom, left, right)
+        part = simplejpeg.decode_jpeg(copy, **fast)
+        box = part[top - row : bottom - row, left - column : right - column]
+        if not np.array_equal(box, whole[top:bottom, left:right]):
+            raise AssertionError(f"mcu_window's box {top}:{bottom}, {left}:{right} differs from the whole decode")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -91,8 +179,11 @@ def main(argv: list[str] | None = None) -> None:
     _, folder = photo_folders(args.workdir, args.images, (480, 640))
     blobs = [path.read_bytes() for path in sorted(folder.rglob("*.jpg"))[: args.images]]
     torch.set_num_threads(1)
+    restarted = with_mcu_restarts(blobs)
+    if restarted is not None:
+        check_mcu_window(restarted[0])
     with tempfile.TemporaryDirectory(dir=args.workdir) as scratch:
-        found = steps(blobs, Path(scratch) / "pages.bin")
+        found = steps(blobs, restarted, Path(scratch) / "pages.bin")
         runs: dict[str, list[float]] = {name: [] for name in found}
         for _ in range(args.repeats):
             for name, step in found.items():  # interleaved: noise falls on every step alike
@@ -106,7 +197,19 @@ def main(argv: list[str] | None = None) -> None:
         ("crop_decode_only_its_rows", "its box's rows"),
     ):
         print(f"decoding a crop only {what} saves {1 - rows[name]['median'] / whole:.0%} of its decode")
-    path = write_result("decode_costs", {"images": len(blobs), "threads": 1, "quick": args.quick, "ms_per_image": rows})
+    sizes = {"photos": sum(map(len, blobs))}
+    if restarted is not None:
+        sizes["with_mcu_restarts"] = sum(map(len, restarted))
+        print(
+            f"a restart marker at every MCU: the photos {sizes['with_mcu_restarts'] / sizes['photos'] - 1:+.1%} in bytes"
+        )
+        mcus = rows["mcu_restarts_decode_only_its_mcus"]["median"] + rows["mcu_restarts_cut_the_window"]["median"]
+        print(
+            f"decoding a crop only its box's MCUs (cut included): {mcus:.3f} ms against {rows['crop_decode_only_its_rows']['median']:.3f} "
+            f"for only its rows ({1 - mcus / rows['crop_decode_only_its_rows']['median']:.0%} less)"
+        )
+    result = {"images": len(blobs), "threads": 1, "quick": args.quick, "bytes": sizes, "ms_per_image": rows}
+    path = write_result("decode_costs", result)
     print(f"wrote {path}")
 
 
