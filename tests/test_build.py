@@ -241,6 +241,23 @@ class TestBadInputs:
         assert ".tmp-" not in message and message.endswith("free space there or write to another disk")
         assert os.listdir(tmp_path) == [".out.memmap.lock"]  # nothing half-built left
 
+    def test_no_room_for_the_build_folder_names_the_dataset(self, photo_folder, tmp_path, monkeypatch):
+        real_mkdir = Path.mkdir
+
+        def mkdir(self, *args, **kwargs):
+            if ".tmp-" in self.name:
+                raise OSError(errno.ENOSPC, "No space left on device", str(self))
+            return real_mkdir(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "mkdir", mkdir)
+        with pytest.raises(OSError) as caught:
+            build_memmap(photo_folder, tmp_path / "out.memmap", progress=False)
+        assert caught.value.errno == errno.ENOSPC
+        assert str(caught.value) == (
+            f"[Errno 28] not enough disk space to build {tmp_path / 'out.memmap'}: no room for a new folder "
+            "beside it; free space there or write to another disk"
+        )
+
     def test_a_jpeg_build_with_max_side_is_not_refused_for_the_size_of_its_sources(
         self, photo_folder, tmp_path, monkeypatch
     ):

@@ -33,7 +33,7 @@ class TestFullDisk:
     @pytest.mark.parametrize("name", [None, "dataset/out.bin"])
     def test_the_reservation_fails_at_once(self, tmp_path, monkeypatch, name):
         monkeypatch.setattr(gpuload.store.writer.os, "posix_fallocate", _failing(errno.ENOSPC))
-        monkeypatch.setattr(gpuload.store.writer.os, "fstatvfs", lambda fd: _Statvfs(free_blocks=1000))
+        monkeypatch.setattr(gpuload.store.writer.os, "statvfs", lambda fd: _Statvfs(free_blocks=1000))
         path = tmp_path / "out.bin"
         with pytest.raises(OSError) as caught:
             BlockWriter(path, capacity=2 * 10**9, name=name)
@@ -48,7 +48,7 @@ class TestFullDisk:
         with BlockWriter(path, capacity=4) as writer:
             writer.write(np.zeros(4, np.uint8))
             monkeypatch.setattr(gpuload.store.writer.os, "pwrite", _failing(errno.ENOSPC))
-            monkeypatch.setattr(gpuload.store.writer.os, "fstatvfs", lambda fd: _Statvfs(free_blocks=0))
+            monkeypatch.setattr(gpuload.store.writer.os, "statvfs", lambda fd: _Statvfs(free_blocks=0))
             with pytest.raises(OSError) as caught:
                 writer.write(np.zeros(10, np.uint8))
         assert caught.value.errno == errno.ENOSPC
@@ -56,6 +56,33 @@ class TestFullDisk:
             f"[Errno 28] not enough disk space to write {path}: it needs 10 bytes (0.00 GB) beyond the 4 written and "
             "its disk has 0 bytes (0.00 GB) free; free space there or write to another disk"
         )
+
+    def test_no_room_for_a_new_file_names_it(self, tmp_path, monkeypatch):
+        """ENOSPC at the file's creation (no free inodes, a full directory)."""
+        real_open = os.open
+        monkeypatch.setattr(
+            gpuload.store.writer.os,
+            "open",
+            lambda path, *args: _failing(errno.ENOSPC)() if str(path).endswith("out.bin") else real_open(path, *args),
+        )
+        monkeypatch.setattr(gpuload.store.writer.os, "statvfs", lambda path: _Statvfs(free_blocks=0))
+        with pytest.raises(OSError) as caught:
+            BlockWriter(tmp_path / "out.bin", capacity=10, name="dataset/out.bin")
+        assert caught.value.errno == errno.ENOSPC
+        assert str(caught.value) == (
+            "[Errno 28] not enough disk space to write dataset/out.bin: it needs a new file and its disk has "
+            "0 bytes (0.00 GB) free; free space there or write to another disk"
+        )
+
+    def test_a_full_disk_found_by_the_write_behind_names_the_file(self, tmp_path, monkeypatch):
+        monkeypatch.setattr(gpuload.store.writer, "_WRITE_BEHIND_BYTES", 1)
+        monkeypatch.setattr(gpuload.store.writer, "start_writeback", _failing(errno.ENOSPC))
+        monkeypatch.setattr(gpuload.store.writer.os, "statvfs", lambda path: _Statvfs(free_blocks=0))
+        with BlockWriter(tmp_path / "out.bin", capacity=4, write_behind=True, name="dataset/out.bin") as writer:
+            with pytest.raises(OSError) as caught:
+                writer.write(np.zeros(4, np.uint8))
+        assert caught.value.errno == errno.ENOSPC
+        assert str(caught.value).startswith("[Errno 28] not enough disk space to write dataset/out.bin: it needs")
 
     def test_other_write_errors_are_left_as_they_are(self, tmp_path, monkeypatch):
         with BlockWriter(tmp_path / "out.bin", capacity=4) as writer:

@@ -160,7 +160,11 @@ def build_memmap(
                 size, unreadable = _common_size(index, pool, strict)
             tmp = out.with_name(f".{out.name}.tmp-{secrets.token_hex(4)}")
             _check_free_space(out.parent, index, size, max_side)
-            tmp.mkdir()
+            with full_disk_says(
+                f"not enough disk space to build {out}: no room for a new folder beside it; "
+                "free space there or write to another disk"
+            ):
+                tmp.mkdir()
             try:
                 skipped = [
                     {"path": index.samples[position][0], "reason": reason} for position, reason in unreadable.items()

@@ -30,8 +30,8 @@ class BlockWriter:
         path: the file to create; it must not exist.
         capacity: the bytes expected (reserved up front; writing more grows the file).
         write_behind: start the disk writes during the build (for a build that fsyncs at the end).
-        name: the file that error messages name (default ``path``): where it will be once moved
-            into place, for a file written under a temporary name.
+        name: the file that full-disk messages name (default ``path``): where it will be once
+            moved into place, for a file written under a temporary name.
 
     Example:
         >>> import tempfile
@@ -55,7 +55,9 @@ class BlockWriter:
         self.written = 0
         self._write_behind = write_behind
         self._started = 0  # bytes whose write to disk has been started
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+        with full_disk_says(lambda: _no_space(self.path.parent, self.name, "a new file")):  # no free inode
+            self._fd = os.open(self.path, flags, 0o644)
         try:
             _reserve(self._fd, capacity, self.name)
         except BaseException:
@@ -76,9 +78,9 @@ class BlockWriter:
                 done = os.pwrite(self._fd, view, self.written)
                 self.written += done
                 view = view[done:]
-        if self._write_behind and self.written - self._started >= _WRITE_BEHIND_BYTES:
-            start_writeback(self._fd, self._started, self.written - self._started)
-            self._started = self.written
+            if self._write_behind and self.written - self._started >= _WRITE_BEHIND_BYTES:
+                start_writeback(self._fd, self._started, self.written - self._started)
+                self._started = self.written
 
     def close(self) -> None:
         """Cut the file to the bytes written and close it."""
@@ -108,9 +110,10 @@ def _reserve(fd: int, capacity: int, path: Path) -> None:
                 raise
 
 
-def _no_space(fd: int, path: Path, needed: str) -> str:
-    """What a full disk stopped: the file, the bytes it needed and the space left."""
-    stats = os.fstatvfs(fd)
+def _no_space(disk: int | Path, path: Path, needed: str) -> str:
+    """What a full disk stopped: the file, what it needed and the space left on ``disk`` (an open
+    file or a folder on it)."""
+    stats = os.statvfs(disk)
     return (
         f"not enough disk space to write {path}: it needs {needed} and its disk has "
         f"{_bytes(stats.f_bavail * stats.f_frsize)} free; free space there or write to another disk"
