@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -101,6 +102,21 @@ class TestCompress:
         pixels = simplejpeg.decode_jpeg(output, strict=True)
         expected = np.asarray(upright.convert("L").convert("RGB") if "gray" in name or "sixteen" in name else upright)
         assert pixels.shape == (40, 64, 3) and np.abs(pixels.astype(np.int16) - expected).mean() < 8
+
+    def test_an_image_that_ffmpeg_cannot_read_but_pillow_can_is_compressed_from_pillow_s_pixels(self, tmp_path):
+        """tests/data/arithmetic_coded_rotated.jpg: 70x52 stored, EXIF orientation 6, arithmetic-coded
+        (``jpegtran -arithmetic -copy all``), which libjpeg-turbo reads and ffmpeg does not."""
+        (tmp_path / "src" / "a").mkdir(parents=True)
+        source = tmp_path / "src" / "a" / "arithmetic.jpg"
+        shutil.copy(Path(__file__).parent / "data" / "arithmetic_coded_rotated.jpg", source)
+        report = compress_folder(tmp_path / "src", tmp_path / "dst", progress=False)
+        assert (report.done, report.failed) == (1, [])
+        output = (tmp_path / "dst" / "a" / "arithmetic.jpg").read_bytes()
+        pixels = simplejpeg.decode_jpeg(output, strict=True)
+        upright = decode_image(source).permute(1, 2, 0).numpy()
+        assert pixels.shape == upright.shape == (70, 52, 3)
+        assert np.abs(pixels.astype(np.int16) - upright).mean() < 4
+        assert row_window(output, 40, 41)[1] > 0  # restart markers, as for every output
 
     def test_a_file_name_with_a_percent_pattern_is_that_file_not_a_numbered_sequence(self, tmp_path):
         """ffmpeg reads ``img%d.jpg`` as the pattern of img1.jpg, img2.jpg...: each output must be

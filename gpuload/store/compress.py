@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from ..errors import CompressError, DecodeError, UsageError
 from ..machine import resolve_workers
-from .decode import check_image, read_bytes
+from .decode import check_image, decode_image, read_bytes
 from .files import OutputLock, check_apart, fsync_folder, full_disk_says, resolve
 from .scan import IMG_EXTENSIONS, walk_images
 
@@ -300,23 +300,15 @@ def _encode(ffmpeg: str, source: Path, target: Path, quality: int, journal: _Jou
     except DecodeError as error:
         return error.reason
     rotate = ["-vf", _ORIENTATION_FILTERS[orientation]] if orientation in _ORIENTATION_FILTERS else []
-    # The bytes go on stdin, their format found from them, as one packet (``-frame_size``: ffmpeg
-    # has no parser to split a TIFF): given a file name, ffmpeg would read ``img%d.jpg`` as the
-    # numbered sequence img1.jpg, img2.jpg...
-    command = [
-        ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-threads", "1", "-noautorotate",
-        "-frame_size", str(len(data)), "-i", "pipe:0", *rotate, "-frames:v", "1", "-qmin", "1",
-        "-q:v", str(quality), "-threads", "1", "-f", "image2pipe", "-c:v", "mjpeg", "pipe:1",
-    ]  # fmt: skip
-    # More than one slice makes ffmpeg's JPEG encoder write a restart marker at every MCU row (the
-    # same pixels, a few bytes per row): a crop of a jpeg dataset then decodes only its rows. For
-    # images one macroblock wide (16 px) it numbers them out of sequence: each output is checked,
-    # and encoded again without them where it does not decode (or ffmpeg refused the option).
-    encoded, error = _run_ffmpeg([*command[:-1], "-slices", "2", command[-1]], data)
-    written = None if error else _decoded_size(encoded)
-    if written is None:
-        encoded, error = _run_ffmpeg(command, data)
-        written = None if error else _decoded_size(encoded)
+    encoded, written, error = _ffmpeg_jpeg(ffmpeg, data, rotate, quality)
+    if error:
+        # A file ffmpeg cannot read but Pillow can (an arithmetic-coded JPEG, say): the pixels
+        # Pillow decodes, upright, given to ffmpeg as a PPM to encode.
+        pixels = decode_image(source, data=data).permute(1, 2, 0).numpy()
+        header = f"P6\n{pixels.shape[1]} {pixels.shape[0]}\n255\n".encode()
+        from_pixels = _ffmpeg_jpeg(ffmpeg, header + pixels.tobytes(), [], quality)
+        if not from_pixels[2]:
+            encoded, written, error = from_pixels
     if error:
         return error
     if written is None:
@@ -342,6 +334,31 @@ def _encode(ffmpeg: str, source: Path, target: Path, quality: int, journal: _Jou
         if os.path.lexists(partial):
             os.unlink(partial)
     return ""
+
+
+def _ffmpeg_jpeg(
+    ffmpeg: str, data: bytes, filters: list[str], quality: int
+) -> tuple[bytes, tuple[int, int] | None, str]:
+    """ffmpeg's JPEG of the image file ``data`` (filtered by ``filters``), its decoded ``(height,
+    width)`` (``None``: it does not decode cleanly) and ``""``; or ``b""``, ``None`` and why ffmpeg failed."""
+    # The bytes go on stdin, their format found from them, as one packet (``-frame_size``: ffmpeg
+    # has no parser to split a TIFF): given a file name, ffmpeg would read ``img%d.jpg`` as the
+    # numbered sequence img1.jpg, img2.jpg...
+    command = [
+        ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-threads", "1", "-noautorotate",
+        "-frame_size", str(len(data)), "-i", "pipe:0", *filters, "-frames:v", "1", "-qmin", "1",
+        "-q:v", str(quality), "-threads", "1", "-f", "image2pipe", "-c:v", "mjpeg", "pipe:1",
+    ]  # fmt: skip
+    # More than one slice makes ffmpeg's JPEG encoder write a restart marker at every MCU row (the
+    # same pixels, a few bytes per row): a crop of a jpeg dataset then decodes only its rows. For
+    # images one macroblock wide (16 px) it numbers them out of sequence: each output is checked,
+    # and encoded again without them where it does not decode (or ffmpeg refused the option).
+    encoded, error = _run_ffmpeg([*command[:-1], "-slices", "2", command[-1]], data)
+    written = None if error else _decoded_size(encoded)
+    if written is None:
+        encoded, error = _run_ffmpeg(command, data)
+        written = None if error else _decoded_size(encoded)
+    return encoded, written, error
 
 
 def _run_ffmpeg(command: list[str], data: bytes) -> tuple[bytes, str]:
