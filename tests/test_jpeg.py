@@ -69,6 +69,16 @@ class TestStoreJpeg:
         photo().save(tmp_path / "p.jpg", quality=90, progressive=True)
         assert store_jpeg(tmp_path / "p.jpg").reencoded == "progressive"
 
+    def test_an_arithmetic_coded_jpeg_is_re_encoded(self):
+        """tests/data/arithmetic_coded.jpg (64x48, ``jpegtran -arithmetic``): libjpeg-turbo reads it,
+        but crops could not skip its rows, and ffmpeg cannot read it."""
+        path = Path(__file__).parent / "data" / "arithmetic_coded.jpg"
+        assert row_window(path.read_bytes(), 20, 30, context=False) is None
+        stored = store_jpeg(path, quality=95)
+        assert stored.reencoded == "arithmetic_coded" and stored.shape == (48, 64)
+        assert row_window(stored.data, 20, 30, context=False) is not None
+        assert block_means_gap(simplejpeg.decode_jpeg(stored.data), simplejpeg.decode_jpeg(path.read_bytes())) < 2
+
     def test_a_grayscale_jpeg_is_kept(self, tmp_path):
         write_odd_image(tmp_path / "g.jpg", "grayscale")
         assert store_jpeg(tmp_path / "g.jpg").reencoded is None

@@ -3,7 +3,7 @@
 Every stored image must decode upright, fast, with libjpeg-turbo's DCT-domain scaling: a baseline
 JPEG in RGB (YCbCr) or grayscale with no EXIF rotation is stored byte for byte (after a strict
 decode that finds damage, as for raw builds). Anything else, a progressive JPEG (2-3x slower to
-decode, and it cannot skip rows), an EXIF-rotated one, a CMYK or 12-bit one, one whose sampling
+decode, and it cannot skip rows), an arithmetic-coded one (no row skipping either), an EXIF-rotated one, a CMYK or 12-bit one, one whose sampling
 libjpeg-turbo cannot read, a PNG, or an image larger than ``max_side``, is decoded upright (by
 Pillow where libjpeg-turbo cannot) and re-encoded at ``quality``: baseline 4:2:0 with a restart
 marker at every MCU row, as ``gpuload compress`` writes them (see :func:`row_window`).
@@ -40,6 +40,7 @@ __all__ = ["REENCODE_REASONS", "StoredJpeg", "frame_size", "row_window", "scale_
 REENCODE_REASONS = (
     "not_jpeg",
     "progressive",
+    "arithmetic_coded",
     "exif_rotated",
     "not_rgb_or_gray",
     "larger_than_max_side",
@@ -79,7 +80,7 @@ def store_jpeg(
     with open_image(data, path) as image:
         orientation = exif_orientation(image)
         height, width = upright_size(image)
-        reason = _reencode_reason(image, orientation, (height, width), max_side)
+        reason = _reencode_reason(image, data, orientation, (height, width), max_side)
         if reason is None:
             # A strict decode: damage is found here, as in a raw build. A JPEG that libjpeg-turbo
             # cannot read at all (a sampling it does not know) is left to Pillow and re-encoded.
@@ -107,11 +108,13 @@ def store_jpeg(
 JPEG_MAX_SIDE = 65_500  # libjpeg-turbo's largest width or height
 
 
-def _reencode_reason(image, orientation: int, shape: tuple[int, int], max_side: int | None) -> str | None:
+def _reencode_reason(image, data: bytes, orientation: int, shape: tuple[int, int], max_side: int | None) -> str | None:
     if image.format != "JPEG":
         return "not_jpeg"
     if image.info.get("progressive") or image.info.get("progression"):
         return "progressive"
+    if any(marker in _FRAMES and marker not in _SEQUENTIAL for _, marker in _markers(data)):
+        return "arithmetic_coded"  # (Pillow reads no lossless or hierarchical frame)
     if orientation != 1:
         return "exif_rotated"
     if image.mode not in JPEG_COLORSPACES:
