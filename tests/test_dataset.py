@@ -170,6 +170,16 @@ class TestDamagedFolders:
         with pytest.raises(DatasetError, match="is not a gpuload dataset: it has no manifest.json"):
             MemmapImageDataset(tmp_path)
 
+    def test_a_dataset_whose_manifest_is_gone_is_called_damaged_not_foreign(self, tmp_path):
+        """The same words as ``gpuload verify``: its arrays say it is a dataset."""
+        (tmp_path / "labels.memmap").write_bytes(b"\0" * 8)
+        with pytest.raises(DatasetError) as caught:
+            MemmapImageDataset(tmp_path)
+        assert str(caught.value) == (
+            f"{tmp_path}: manifest.json is missing but the dataset's files are there (the manifest was deleted, "
+            "or the build never finished); rebuild the dataset"
+        )
+
     def test_unfinished_build(self, tmp_path):
         (tmp_path / ".out.memmap.tmp-12").mkdir()
         with pytest.raises(DatasetError, match="an unfinished build"):

@@ -21,6 +21,7 @@ from ..errors import DatasetError
 
 __all__ = [
     "ARRAYS",
+    "BUILD_FILES",
     "DIGESTED",
     "FORMAT",
     "FORMAT_VERSION",
@@ -40,6 +41,13 @@ DIGESTED = ("storage", "classes", "samples", "checksums", "image_shape", "resize
 ARRAYS = {"raw": ("images", "labels"), "jpeg": ("data", "offsets", "shapes", "labels")}
 # Version 1 (gpuload 0.1.0) kept the arrays in _tensordict/ beside two tensordict meta.json files.
 _V1_FILES = ("meta.json", "_tensordict/meta.json", "_tensordict/images.memmap", "_tensordict/labels.memmap")
+# The manifest or an array a build writes (both formats, and version 1's _tensordict/): a folder
+# holding one is a dataset, maybe damaged; one holding none is not (a meta.json alone may be anyone's).
+BUILD_FILES = (
+    MANIFEST_NAME,
+    "_tensordict",
+    *sorted({f"{name}.memmap" for names in ARRAYS.values() for name in names}),
+)
 _HEX16 = re.compile(r"[0-9a-f]{16}")
 
 
@@ -124,6 +132,11 @@ class Manifest:
         if not folder.is_dir():
             raise DatasetError(f"{folder} is not a folder; pass the folder that build-memmap wrote")
         if not path.is_file():
+            if any((folder / name).exists() for name in BUILD_FILES):
+                raise DatasetError(
+                    f"{folder}: {MANIFEST_NAME} is missing but the dataset's files are there (the manifest was "
+                    "deleted, or the build never finished); rebuild the dataset"
+                )
             hint = " (an unfinished build)" if ".tmp-" in folder.name else ""
             raise DatasetError(f"{folder} is not a gpuload dataset{hint}: it has no {MANIFEST_NAME}")
         try:

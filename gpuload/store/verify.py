@@ -17,7 +17,7 @@ from ..errors import DatasetError, DecodeError, UsageError
 from .dataset import MemmapImageDataset, decode_jpeg_bytes
 from .decode import decode_image, read_bytes
 from .jpeg import frame_size, store_jpeg
-from .manifest import ARRAYS, MANIFEST_NAME
+from .manifest import BUILD_FILES, MANIFEST_NAME
 
 __all__ = ["describe_memmap", "verify_memmap"]
 
@@ -77,11 +77,6 @@ def verify_memmap(
         raise UsageError(f"sources must be a number of images to re-decode or 'all', got {sources!r}")
     path = Path(path)
     _check_holds_a_dataset(path)
-    if not (path / MANIFEST_NAME).exists():
-        return [
-            f"{path}: {MANIFEST_NAME} is missing but the dataset's files are there (the manifest was deleted, "
-            "or the build never finished); rebuild the dataset"
-        ]
     try:
         dataset = MemmapImageDataset(path)
     except DatasetError as error:
@@ -110,22 +105,13 @@ def verify_memmap(
     return problems
 
 
-# The manifest or an array a build writes (both formats, and format 1's _tensordict/): a folder holding
-# one is a dataset, maybe damaged; one holding none is not (a meta.json alone may be anyone's).
-_BUILD_FILES = (
-    MANIFEST_NAME,
-    "_tensordict",
-    *sorted({f"{name}.memmap" for names in ARRAYS.values() for name in names}),
-)
-
-
 def _check_holds_a_dataset(path: Path) -> None:
     """Refuse a path with no gpuload dataset at all: verify reports the problems of a dataset."""
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist; pass the folder that build-memmap wrote")
     if not path.is_dir():
         raise UsageError(f"{path} is not a folder; pass the folder that build-memmap wrote")
-    if not any((path / name).exists() for name in _BUILD_FILES):
+    if not any((path / name).exists() for name in BUILD_FILES):
         raise UsageError(
             f"{path} is not a gpuload dataset: it holds none of the files build-memmap writes "
             f"({MANIFEST_NAME}, labels.memmap...); pass the folder that build-memmap wrote"
