@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import os
 import sys
 import time
 import warnings
@@ -51,7 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         try:
-            return args.run(args)
+            code = args.run(args)
+            sys.stdout.flush()  # here, so that a reader gone (``| head -1``) is caught below
+            return code
+        except BrokenPipeError:
+            # The reader of our output stopped early: no traceback, and nothing more to write
+            # (stdout goes to /dev/null so that the flush at exit does not fail again).
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
         except KeyboardInterrupt:
             print("gpuload: interrupted", file=sys.stderr)
             return 130

@@ -1,5 +1,6 @@
 import errno
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -259,3 +260,15 @@ def test_the_public_api_is_still_reachable_lazily():
         assert getattr(gpuload, name) is not None
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         gpuload.nope  # noqa: B018
+
+
+@pytest.mark.parametrize("command", ["info", "verify"])
+def test_a_reader_that_stops_early_gets_no_traceback(built_dataset, command):
+    """``gpuload info DATASET | head -1``: the pipe closes before the output is written."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before gpuload writes: every write fails with EPIPE
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuload", command, str(built_dataset)], stdout=write, stderr=subprocess.PIPE, text=True
+    )
+    os.close(write)
+    assert result.returncode == 1 and "Traceback" not in result.stderr and "Error" not in result.stderr, result.stderr
