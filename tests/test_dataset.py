@@ -206,6 +206,11 @@ class TestDamagedFolders:
         with pytest.raises(DatasetError, match="is not a folder"):
             MemmapImageDataset(tmp_path / "file")
 
+    def test_a_missing_path_is_said_to_be_missing(self, tmp_path):
+        """As ``gpuload verify`` says it."""
+        with pytest.raises(DatasetError, match="nope does not exist; pass the folder that build-memmap wrote"):
+            MemmapImageDataset(tmp_path / "nope")
+
 
 class TestPinnedFormat:
     """``tests/data/tiny.memmap`` was built by gpuload 0.1.0; this release must read it unchanged."""

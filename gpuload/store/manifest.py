@@ -129,6 +129,8 @@ class Manifest:
         """
         folder = Path(folder)
         path = folder / MANIFEST_NAME
+        if not folder.exists():
+            raise DatasetError(f"{folder} does not exist; pass the folder that build-memmap wrote")
         if not folder.is_dir():
             raise DatasetError(f"{folder} is not a folder; pass the folder that build-memmap wrote")
         if not path.is_file():
