@@ -120,8 +120,17 @@ class OutputLock:
         self._fd = -1
 
     def __enter__(self) -> OutputLock:
-        self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as error:  # a read-only disk, no free inode, a folder we may not write
+            if error.errno is None:
+                raise
+            raise type(error)(
+                error.errno,
+                f"cannot write {self.path}: its lock file {self.lock_path} could not be created "
+                f"({error.strerror}); choose an output on a writable disk with free space",
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

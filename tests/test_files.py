@@ -1,0 +1,27 @@
+import errno
+import os
+
+import pytest
+
+import gpuload.store.files
+from gpuload.store.files import OutputLock
+
+
+@pytest.mark.parametrize(
+    ("code", "kind"), [(errno.EROFS, OSError), (errno.ENOSPC, OSError), (errno.EACCES, PermissionError)]
+)
+def test_a_lock_file_that_cannot_be_created_names_the_output_and_what_to_do(tmp_path, monkeypatch, code, kind):
+    """A read-only disk, one with no free inode, a folder we may not write: the error is about the
+    output the user named, keeps its errno (the command line prints one line), and says what to do."""
+
+    def refuse(path, *args):
+        raise kind(code, os.strerror(code), str(path))
+
+    monkeypatch.setattr(gpuload.store.files.os, "open", refuse)
+    with pytest.raises(kind) as caught, OutputLock(tmp_path / "out.memmap"):
+        pass
+    assert caught.value.errno == code
+    assert str(caught.value) == (
+        f"[Errno {code}] cannot write {tmp_path / 'out.memmap'}: its lock file {tmp_path / '.out.memmap.lock'} "
+        f"could not be created ({os.strerror(code)}); choose an output on a writable disk with free space"
+    )
