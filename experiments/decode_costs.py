@@ -13,8 +13,8 @@ On the same compressed photos (640x480, ffmpeg -q:v 3, bytes in memory), median 
   box's last row, and only its box's rows (from the restart marker above the box, which
   ``gpuload compress`` writes at every MCU row), each cut by :func:`gpuload.store.jpeg.row_window`,
   its cost included;
-- where Debian's ``jpegtran`` is on ``PATH`` (``apt-get install libjpeg-turbo-progs``; it is not on
-  PyPI), what gpuload could gain from a restart marker at every MCU (``jpegtran -restart 1B``, a
+- where libjpeg-turbo's ``jpegtran`` is on ``PATH`` (Debian: ``apt-get install libjpeg-turbo-progs``;
+  we found no package on PyPI that ships it), what gpuload could gain from a restart marker at every MCU (``jpegtran -restart 1B``, a
   lossless rewrite that ffmpeg cannot do): the photos' size and whole decode with those markers,
   and a crop's decode of only its box's MCUs (rows and columns: the entropy decoding of the other
   MCUs skipped), with and without the cost of cutting the copy (:func:`mcu_window`, a prototype
@@ -97,10 +97,12 @@ def steps(blobs: list[bytes], restarted: list[bytes] | None, scratch: Path) -> d
             (int(top), min(height, math.ceil(top + h)), int(left), min(width, math.ceil(left + w)))
             for top, left, h, w in boxes.tolist()
         ]
+        for data, span in zip(restarted, spans):
+            check_mcu_window(data, [span])
         copies = [mcu_window(restarted[i], *spans[i])[0] for i in range(len(blobs))]
         found["mcu_restarts_decode_whole"] = lambda i: simplejpeg.decode_jpeg(restarted[i], **fast)
         found["mcu_restarts_cut_the_window"] = lambda i: mcu_window(restarted[i], *spans[i])
-        found["mcu_restarts_decode_only_its_mcus"] = lambda i: simplejpeg.decode_jpeg(copies[i], strict=False, **fast)
+        found["mcu_restarts_decode_only_its_mcus"] = lambda i: simplejpeg.decode_jpeg(copies[i], **fast)
     return found
 
 
@@ -120,10 +122,15 @@ def mcu_window(data: bytes, top: int, bottom: int, left: int, right: int) -> tup
     of rows ``top:bottom`` and columns ``left:right``: each MCU row's intervals from the box's first
     column to its last, one byte slice, the markers renumbered in order. Returns the copy and the
     image row and column of its first pixel."""
-    frame, interval, scan = _frame_and_scan(data)
+    header = _frame_and_scan(data)
+    if header is None:
+        raise ValueError("mcu_window needs a sequential JPEG with one scan")
+    frame, interval, scan = header
     height, width = _size_at(data, frame)
-    if interval != 1 or data[frame + 11] != 0x22:
+    if interval != 1 or data[frame + 9] != 3 or data[frame + 11 : frame + 18 : 3] != b"\x22\x11\x11":  # 4:2:0
         raise ValueError("mcu_window needs a 4:2:0 JPEG with a restart marker at every MCU")
+    if not (0 <= top < bottom <= height and 0 <= left < right <= width):
+        raise ValueError(f"the box {top}:{bottom}, {left}:{right} is not inside the {height}x{width} image")
     per_row, first_row, end_row = -(-width // 16), top // 16, -(-bottom // 16)
     first_column, end_column = left // 16, -(-right // 16)
     array = np.frombuffer(data, np.uint8)
@@ -136,7 +143,7 @@ def mcu_window(data: bytes, top: int, bottom: int, left: int, right: int) -> tup
     header = b"".join(
         [
             data[: frame + 5],
-            ((end_row - first_row) * 16).to_bytes(2, "big"),
+            min(height - first_row * 16, (end_row - first_row) * 16).to_bytes(2, "big"),
             min(width - first_column * 16, (end_column - first_column) * 16).to_bytes(2, "big"),
             data[frame + 9 : scan],
         ]
@@ -154,16 +161,17 @@ def mcu_window(data: bytes, top: int, bottom: int, left: int, right: int) -> tup
     return bytes(copy), first_row * 16, first_column * 16
 
 
-def check_mcu_window(data: bytes) -> None:
-    """The box of an MCU window decodes to the whole decode's pixels (fast upsampling reads no
+def check_mcu_window(data: bytes, boxes: list[tuple[int, int, int, int]]) -> None:
+    """Each box (``top, bottom, left, right``) of an MCU window decodes, strictly (a restart marker
+    out of sequence is an error), to the whole decode's pixels (fast upsampling reads no
     neighbouring MCU)."""
     fast = {"fastdct": True, "fastupsample": True}
     whole = simplejpeg.decode_jpeg(data, **fast)
-    for top, bottom, left, right in ((100, 300, 130, 400), (0, 480, 0, 640), (37, 61, 600, 640), (460, 480, 0, 17)):
+    for top, bottom, left, right in boxes:
         copy, row, column = mcu_window(data, top, bottom, left, right)
         part = simplejpeg.decode_jpeg(copy, **fast)
         box = part[top - row : bottom - row, left - column : right - column]
-        if not np.array_equal(box, whole[top:bottom, left:right]):
+        if part.shape[0] - (top - row) < bottom - top or not np.array_equal(box, whole[top:bottom, left:right]):
             raise AssertionError(f"mcu_window's box {top}:{bottom}, {left}:{right} differs from the whole decode")
 
 
@@ -180,8 +188,11 @@ def main(argv: list[str] | None = None) -> None:
     blobs = [path.read_bytes() for path in sorted(folder.rglob("*.jpg"))[: args.images]]
     torch.set_num_threads(1)
     restarted = with_mcu_restarts(blobs)
-    if restarted is not None:
-        check_mcu_window(restarted[0])
+    if restarted is not None:  # every image's edges, before the copies are timed (in steps, each box checked)
+        for data in restarted:
+            height, width = _size_at(data, _frame_and_scan(data)[0])
+            edges = [(0, height, 0, width), (height - 1, height, width - 1, width), (0, 1, width // 3, width // 2)]
+            check_mcu_window(data, edges)
     with tempfile.TemporaryDirectory(dir=args.workdir) as scratch:
         found = steps(blobs, restarted, Path(scratch) / "pages.bin")
         runs: dict[str, list[float]] = {name: [] for name in found}

@@ -103,7 +103,7 @@ SNIPPETS = {
         steps=(("torch.onnx.export",), ("tensor(uint8)",), ("assert_close",)),
     ),
     "code_ffmpeg": Snippet(
-        "gpuload/store/compress.py", "_encode", start="command = [", end="]  # fmt: skip", steps=(('"-q:v"',),)
+        "gpuload/store/compress.py", "_ffmpeg_jpeg", start="command = [", end="]  # fmt: skip", steps=(('"-q:v"',),)
     ),
     "code_tensorclass": Snippet("gpuload/store/dataset.py", "ImageData"),
     "code_recipe_build": Snippet(
