@@ -76,6 +76,10 @@ class TestCompress:
         [
             ("a.tif", {}),
             ("a.tiff", {"compression": "tiff_lzw"}),
+            ("jpeg_inside.tif", {"compression": "jpeg"}),  # ffmpeg decodes it to black, with no error
+            ("deflate.tif", {"compression": "tiff_adobe_deflate"}),
+            ("packbits.tif", {"compression": "packbits"}),
+            ("alpha.png", {}),
             ("pages.tif", {"save_all": True, "append_images": ["second page"]}),
             ("a.webp", {"quality": 95}),
             ("a.bmp", {}),
@@ -93,6 +97,8 @@ class TestCompress:
             image = Image.fromarray(np.asarray(upright.convert("L"), np.uint16) * 257)  # 16-bit gray
         if name == "rotated.tif":
             image = upright.transpose(Image.Transpose.ROTATE_90)  # orientation 6 turns it back
+        if name == "alpha.png":
+            image = upright.convert("RGBA")  # opaque: dropping alpha keeps the picture
         if "append_images" in options:
             options = {**options, "append_images": [photo((40, 64)).transpose(Image.Transpose.FLIP_TOP_BOTTOM)]}
         image.save(tmp_path / "src" / name, **options)

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import simplejpeg
 from tqdm.auto import tqdm
 
@@ -293,22 +294,31 @@ class _Journal:
 
 
 def _encode(ffmpeg: str, source: Path, target: Path, quality: int, journal: _Journal) -> str:
-    """Encode one file; returns ``""`` on success, else why it failed. Errors writing the output raise."""
+    """Encode one file; returns ``""`` on success, else why it failed. Errors writing the output raise.
+
+    A JPEG goes to ffmpeg as it is (its orientation applied by a filter); any other format as the
+    pixels Pillow decodes, upright, as ``build-memmap`` reads them (ffmpeg's own TIFF decoder turns
+    a JPEG-compressed TIFF black without an error); so does a JPEG that ffmpeg cannot read (an
+    arithmetic-coded one).
+    """
     try:
         data = read_bytes(source)  # once: what is checked is what ffmpeg encodes
-        orientation, size = check_image(source, data)
+        if data[:2] == b"\xff\xd8":
+            orientation, size = check_image(source, data)
+        else:
+            pixels = _upright_pixels(source, data)
+            size = pixels.shape[:2]
     except DecodeError as error:
         return error.reason
-    rotate = ["-vf", _ORIENTATION_FILTERS[orientation]] if orientation in _ORIENTATION_FILTERS else []
-    encoded, written, error = _ffmpeg_jpeg(ffmpeg, data, rotate, quality)
-    if error:
-        # A file ffmpeg cannot read but Pillow can (an arithmetic-coded JPEG, say): the pixels
-        # Pillow decodes, upright, given to ffmpeg as a PPM to encode.
-        pixels = decode_image(source, data=data).permute(1, 2, 0).numpy()
-        header = f"P6\n{pixels.shape[1]} {pixels.shape[0]}\n255\n".encode()
-        from_pixels = _ffmpeg_jpeg(ffmpeg, header + pixels.tobytes(), [], quality)
-        if not from_pixels[2]:
-            encoded, written, error = from_pixels
+    if data[:2] == b"\xff\xd8":
+        rotate = ["-vf", _ORIENTATION_FILTERS[orientation]] if orientation in _ORIENTATION_FILTERS else []
+        encoded, written, error = _ffmpeg_jpeg(ffmpeg, ["-frame_size", str(len(data))], data, rotate, quality)
+        if error and error != _TIMED_OUT:
+            from_pixels = _ffmpeg_pixels(ffmpeg, _upright_pixels(source, data), quality)
+            if not from_pixels[2]:
+                encoded, written, error = from_pixels
+    else:
+        encoded, written, error = _ffmpeg_pixels(ffmpeg, pixels, quality)
     if error:
         return error
     if written is None:
@@ -336,17 +346,30 @@ def _encode(ffmpeg: str, source: Path, target: Path, quality: int, journal: _Jou
     return ""
 
 
+def _upright_pixels(source: Path, data: bytes) -> np.ndarray:
+    """The pixels of ``source`` (its bytes ``data``) as Pillow decodes them, upright: uint8 ``[H, W, 3]``."""
+    return np.ascontiguousarray(decode_image(source, data=data).permute(1, 2, 0).numpy())
+
+
+def _ffmpeg_pixels(ffmpeg: str, pixels: np.ndarray, quality: int) -> tuple[bytes, tuple[int, int] | None, str]:
+    """:func:`_ffmpeg_jpeg` of uint8 RGB pixels ``[H, W, 3]``, given to ffmpeg raw."""
+    height, width = pixels.shape[:2]
+    raw = ["-f", "rawvideo", "-pix_fmt", "rgb24", "-video_size", f"{width}x{height}"]
+    return _ffmpeg_jpeg(ffmpeg, raw, memoryview(pixels).cast("B"), [], quality)
+
+
 def _ffmpeg_jpeg(
-    ffmpeg: str, data: bytes, filters: list[str], quality: int
+    ffmpeg: str, source: list[str], data: bytes | memoryview, filters: list[str], quality: int
 ) -> tuple[bytes, tuple[int, int] | None, str]:
-    """ffmpeg's JPEG of the image file ``data`` (filtered by ``filters``), its decoded ``(height,
-    width)`` (``None``: it does not decode cleanly) and ``""``; or ``b""``, ``None`` and why ffmpeg failed."""
-    # The bytes go on stdin, their format found from them, as one packet (``-frame_size``: ffmpeg
-    # has no parser to split a TIFF): given a file name, ffmpeg would read ``img%d.jpg`` as the
-    # numbered sequence img1.jpg, img2.jpg...
+    """ffmpeg's JPEG of ``data`` read as ``source`` says (filtered by ``filters``), its decoded
+    ``(height, width)`` (``None``: it does not decode cleanly) and ``""``; or ``b""``, ``None``
+    and why ffmpeg failed."""
+    # The bytes go on stdin (an image file: its format found from them, as one packet,
+    # ``-frame_size``, since ffmpeg has no parser to split a TIFF): given a file name, ffmpeg
+    # would read ``img%d.jpg`` as the numbered sequence img1.jpg, img2.jpg...
     command = [
         ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-threads", "1", "-noautorotate",
-        "-frame_size", str(len(data)), "-i", "pipe:0", *filters, "-frames:v", "1", "-qmin", "1",
+        *source, "-i", "pipe:0", *filters, "-frames:v", "1", "-qmin", "1",
         "-q:v", str(quality), "-threads", "1", "-f", "image2pipe", "-c:v", "mjpeg", "pipe:1",
     ]  # fmt: skip
     # More than one slice makes ffmpeg's JPEG encoder write a restart marker at every MCU row (the
@@ -361,13 +384,16 @@ def _ffmpeg_jpeg(
     return encoded, written, error
 
 
-def _run_ffmpeg(command: list[str], data: bytes) -> tuple[bytes, str]:
+_TIMED_OUT = "ffmpeg took more than 300 s"
+
+
+def _run_ffmpeg(command: list[str], data: bytes | memoryview) -> tuple[bytes, str]:
     """The JPEG that ``command`` writes to its stdout from ``data`` on its stdin, and ``""``; or
     ``b""`` and why it failed."""
     try:
         result = subprocess.run(command, input=data, capture_output=True, timeout=300)
     except subprocess.TimeoutExpired:
-        return b"", "ffmpeg took more than 300 s"
+        return b"", _TIMED_OUT
     if result.returncode != 0 or not result.stdout.startswith(b"\xff\xd8"):
         lines = [line for line in result.stderr.decode(errors="replace").splitlines() if line.strip()]
         return b"", lines[-1].strip() if lines else f"ffmpeg exited with code {result.returncode} and wrote no JPEG"
