@@ -23,5 +23,14 @@ def test_a_lock_file_that_cannot_be_created_names_the_output_and_what_to_do(tmp_
     assert caught.value.errno == code
     assert str(caught.value) == (
         f"[Errno {code}] cannot write {tmp_path / 'out.memmap'}: its lock file {tmp_path / '.out.memmap.lock'} "
-        f"could not be created ({os.strerror(code)}); choose an output on a writable disk with free space"
+        f"could not be created ({os.strerror(code)}: {tmp_path / '.out.memmap.lock'}); choose an output on a "
+        "writable disk with free space"
     )
+
+
+def test_an_output_under_a_file_is_not_given_disk_advice(tmp_path):
+    """Errors that are not the disk's refusal pass as they are, naming the path that failed."""
+    (tmp_path / "afile").write_text("notes")
+    with pytest.raises(OSError) as caught, OutputLock(tmp_path / "afile" / "out.memmap"):
+        pass
+    assert caught.value.filename == str(tmp_path / "afile") and "writable disk" not in str(caught.value)

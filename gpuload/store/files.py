@@ -94,6 +94,11 @@ def check_apart(source: Path, output: Path, *, source_name: str, output_name: st
     )
 
 
+# What a disk or its permissions answer to a new file: a read-only disk, a full one, no free
+# inode, a quota, a folder we may not write.
+_DISK_REFUSALS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM}
+
+
 class OutputLock:
     """An exclusive ``flock`` on ``.<name>.lock`` beside ``path``, held for one run that writes ``path``.
 
@@ -124,12 +129,12 @@ class OutputLock:
             self.lock_path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as error:  # a read-only disk, no free inode, a folder we may not write
-            if error.errno is None:
+            if error.errno not in _DISK_REFUSALS:
                 raise
             raise type(error)(
                 error.errno,
                 f"cannot write {self.path}: its lock file {self.lock_path} could not be created "
-                f"({error.strerror}); choose an output on a writable disk with free space",
+                f"({error.strerror}: {error.filename}); choose an output on a writable disk with free space",
             ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
