@@ -176,8 +176,9 @@ class TestDamagedFolders:
         with pytest.raises(DatasetError) as caught:
             MemmapImageDataset(tmp_path)
         assert str(caught.value) == (
-            f"{tmp_path}: manifest.json is missing but the dataset's files are there (the manifest was deleted, "
-            "or the build never finished); rebuild the dataset"
+            f"{tmp_path}: manifest.json is missing but files a build writes are there (the manifest was deleted, "
+            "or the build never finished); if it is a gpuload dataset, delete it and build it again (--overwrite "
+            "replaces only whole datasets)"
         )
 
     def test_unfinished_build(self, tmp_path):

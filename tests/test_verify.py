@@ -117,8 +117,9 @@ class TestNotADataset:
     def test_a_dataset_whose_manifest_was_lost_is_a_problem(self, writable_copy):
         (writable_copy / "manifest.json").unlink()
         assert verify_memmap(writable_copy, progress=False) == [
-            f"{writable_copy}: manifest.json is missing but the dataset's files are there (the manifest was deleted, "
-            "or the build never finished); rebuild the dataset"
+            f"{writable_copy}: manifest.json is missing but files a build writes are there (the manifest was deleted, "
+            "or the build never finished); if it is a gpuload dataset, delete it and build it again (--overwrite "
+            "replaces only whole datasets)"
         ]
 
     def test_a_dataset_that_lost_its_manifest_and_labels_is_still_a_damaged_dataset(self, writable_copy):

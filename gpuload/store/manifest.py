@@ -136,8 +136,9 @@ class Manifest:
         if not path.is_file():
             if any((folder / name).exists() for name in BUILD_FILES):
                 raise DatasetError(
-                    f"{folder}: {MANIFEST_NAME} is missing but the dataset's files are there (the manifest was "
-                    "deleted, or the build never finished); rebuild the dataset"
+                    f"{folder}: {MANIFEST_NAME} is missing but files a build writes are there (the manifest was "
+                    "deleted, or the build never finished); if it is a gpuload dataset, delete it and build it again "
+                    "(--overwrite replaces only whole datasets)"
                 )
             hint = " (an unfinished build)" if ".tmp-" in folder.name else ""
             raise DatasetError(f"{folder} is not a gpuload dataset{hint}: it has no {MANIFEST_NAME}")
