@@ -14,6 +14,8 @@ import argparse
 import errno
 import json
 import os
+import select
+import signal
 import sys
 import time
 import warnings
@@ -56,10 +58,15 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.flush()  # here, so that a reader gone (``| head -1``) is caught below
             return code
         except BrokenPipeError:
-            # The reader of our output stopped early: no traceback, and nothing more to write
-            # (stdout goes to /dev/null so that the flush at exit does not fail again).
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 1
+            if not _stdout_closed():
+                raise  # another pipe: not the reader of our output
+            # The reader of our output stopped early (``| head -1``): no traceback, and the exit
+            # code of a command killed by SIGPIPE; stdout goes to /dev/null so that the flush at
+            # exit does not fail again.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            return 128 + signal.SIGPIPE
         except KeyboardInterrupt:
             print("gpuload: interrupted", file=sys.stderr)
             return 130
@@ -74,6 +81,16 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             print(f"gpuload: error: {error}", file=sys.stderr)
             return 2
+
+
+def _stdout_closed() -> bool:
+    """Whether nothing reads our stdout any more (a pipe or socket whose reader is gone)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll, or no real stdout
+        return False
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -46,7 +46,7 @@ def run_demo(
 
 
 def _steps(root: Path, images: int, size: tuple[int, int]) -> Path:
-    print(f"gpuload demo on {machine_line()}\nworking in {root}")
+    print(f"gpuload demo on {machine_line()}\nworking in {root}", flush=True)  # each step as it ends, piped too
     photos, compressed = root / "photos", root / "photos-q3"
     started = time.perf_counter()
     per_class = images // len(SAMPLE_CLASSES)
@@ -54,11 +54,12 @@ def _steps(root: Path, images: int, size: tuple[int, int]) -> Path:
     before = sum(path.stat().st_size for path in photos.rglob("*.jpg"))
     print(
         f"1/5 sample: {per_class * len(SAMPLE_CLASSES)} photos of {size[0]}x{size[1]} in {len(SAMPLE_CLASSES)} classes, "
-        f"{before / 1e6:.1f} MB, made from matplotlib's grace_hopper.jpg in {time.perf_counter() - started:.1f} s"
+        f"{before / 1e6:.1f} MB, made from matplotlib's grace_hopper.jpg in {time.perf_counter() - started:.1f} s",
+        flush=True,
     )
 
     report = compress_folder(photos, compressed, quality=3)
-    print(f"2/5 compress (ffmpeg -q:v 3): {report.summary()}")
+    print(f"2/5 compress (ffmpeg -q:v 3): {report.summary()}", flush=True)
 
     started = time.perf_counter()
     out = build_memmap(compressed, size=size, overwrite=True)
@@ -66,13 +67,15 @@ def _steps(root: Path, images: int, size: tuple[int, int]) -> Path:
     dataset = MemmapImageDataset(out)
     print(
         f"3/5 build-memmap: {len(dataset)} images, {dataset.data.images.numel() / 1e9:.2f} GB of uint8 pixels "
-        f"in {seconds:.2f} s ({len(dataset) / seconds:.0f} images/s) -> {out}"
+        f"in {seconds:.2f} s ({len(dataset) / seconds:.0f} images/s) -> {out}",
+        flush=True,
     )
 
     started = time.perf_counter()
     problems = verify_memmap(out, sources=8, progress=False)
     print(
-        f"4/5 verify: {'OK' if not problems else problems} (checksums of all images, 8 sources re-decoded) in {time.perf_counter() - started:.2f} s"
+        f"4/5 verify: {'OK' if not problems else problems} (checksums of all images, 8 sources re-decoded) in {time.perf_counter() - started:.2f} s",
+        flush=True,
     )
 
     loader = DataLoader(dataset, batch_size=64, shuffle=True)

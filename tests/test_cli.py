@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import write_bad_file
 
+import gpuload.cli
 import gpuload.store.compress
 import gpuload.store.decode
 from gpuload.cli import main
@@ -271,4 +272,16 @@ def test_a_reader_that_stops_early_gets_no_traceback(built_dataset, command):
         [sys.executable, "-m", "gpuload", command, str(built_dataset)], stdout=write, stderr=subprocess.PIPE, text=True
     )
     os.close(write)
-    assert result.returncode == 1 and "Traceback" not in result.stderr and "Error" not in result.stderr, result.stderr
+    assert result.returncode == 141, result.stderr  # 128 + SIGPIPE, as a shell reports `yes | head -1`
+    assert "Traceback" not in result.stderr and "Error" not in result.stderr, result.stderr
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_a_traceback(monkeypatch):
+    """Only a reader of our output that went away is quiet; any other broken pipe is a bug to see."""
+
+    def broken(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(gpuload.cli, "_run_info", broken)
+    with pytest.raises(BrokenPipeError):
+        main(["info", "anything"])
