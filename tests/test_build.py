@@ -212,14 +212,8 @@ class TestBadInputs:
         assert message.endswith(advice) and not (tmp_path / "out.memmap").exists()
 
     def test_a_full_disk_while_finishing_names_the_dataset_and_what_to_do(self, photo_folder, tmp_path, monkeypatch):
-        def full(*args, **kwargs):
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        monkeypatch.setattr(gpuload.store.build.Manifest, "write", full)
-        with pytest.raises(OSError) as caught:
-            build_memmap(photo_folder, tmp_path / "out.memmap", progress=False)
-        assert caught.value.errno == errno.ENOSPC
-        assert str(caught.value) == (
+        monkeypatch.setattr(gpuload.store.build.Manifest, "write", _disk_full)
+        assert _full_disk_message(photo_folder, tmp_path / "out.memmap") == (
             f"[Errno 28] not enough disk space to finish {tmp_path / 'out.memmap'}: its images are written, and "
             "its labels, metadata and manifest did not fit; free space there or write to another disk"
         )
@@ -229,14 +223,8 @@ class TestBadInputs:
     def test_a_full_disk_while_writing_images_names_the_dataset_not_its_temporary_folder(
         self, photo_folder, tmp_path, monkeypatch, format, name
     ):
-        def full(*args, **kwargs):
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        monkeypatch.setattr(gpuload.store.writer.os, "pwrite", full)
-        with pytest.raises(OSError) as caught:
-            build_memmap(photo_folder, tmp_path / "out.memmap", format=format, progress=False)
-        assert caught.value.errno == errno.ENOSPC
-        message = str(caught.value)
+        monkeypatch.setattr(gpuload.store.writer.os, "pwrite", _disk_full)
+        message = _full_disk_message(photo_folder, tmp_path / "out.memmap", format=format)
         assert message.startswith(f"[Errno 28] not enough disk space to write {tmp_path / 'out.memmap' / name}: ")
         assert ".tmp-" not in message and message.endswith("free space there or write to another disk")
         assert os.listdir(tmp_path) == [".out.memmap.lock"]  # nothing half-built left
@@ -250,10 +238,7 @@ class TestBadInputs:
             return real_mkdir(self, *args, **kwargs)
 
         monkeypatch.setattr(Path, "mkdir", mkdir)
-        with pytest.raises(OSError) as caught:
-            build_memmap(photo_folder, tmp_path / "out.memmap", progress=False)
-        assert caught.value.errno == errno.ENOSPC
-        assert str(caught.value) == (
+        assert _full_disk_message(photo_folder, tmp_path / "out.memmap") == (
             f"[Errno 28] not enough disk space to build {tmp_path / 'out.memmap'}: no room for a new folder "
             "beside it; free space there or write to another disk"
         )
@@ -288,6 +273,20 @@ class TestBadInputs:
         )
         build_memmap(photo_folder, tmp_path / "out.memmap", progress=False)
         assert not stale.exists()
+
+
+def _disk_full(*args, **kwargs):
+    """A stand-in for a write that finds the disk full."""
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _full_disk_message(src: Path, out: Path, **options) -> str:
+    """What a build that runs out of disk space says; its errno must stay ENOSPC (one line on the
+    command line, not a traceback)."""
+    with pytest.raises(OSError) as caught:
+        build_memmap(src, out, progress=False, **options)
+    assert caught.value.errno == errno.ENOSPC
+    return str(caught.value)
 
 
 class _Usage:
