@@ -74,6 +74,7 @@ BAD_FILES = {
     "empty.jpg": "empty file",
     "notes.jpg": "not an image",
     "garbage.png": "not an image",
+    "corrupt.png": "truncated or corrupt",  # garbled compressed pixels, no EXIF: Pillow kept half a picture
 }
 
 
@@ -96,6 +97,13 @@ def write_bad_file(folder: Path, name: str) -> Path:
         path.write_text("these are my notes, not a photo\n")
     elif name == "garbage.png":
         path.write_bytes(bytes(range(256)) * 8)
+    elif name == "corrupt.png":
+        photo().save(path)
+        data = bytearray(path.read_bytes())
+        start = data.index(b"IDAT") + 4  # the compressed pixels (Pillow does not check their CRC)
+        length = int.from_bytes(data[start - 8 : start - 4], "big")
+        data[start + length // 2 : start + length // 2 + 16] = bytes(16)
+        path.write_bytes(bytes(data))
     return path
 
 

@@ -137,7 +137,7 @@ class TestModes:
     def test_exif_rotation_swaps_the_reported_size(self, tmp_path):
         write_odd_image(tmp_path / "rotated.jpg", "exif_rotated")
         with Image.open(tmp_path / "rotated.jpg") as image:
-            assert exif_orientation(image) == 6
+            assert exif_orientation(image, tmp_path / "rotated.jpg") == 6
             assert image.size == (SIZE[0], SIZE[1])  # stored sideways: width is the display height
         assert read_size(tmp_path / "rotated.jpg") == SIZE
 

@@ -112,13 +112,17 @@ def read_size(path: str | os.PathLike) -> tuple[int, int]:
         if os.fstat(file.fileno()).st_size == 0:
             raise DecodeError(path, "empty file (0 bytes)")
         with open_image(file, path) as image:
-            return upright_size(image)
+            return upright_size(image, path)
 
 
-def upright_size(image: Image.Image) -> tuple[int, int]:
-    """The ``(height, width)`` of an opened image as displayed, from its header (the orientation
-    still to apply, :func:`exif_orientation`, swaps the sides of a sideways one)."""
-    if exif_orientation(image) in SIDEWAYS:
+def upright_size(image: Image.Image, path: str | os.PathLike) -> tuple[int, int]:
+    """The ``(height, width)`` of an opened image (``path`` names it) as displayed, from its header
+    (the orientation still to apply, :func:`exif_orientation`, swaps the sides of a sideways one).
+
+    Raises:
+        DecodeError: a PNG whose pixels Pillow had to load to find its EXIF is damaged.
+    """
+    if exif_orientation(image, path) in SIDEWAYS:
         return image.width, image.height
     return image.height, image.width
 
@@ -168,7 +172,7 @@ def check_image(path: str | os.PathLike, data: bytes | None = None) -> tuple[int
     """
     data = read_bytes(path) if data is None else data
     with open_image(data, path) as image:
-        stored, size = _tagged_orientation(image), upright_size(image)
+        stored, size = _tagged_orientation(image, path), upright_size(image, path)
         decode_pixels(image, data, path, None)
     return stored, size
 
@@ -180,22 +184,31 @@ def _decode(
     ``[3, H, W]``, often a strided view."""
     data = read_bytes(path) if data is None else data
     with open_image(data, path) as image:
-        orientation = exif_orientation(image)
+        orientation = exif_orientation(image, path)
         request = None if size is None else _draft_request(image.size, size, resize, orientation in SIDEWAYS)
         pixels = decode_pixels(image, data, path, request)
     chw = _upright(pixels, orientation).permute(2, 0, 1)
     return chw if size is None else _fit(chw, size, resize)
 
 
-def exif_orientation(image: Image.Image) -> int:
-    """The orientation still to apply to the pixels of an opened image as Pillow loads them, 1
-    (upright) to 8: its EXIF orientation, but 1 for a TIFF, which Pillow turns upright itself when
-    it loads it (and whose size it already gives upright); 1 when absent or unreadable."""
-    return 1 if image.format == "TIFF" else _tagged_orientation(image)
+def exif_orientation(image: Image.Image, path: str | os.PathLike) -> int:
+    """The orientation still to apply to the pixels of an opened image (``path`` names it) as
+    Pillow loads them, 1 (upright) to 8: its EXIF orientation, but 1 for a TIFF, which Pillow turns
+    upright itself when it loads it (and whose size it already gives upright); 1 when absent or
+    unreadable.
+
+    Raises:
+        DecodeError: a PNG whose pixels Pillow had to load to find its EXIF is damaged.
+    """
+    return 1 if image.format == "TIFF" else _tagged_orientation(image, path)
 
 
-def _tagged_orientation(image: Image.Image) -> int:
+def _tagged_orientation(image: Image.Image, path: str | os.PathLike) -> int:
     """The orientation an image's EXIF or TIFF tag gives its stored pixels, 1 to 8; 1 when absent or unreadable."""
+    if image.format == "PNG" and "exif" not in image.info:
+        # Pillow loads a PNG's pixels to look for an EXIF chunk after them. Damage found there is
+        # the file's, not its EXIF's: a failed load leaves half a picture that a second load keeps.
+        _load(image, path)
     try:
         orientation = image.getexif().get(_ORIENTATION, 1)
     except _PILLOW_DAMAGE:  # unreadable EXIF: show the pixels as stored
@@ -264,11 +277,16 @@ def decode_pixels(
             return np.repeat(pixels, 3, axis=2)
         if request is not None:  # CMYK and the rare JPEGs libjpeg-turbo cannot read: Pillow, at reduced scale
             image.draft(None, request)
+    _load(image, path)
+    return np.array(_to_rgb(image, path))  # a writable copy: torch refuses read-only arrays
+
+
+def _load(image: Image.Image, path: str | os.PathLike) -> None:
+    """Pillow's decode of an opened image's pixels; damage becomes a :class:`DecodeError`."""
     try:
         image.load()
     except _PILLOW_DAMAGE as error:
         raise DecodeError(path, f"truncated or corrupt ({type(error).__name__}: {error})") from None
-    return np.array(_to_rgb(image, path))  # a writable copy: torch refuses read-only arrays
 
 
 def _upright(pixels: np.ndarray, orientation: int) -> torch.Tensor:

@@ -78,8 +78,8 @@ def store_jpeg(
     """
     data = read_bytes(path) if data is None else data
     with open_image(data, path) as image:
-        orientation = exif_orientation(image)
-        height, width = upright_size(image)
+        orientation = exif_orientation(image, path)
+        height, width = upright_size(image, path)
         reason = _reencode_reason(image, data, orientation, (height, width), max_side)
         if reason is None:
             # A strict decode: damage is found here, as in a raw build. A JPEG that libjpeg-turbo
