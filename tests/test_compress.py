@@ -350,7 +350,12 @@ class TestLockAndLinks:
         write_odd_image(tmp_path / "src" / "a.png", "palette")
         shutil.copy(tmp_path / "src" / "a.png", tmp_path / "src" / "a.jpg")
         report = compress_folder(tmp_path / "src", tmp_path / "dst", progress=False)
-        assert report.failed == [(str(tmp_path / "src" / "a.png"), "its output a.jpg is also the output of a.jpg")]
+        assert report.failed == [
+            (
+                str(tmp_path / "src" / "a.png"),
+                f"its output {tmp_path / 'dst' / 'a.jpg'} is also the output of {tmp_path / 'src' / 'a.jpg'}",
+            )
+        ]
 
 
 class TestArguments:

@@ -211,7 +211,7 @@ def _plan(src: Path, dst: Path) -> list[tuple[Path, Path, str]]:
             relative = relative.with_suffix(".jpg")
         target = dst / relative
         if target in claimed:
-            jobs.append((source, target, f"its output {target.name} is also the output of {claimed[target].name}"))
+            jobs.append((source, target, f"its output {target} is also the output of {claimed[target]}"))
         else:
             claimed[target] = source
             jobs.append((source, target, ""))
