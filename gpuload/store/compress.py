@@ -364,9 +364,9 @@ def _ffmpeg_jpeg(
     """ffmpeg's JPEG of ``data`` read as ``source`` says (filtered by ``filters``), its decoded
     ``(height, width)`` (``None``: it does not decode cleanly) and ``""``; or ``b""``, ``None``
     and why ffmpeg failed."""
-    # The bytes go on stdin (an image file: its format found from them, as one packet,
-    # ``-frame_size``, since ffmpeg has no parser to split a TIFF): given a file name, ffmpeg
-    # would read ``img%d.jpg`` as the numbered sequence img1.jpg, img2.jpg...
+    # The bytes go on stdin (a file's: its format found from them, read as one packet with
+    # ``-frame_size``; or raw pixels): given a file name, ffmpeg would read ``img%d.jpg`` as the
+    # numbered sequence img1.jpg, img2.jpg...
     command = [
         ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-threads", "1", "-noautorotate",
         *source, "-i", "pipe:0", *filters, "-frames:v", "1", "-qmin", "1",
