@@ -35,22 +35,12 @@ from .files import (
     resolve,
 )
 from .jpeg import REENCODE_REASONS, StoredJpeg, store_jpeg
-from .manifest import ARRAYS, MANIFEST_NAME, Manifest
+from .manifest import ARRAYS, BUILD_PATHS, MANIFEST_NAME, Manifest
 from .scan import ImageFolderIndex, scan_image_folder
 from .writer import BlockWriter
 
 __all__ = ["build_memmap"]
 
-# Every name a build folder of any format version holds: what a stale temporary folder may contain.
-_BUILD_PATHS = {
-    MANIFEST_NAME,
-    "meta.json",
-    *(f"{name}.memmap" for names in ARRAYS.values() for name in names),
-    "_tensordict",
-    "_tensordict/meta.json",
-    "_tensordict/images.memmap",
-    "_tensordict/labels.memmap",
-}
 FORMATS = tuple(ARRAYS)
 
 
@@ -230,7 +220,7 @@ def _is_build_folder(folder: Path) -> bool:
     """Whether ``folder`` is a real folder holding nothing but names a gpuload build writes."""
     if folder.is_symlink() or not folder.is_dir():
         return False
-    return {path.relative_to(folder).as_posix() for path in folder.rglob("*")} <= _BUILD_PATHS
+    return {path.relative_to(folder).as_posix() for path in folder.rglob("*")} <= BUILD_PATHS
 
 
 def _check_replaceable(out: Path) -> None:

@@ -303,14 +303,15 @@ def _encode(ffmpeg: str, source: Path, target: Path, quality: int, journal: _Jou
     """
     try:
         data = read_bytes(source)  # once: what is checked is what ffmpeg encodes
-        if data[:2] == b"\xff\xd8":
+        jpeg = data[:2] == b"\xff\xd8"
+        if jpeg:
             orientation, size = check_image(source, data)
         else:
             pixels = _upright_pixels(source, data)
             size = pixels.shape[:2]
     except DecodeError as error:
         return error.reason
-    if data[:2] == b"\xff\xd8":
+    if jpeg:
         rotate = ["-vf", _ORIENTATION_FILTERS[orientation]] if orientation in _ORIENTATION_FILTERS else []
         encoded, written, error = _ffmpeg_jpeg(ffmpeg, ["-frame_size", str(len(data))], data, rotate, quality)
         if error and error != _TIMED_OUT:

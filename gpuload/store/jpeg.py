@@ -3,8 +3,9 @@
 Every stored image must decode upright, fast, with libjpeg-turbo's DCT-domain scaling: a baseline
 JPEG in RGB (YCbCr) or grayscale with no EXIF rotation is stored byte for byte (after a strict
 decode that finds damage, as for raw builds). Anything else, a progressive JPEG (2-3x slower to
-decode, and it cannot skip rows), an arithmetic-coded one (no row skipping either), an EXIF-rotated one, a CMYK or 12-bit one, one whose sampling
-libjpeg-turbo cannot read, a PNG, or an image larger than ``max_side``, is decoded upright (by
+decode, and it cannot skip rows), an arithmetic-coded one (no row skipping either), an
+EXIF-rotated one, a CMYK or 12-bit one, one whose sampling libjpeg-turbo cannot read, a PNG, or an
+image larger than ``max_side``, is decoded upright (by
 Pillow where libjpeg-turbo cannot) and re-encoded at ``quality``: baseline 4:2:0 with a restart
 marker at every MCU row, as ``gpuload compress`` writes them (see :func:`row_window`).
 Pillow does not report corrupt data inside a JPEG, so damage in one that only Pillow reads goes

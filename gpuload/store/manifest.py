@@ -22,6 +22,7 @@ from ..errors import DatasetError
 __all__ = [
     "ARRAYS",
     "BUILD_FILES",
+    "BUILD_PATHS",
     "DIGESTED",
     "FORMAT",
     "FORMAT_VERSION",
@@ -29,6 +30,7 @@ __all__ = [
     "RESIZE_MODES",
     "DatasetError",
     "Manifest",
+    "holds_build_files",
 ]
 
 FORMAT = "gpuload.memmap"
@@ -48,6 +50,21 @@ BUILD_FILES = (
     "_tensordict",
     *sorted({f"{name}.memmap" for names in ARRAYS.values() for name in names}),
 )
+# Every name a build folder of any format version holds: what a stale temporary folder may contain.
+BUILD_PATHS = frozenset({*BUILD_FILES, *_V1_FILES})
+
+
+def holds_build_files(folder: Path) -> bool:
+    """Whether ``folder`` holds the manifest or an array a build writes: a dataset, maybe damaged.
+
+    Example:
+        >>> import tempfile
+        >>> holds_build_files(Path(tempfile.mkdtemp()))
+        False
+    """
+    return any((folder / name).exists() for name in BUILD_FILES)
+
+
 _HEX16 = re.compile(r"[0-9a-f]{16}")
 
 
@@ -134,7 +151,7 @@ class Manifest:
         if not folder.is_dir():
             raise DatasetError(f"{folder} is not a folder; pass the folder that build-memmap wrote")
         if not path.is_file():
-            if any((folder / name).exists() for name in BUILD_FILES):
+            if holds_build_files(folder):
                 raise DatasetError(
                     f"{folder}: {MANIFEST_NAME} is missing but files a build writes are there (the manifest was "
                     "deleted, or the build never finished); if it is a gpuload dataset, delete it and build it again "

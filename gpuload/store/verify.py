@@ -17,7 +17,7 @@ from ..errors import DatasetError, DecodeError, UsageError
 from .dataset import MemmapImageDataset, decode_jpeg_bytes
 from .decode import decode_image, read_bytes
 from .jpeg import frame_size, store_jpeg
-from .manifest import BUILD_FILES, MANIFEST_NAME
+from .manifest import MANIFEST_NAME, holds_build_files
 
 __all__ = ["describe_memmap", "verify_memmap"]
 
@@ -111,7 +111,7 @@ def _check_holds_a_dataset(path: Path) -> None:
         raise FileNotFoundError(f"{path} does not exist; pass the folder that build-memmap wrote")
     if not path.is_dir():
         raise UsageError(f"{path} is not a folder; pass the folder that build-memmap wrote")
-    if not any((path / name).exists() for name in BUILD_FILES):
+    if not holds_build_files(path):
         raise UsageError(
             f"{path} is not a gpuload dataset: it holds none of the files build-memmap writes "
             f"({MANIFEST_NAME}, labels.memmap...); pass the folder that build-memmap wrote"
