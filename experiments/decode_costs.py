@@ -14,8 +14,9 @@ On the same compressed photos (640x480, ffmpeg -q:v 3, bytes in memory), median 
   ``gpuload compress`` writes at every MCU row), each cut by :func:`gpuload.store.jpeg.row_window`,
   its cost included;
 - where libjpeg-turbo's ``jpegtran`` is on ``PATH`` (Debian: ``apt-get install libjpeg-turbo-progs``;
-  we found no package on PyPI that ships it), what gpuload could gain from a restart marker at every MCU (``jpegtran -restart 1B``, a
-  lossless rewrite that ffmpeg cannot do): the photos' size and whole decode with those markers,
+  we found no package on PyPI that ships it), what gpuload could gain from a restart marker at
+  every MCU (``jpegtran -restart 1B``, a lossless rewrite that ffmpeg cannot do): the photos' size
+  and whole decode with those markers,
   and a crop's decode of only its box's MCUs (rows and columns: the entropy decoding of the other
   MCUs skipped), with and without the cost of cutting the copy (:func:`mcu_window`, a prototype
   here, checked against the whole decode's pixels).
