@@ -109,14 +109,24 @@ class TestCompress:
         expected = np.asarray(upright.convert("L").convert("RGB") if "gray" in name or "sixteen" in name else upright)
         assert pixels.shape == (40, 64, 3) and np.abs(pixels.astype(np.int16) - expected).mean() < 8
 
-    def test_an_image_that_ffmpeg_cannot_read_but_pillow_can_is_compressed_from_pillow_s_pixels(self, tmp_path):
+    def test_an_image_that_ffmpeg_cannot_read_but_pillow_can_is_compressed_from_pillow_s_pixels(
+        self, tmp_path, monkeypatch
+    ):
         """tests/data/arithmetic_coded_rotated.jpg: 70x52 stored, EXIF orientation 6, arithmetic-coded
         (``jpegtran -arithmetic -copy all``), which libjpeg-turbo reads and ffmpeg does not."""
         (tmp_path / "src" / "a").mkdir(parents=True)
         source = tmp_path / "src" / "a" / "arithmetic.jpg"
         shutil.copy(Path(__file__).parent / "data" / "arithmetic_coded_rotated.jpg", source)
-        report = compress_folder(tmp_path / "src", tmp_path / "dst", progress=False)
+        inputs = []
+        run_ffmpeg = gpuload.store.compress._run_ffmpeg
+        monkeypatch.setattr(
+            gpuload.store.compress,
+            "_run_ffmpeg",
+            lambda command, data: inputs.append(command) or run_ffmpeg(command, data),
+        )
+        report = compress_folder(tmp_path / "src", tmp_path / "dst", progress=False, workers=1)
         assert (report.done, report.failed) == (1, [])
+        assert len(inputs) == 1 and "rawvideo" in inputs[0]  # its pixels at once: ffmpeg is not asked to read it
         output = (tmp_path / "dst" / "a" / "arithmetic.jpg").read_bytes()
         pixels = simplejpeg.decode_jpeg(output, strict=True)
         upright = decode_image(source).permute(1, 2, 0).numpy()

@@ -21,6 +21,7 @@ from gpuload.store.decode import (
     decode_into,
     exif_orientation,
     read_size,
+    upright_pixels,
 )
 
 
@@ -236,6 +237,15 @@ class TestDecodeInto:
         np.testing.assert_array_equal(decoded, shown)
         assert read_size(tmp_path / "tagged.tif") == shown.shape[:2]
         assert check_image(tmp_path / "tagged.tif") == (orientation, shown.shape[:2])
+
+
+@pytest.mark.parametrize("kind", ["exif_rotated", "palette"])
+def test_upright_pixels_are_decode_image_s_in_height_width_channel_order(tmp_path, kind):
+    write_odd_image(tmp_path / "a.png", kind) if kind == "palette" else write_odd_image(tmp_path / "a.jpg", kind)
+    path = next(tmp_path.iterdir())
+    pixels = upright_pixels(path)
+    assert pixels.flags.c_contiguous and pixels.dtype == np.uint8
+    np.testing.assert_array_equal(pixels, decode_image(path).permute(1, 2, 0).numpy())
 
 
 @pytest.mark.parametrize("orientation", range(1, 9))

@@ -13,14 +13,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import simplejpeg
 from tqdm.auto import tqdm
 
 from ..errors import CompressError, DecodeError, UsageError
 from ..machine import resolve_workers
-from .decode import check_image, decode_image, read_bytes
+from .decode import check_image, read_bytes, upright_pixels
 from .files import OutputLock, check_apart, fsync_folder, full_disk_says, resolve
+from .jpeg import arithmetic_coded
 from .scan import IMG_EXTENSIONS, walk_images
 
 __all__ = ["JOURNAL_NAME", "CompressReport", "compress_folder", "find_ffmpeg"]
@@ -296,30 +296,28 @@ class _Journal:
 def _encode(ffmpeg: str, source: Path, target: Path, quality: int, journal: _Journal) -> str:
     """Encode one file; returns ``""`` on success, else why it failed. Errors writing the output raise.
 
-    A JPEG goes to ffmpeg as it is (its orientation applied by a filter); any other format as the
-    pixels Pillow decodes, upright, as ``build-memmap`` reads them (ffmpeg's own TIFF decoder turns
-    a JPEG-compressed TIFF black without an error); so does a JPEG that ffmpeg cannot read (an
-    arithmetic-coded one).
+    A JPEG goes to ffmpeg as it is (its orientation applied by a filter); any other format, and an
+    arithmetic-coded JPEG (which ffmpeg cannot read), as the pixels Pillow decodes, upright, as
+    ``build-memmap`` reads them (ffmpeg's own TIFF decoder turns a JPEG-compressed TIFF black
+    without an error).
     """
     try:
         data = read_bytes(source)  # once: what is checked is what ffmpeg encodes
-        jpeg = data[:2] == b"\xff\xd8"
-        if jpeg:
+        if data[:2] == b"\xff\xd8" and not arithmetic_coded(data):
             orientation, size = check_image(source, data)
+            pixels = None
         else:
-            pixels = _upright_pixels(source, data)
+            pixels = upright_pixels(source, data)
             size = pixels.shape[:2]
     except DecodeError as error:
         return error.reason
-    if jpeg:
+    if pixels is None:
         rotate = ["-vf", _ORIENTATION_FILTERS[orientation]] if orientation in _ORIENTATION_FILTERS else []
         encoded, written, error = _ffmpeg_jpeg(ffmpeg, ["-frame_size", str(len(data))], data, rotate, quality)
-        if error and error != _TIMED_OUT:
-            from_pixels = _ffmpeg_pixels(ffmpeg, _upright_pixels(source, data), quality)
-            if not from_pixels[2]:
-                encoded, written, error = from_pixels
     else:
-        encoded, written, error = _ffmpeg_pixels(ffmpeg, pixels, quality)
+        height, width = size
+        raw = ["-f", "rawvideo", "-pix_fmt", "rgb24", "-video_size", f"{width}x{height}"]
+        encoded, written, error = _ffmpeg_jpeg(ffmpeg, raw, memoryview(pixels).cast("B"), [], quality)
     if error:
         return error
     if written is None:
@@ -345,18 +343,6 @@ def _encode(ffmpeg: str, source: Path, target: Path, quality: int, journal: _Jou
         if os.path.lexists(partial):
             os.unlink(partial)
     return ""
-
-
-def _upright_pixels(source: Path, data: bytes) -> np.ndarray:
-    """The pixels of ``source`` (its bytes ``data``) as Pillow decodes them, upright: uint8 ``[H, W, 3]``."""
-    return np.ascontiguousarray(decode_image(source, data=data).permute(1, 2, 0).numpy())
-
-
-def _ffmpeg_pixels(ffmpeg: str, pixels: np.ndarray, quality: int) -> tuple[bytes, tuple[int, int] | None, str]:
-    """:func:`_ffmpeg_jpeg` of uint8 RGB pixels ``[H, W, 3]``, given to ffmpeg raw."""
-    height, width = pixels.shape[:2]
-    raw = ["-f", "rawvideo", "-pix_fmt", "rgb24", "-video_size", f"{width}x{height}"]
-    return _ffmpeg_jpeg(ffmpeg, raw, memoryview(pixels).cast("B"), [], quality)
 
 
 def _ffmpeg_jpeg(
@@ -385,16 +371,13 @@ def _ffmpeg_jpeg(
     return encoded, written, error
 
 
-_TIMED_OUT = "ffmpeg took more than 300 s"
-
-
 def _run_ffmpeg(command: list[str], data: bytes | memoryview) -> tuple[bytes, str]:
     """The JPEG that ``command`` writes to its stdout from ``data`` on its stdin, and ``""``; or
     ``b""`` and why it failed."""
     try:
         result = subprocess.run(command, input=data, capture_output=True, timeout=300)
     except subprocess.TimeoutExpired:
-        return b"", _TIMED_OUT
+        return b"", "ffmpeg took more than 300 s"
     if result.returncode != 0 or not result.stdout.startswith(b"\xff\xd8"):
         lines = [line for line in result.stderr.decode(errors="replace").splitlines() if line.strip()]
         return b"", lines[-1].strip() if lines else f"ffmpeg exited with code {result.returncode} and wrote no JPEG"

@@ -46,6 +46,7 @@ __all__ = [
     "decode_jpeg_strict",
     "exif_orientation",
     "read_size",
+    "upright_pixels",
     "upright_size",
 ]
 
@@ -103,7 +104,8 @@ def check_target(size: tuple[int, int] | None, resize: str) -> tuple[int, int] |
 
 
 def read_size(path: str | os.PathLike) -> tuple[int, int]:
-    """The ``(height, width)`` of an image as displayed (EXIF orientation applied), from its header.
+    """The ``(height, width)`` of an image as displayed (EXIF orientation applied), from its header
+    (a PNG's pixels too: Pillow loads them to find an EXIF chunk after them).
 
     Raises:
         DecodeError: the file is empty, unreadable, not an image, or has too many pixels.
@@ -117,7 +119,8 @@ def read_size(path: str | os.PathLike) -> tuple[int, int]:
 
 def upright_size(image: Image.Image, path: str | os.PathLike) -> tuple[int, int]:
     """The ``(height, width)`` of an opened image (``path`` names it) as displayed, from its header
-    (the orientation still to apply, :func:`exif_orientation`, swaps the sides of a sideways one).
+    (a PNG's pixels too, see :func:`exif_orientation`; the orientation still to apply swaps the
+    sides of a sideways one).
 
     Raises:
         DecodeError: a PNG whose pixels Pillow had to load to find its EXIF is damaged.
@@ -175,6 +178,16 @@ def check_image(path: str | os.PathLike, data: bytes | None = None) -> tuple[int
         stored, size = _tagged_orientation(image, path), upright_size(image, path)
         decode_pixels(image, data, path, None)
     return stored, size
+
+
+def upright_pixels(path: str | os.PathLike, data: bytes | None = None) -> np.ndarray:
+    """The pixels of :func:`decode_image` at their own size, as contiguous uint8 ``[H, W, 3]``
+    (copied only where the orientation moves them). ``data``: the bytes, when read already.
+
+    Raises:
+        DecodeError: see :func:`decode_image`.
+    """
+    return np.ascontiguousarray(_decode(path, None, "crop", data).permute(1, 2, 0).numpy())
 
 
 def _decode(

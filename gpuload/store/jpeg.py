@@ -36,7 +36,15 @@ from .decode import (
     upright_size,
 )
 
-__all__ = ["REENCODE_REASONS", "StoredJpeg", "frame_size", "row_window", "scale_is_exact", "store_jpeg"]
+__all__ = [
+    "REENCODE_REASONS",
+    "StoredJpeg",
+    "arithmetic_coded",
+    "frame_size",
+    "row_window",
+    "scale_is_exact",
+    "store_jpeg",
+]
 
 REENCODE_REASONS = (
     "not_jpeg",
@@ -114,7 +122,7 @@ def _reencode_reason(image, data: bytes, orientation: int, shape: tuple[int, int
         return "not_jpeg"
     if image.info.get("progressive") or image.info.get("progression"):
         return "progressive"
-    if any(marker in _FRAMES and marker not in _SEQUENTIAL for _, marker in _markers(data)):
+    if _frame_marker(data) not in _SEQUENTIAL:
         return "arithmetic_coded"  # (Pillow reads no lossless or hierarchical frame)
     if orientation != 1:
         return "exif_rotated"
@@ -127,6 +135,7 @@ def _reencode_reason(image, data: bytes, orientation: int, shape: tuple[int, int
 
 _SEQUENTIAL = {0xC0, 0xC1}  # baseline and extended sequential Huffman frames
 _FRAMES = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # every start of frame (not DHT, JPG, DAC)
+_ARITHMETIC = {0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}  # arithmetic-coded frames
 _STANDALONE = {0x01, *range(0xD0, 0xD8)}  # markers with no length field
 _SOS = 0xDA  # start of scan
 _DRI = 0xDD  # define restart interval
@@ -142,10 +151,25 @@ def frame_size(data: bytes) -> tuple[int, int] | None:
         >>> frame_size(open(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False), "rb").read())
         (600, 512)
     """
-    for position, marker in _markers(data):
-        if marker in _FRAMES:
-            return None if position + 9 > len(data) else _size_at(data, position)
-    return None
+    frame = next((position for position, marker in _markers(data) if marker in _FRAMES), None)
+    return None if frame is None or frame + 9 > len(data) else _size_at(data, frame)
+
+
+def arithmetic_coded(data: bytes) -> bool:
+    """Whether a JPEG's frame is arithmetic-coded: libjpeg-turbo and Pillow decode it; ffmpeg does
+    not, and no crop can skip its rows.
+
+    Example:
+        >>> import matplotlib.cbook
+        >>> arithmetic_coded(open(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False), "rb").read())
+        False
+    """
+    return _frame_marker(data) in _ARITHMETIC
+
+
+def _frame_marker(data: bytes) -> int | None:
+    """The start-of-frame marker of a JPEG (0xC0 baseline ... 0xCF), ``None`` where it has none."""
+    return next((marker for _, marker in _markers(data) if marker in _FRAMES), None)
 
 
 def row_window(data: bytes, first: int, last: int, *, context: bool = True) -> tuple[bytes, int, int] | None:
