@@ -337,6 +337,18 @@ class TestOverwriteOnlyReplacesADataset:
             build_memmap(photo_folder, out, overwrite=True, progress=False)
         assert (out / "mine.txt").read_text() == "unchanged"
 
+    def test_a_dataset_whose_manifest_is_gone_is_refused_with_one_piece_of_advice(self, photo_folder, tmp_path):
+        out = build_memmap(photo_folder, tmp_path / "out.memmap", progress=False)
+        (out / "manifest.json").unlink()
+        kept = sorted(path.name for path in out.iterdir())
+        with pytest.raises(UsageError) as caught:
+            build_memmap(photo_folder, out, overwrite=True, progress=False)
+        assert str(caught.value) == (
+            f"overwrite only replaces a whole gpuload dataset, and {out} has no manifest.json (deleted, or its build "
+            "never finished): move it away yourself or choose another out"
+        )
+        assert sorted(path.name for path in out.iterdir()) == kept
+
     def test_a_file_is_refused(self, photo_folder, tmp_path):
         out = tmp_path / "out.memmap"
         out.write_text("unchanged")

@@ -35,7 +35,7 @@ from .files import (
     resolve,
 )
 from .jpeg import REENCODE_REASONS, StoredJpeg, store_jpeg
-from .manifest import ARRAYS, BUILD_PATHS, MANIFEST_NAME, Manifest
+from .manifest import ARRAYS, BUILD_PATHS, MANIFEST_NAME, Manifest, holds_build_files
 from .scan import ImageFolderIndex, scan_image_folder
 from .writer import BlockWriter
 
@@ -225,6 +225,11 @@ def _is_build_folder(folder: Path) -> bool:
 
 def _check_replaceable(out: Path) -> None:
     """Refuse to overwrite anything but a folder holding a gpuload dataset and nothing else."""
+    if out.is_dir() and not (out / MANIFEST_NAME).is_file() and holds_build_files(out):
+        raise UsageError(
+            f"overwrite only replaces a whole gpuload dataset, and {out} has no {MANIFEST_NAME} (deleted, or its "
+            "build never finished): move it away yourself or choose another out"
+        )
     try:
         manifest = Manifest.read(out)
     except DatasetError as error:

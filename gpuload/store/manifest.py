@@ -140,7 +140,8 @@ class Manifest:
         """Read and check the ``manifest.json`` of ``folder``.
 
         Raises:
-            DatasetError: no manifest (not a dataset, or an unfinished build), unreadable JSON,
+            DatasetError: a path that does not exist or is not a folder, no manifest (not a
+                dataset; or a damaged one, where the arrays a build writes are there), unreadable JSON,
                 a foreign format, a newer format version, a field of the wrong type (named), or
                 fields that disagree with each other.
         """
