@@ -98,8 +98,9 @@ def steps(blobs: list[bytes], restarted: list[bytes] | None, scratch: Path) -> d
             (int(top), min(height, math.ceil(top + h)), int(left), min(width, math.ceil(left + w)))
             for top, left, h, w in boxes.tolist()
         ]
-        for data, span in zip(restarted, spans):
-            check_mcu_window(data, [span])
+        edges = [(0, height, 0, width), (height - 1, height, width - 1, width), (0, 1, width // 3, width // 2)]
+        for data, span in zip(restarted, spans):  # each photo's edges and its box, before they are timed
+            check_mcu_window(data, [*edges, span])
         copies = [mcu_window(restarted[i], *spans[i])[0] for i in range(len(blobs))]
         found["mcu_restarts_decode_whole"] = lambda i: simplejpeg.decode_jpeg(restarted[i], **fast)
         found["mcu_restarts_cut_the_window"] = lambda i: mcu_window(restarted[i], *spans[i])
@@ -141,7 +142,7 @@ def mcu_window(data: bytes, top: int, bottom: int, left: int, right: int) -> tup
     ends = np.append(markers, data.rfind(b"\xff\xd9"))
     mcu_rows = np.arange(first_row, end_row) * per_row
     view = memoryview(data)
-    header = b"".join(
+    head = b"".join(
         [
             data[: frame + 5],
             min(height - first_row * 16, (end_row - first_row) * 16).to_bytes(2, "big"),
@@ -153,12 +154,12 @@ def mcu_window(data: bytes, top: int, bottom: int, left: int, right: int) -> tup
         view[start : end + 2]  # with the marker after the row's last interval (the last becomes EOI)
         for start, end in zip(starts[mcu_rows + first_column].tolist(), ends[mcu_rows + end_column - 1].tolist())
     ]
-    copy = bytearray(header + b"".join(body))
+    copy = bytearray(head + b"".join(body))
     copy[-2:] = b"\xff\xd9"
-    pixels = np.frombuffer(copy, np.uint8)
-    found = np.flatnonzero(pixels[len(header) : -3] == 0xFF) + len(header)
-    found = found[(pixels[found + 1] & 0xF8) == 0xD0]
-    pixels[found + 1] = 0xD0 + np.arange(len(found)) % 8
+    copied = np.frombuffer(copy, np.uint8)
+    found = np.flatnonzero(copied[len(head) : -3] == 0xFF) + len(head)
+    found = found[(copied[found + 1] & 0xF8) == 0xD0]
+    copied[found + 1] = 0xD0 + np.arange(len(found)) % 8
     return bytes(copy), first_row * 16, first_column * 16
 
 
@@ -189,11 +190,6 @@ def main(argv: list[str] | None = None) -> None:
     blobs = [path.read_bytes() for path in sorted(folder.rglob("*.jpg"))[: args.images]]
     torch.set_num_threads(1)
     restarted = with_mcu_restarts(blobs)
-    if restarted is not None:  # every image's edges, before the copies are timed (in steps, each box checked)
-        for data in restarted:
-            height, width = _size_at(data, _frame_and_scan(data)[0])
-            edges = [(0, height, 0, width), (height - 1, height, width - 1, width), (0, 1, width // 3, width // 2)]
-            check_mcu_window(data, edges)
     with tempfile.TemporaryDirectory(dir=args.workdir) as scratch:
         found = steps(blobs, restarted, Path(scratch) / "pages.bin")
         runs: dict[str, list[float]] = {name: [] for name in found}
