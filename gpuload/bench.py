@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from .errors import UsageError
 from .loading.collate import Collate
 from .loading.crop import RandomResizedCropDecode
-from .loading.loader import DataLoader
+from .loading.loader import DataLoader, resolve_device
 from .machine import default_workers, describe_machine, machine_line
 from .store.dataset import MemmapImageDataset, decode_jpeg_bytes
 from .store.decode import decode_image
@@ -82,9 +82,7 @@ def run_bench(
     if augment is not None and (not isinstance(augment, int) or isinstance(augment, bool) or augment < 1):
         raise UsageError(f"augment must be a positive output side, got {augment!r}")
     dataset = MemmapImageDataset(path)
-    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type not in ("cpu", "cuda") or (device.type == "cuda" and not torch.cuda.is_available()):
-        raise UsageError(f"device {str(device)!r} is not available here; use --device cpu or cuda on a GPU machine")
+    device = resolve_device(device)
     if len(dataset) < batch_size:
         raise UsageError(f"the dataset has {len(dataset)} images, fewer than one batch of {batch_size}")
     batches = len(dataset) // batch_size

@@ -75,7 +75,14 @@ def test_fewer_images_than_a_batch(built_dataset):
 
 @pytest.mark.parametrize(
     "argv",
-    [["--batch-size", "0"], ["--epochs", "0"], ["--batch-size", "1000"], ["--device", "mps"], ["--augment", "0"]],
+    [
+        ["--batch-size", "0"],
+        ["--epochs", "0"],
+        ["--batch-size", "1000"],
+        ["--device", "mps"],
+        ["--device", "tpu"],  # not even a device torch knows
+        ["--augment", "0"],
+    ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(built_dataset, capsys, argv):
     assert main(["bench", str(built_dataset), *argv]) == 2

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DistributedSampler
 
-from gpuload import DataLoader, ImageData, MemmapImageDataset, RandomResizedCrop
+from gpuload import DataLoader, ImageData, MemmapImageDataset, RandomResizedCrop, UsageError
 from gpuload.loading import loader as loader_module
 from gpuload.loading.crop import CenterCropDecode, RandomResizedCropDecode, decode_crops
 from gpuload.loading.order import epoch_order
@@ -187,6 +187,11 @@ class TestBatches:
         with pytest.raises(
             ValueError, match=r"copies to 'cpu' or 'cuda' devices, got '(mps|xpu|meta|xpu:1)'; use device='cpu'"
         ):
+            DataLoader(indexed_data(), device=device)
+
+    @pytest.mark.parametrize("device", ["tpu", "cuda:x", ""])
+    def test_a_device_torch_does_not_know_is_a_usage_error(self, device):
+        with pytest.raises(UsageError, match=f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}"):
             DataLoader(indexed_data(), device=device)
 
     @pytest.mark.parametrize("device", ["cuda", "cuda:0", torch.device("cuda", 1)], ids=["any", "index0", "index1"])

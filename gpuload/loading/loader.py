@@ -183,7 +183,7 @@ class DataLoader:
         # nothing (an unshuffled loader, as for validation on rank 0 only), no collective is made.
         random = shuffle or transform is not None or isinstance(decode, RandomResizedCropDecode)
         self.seed = seed if seed is not None else _draw_seed(generator, broadcast=random)
-        self.device = _resolve_device(device)
+        self.device = resolve_device(device)
         if decode is not None and decode.gpu:
             _check_gpu_decode(self.device)
         self.prefetch = prefetch
@@ -375,20 +375,31 @@ def _check_int(name: str, value: object) -> None:
         raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
 
 
-def _resolve_device(device: str | torch.device | None) -> torch.device:
-    """``device`` with its CUDA index filled in; CUDA when available and ``device`` is ``None``."""
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``device`` with its CUDA index filled in; CUDA when available and ``device`` is ``None``.
+
+    Raises:
+        UsageError: not a device torch knows, not CPU or CUDA, or CUDA where there is none.
+
+    Example:
+        >>> resolve_device("cpu")
+        device(type='cpu')
+    """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except RuntimeError:  # torch's own message lists every device type it knows
+        raise UsageError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
     if device.type not in ("cpu", "cuda"):
-        raise ValueError(
+        raise UsageError(
             f"gpuload.DataLoader copies to 'cpu' or 'cuda' devices, got {str(device)!r}; "
             "use device='cpu' and move batches yourself"
         )
     if device.type == "cpu":
         return device
     if not torch.cuda.is_available():
-        raise ValueError(f"device {str(device)!r} was asked for but CUDA is not available here; use device='cpu'")
+        raise UsageError(f"device {str(device)!r} was asked for but CUDA is not available here; use device='cpu'")
     return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
 
 
