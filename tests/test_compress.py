@@ -374,6 +374,14 @@ class TestArguments:
         with pytest.raises(ValueError, match="quality must be an integer from 1"):
             compress_folder(photo_folder, tmp_path / "q", quality=quality, progress=False)
 
+    def test_a_dataset_is_not_a_dst(self, photo_folder, built_dataset):
+        """Class folders written into a dataset would be files gpuload did not write there: its
+        --overwrite would then refuse it."""
+        before = sorted(path.name for path in built_dataset.iterdir())
+        with pytest.raises(UsageError, match=f"DST {built_dataset} is a gpuload dataset; choose another DST"):
+            compress_folder(photo_folder, built_dataset, progress=False)
+        assert sorted(path.name for path in built_dataset.iterdir()) == before
+
     def test_dst_inside_src(self, photo_folder):
         with pytest.raises(UsageError, match="is inside SRC"):
             compress_folder(photo_folder, photo_folder / "q", progress=False)

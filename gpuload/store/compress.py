@@ -21,6 +21,7 @@ from ..machine import resolve_workers
 from .decode import check_image, read_bytes, upright_pixels
 from .files import OutputLock, check_apart, fsync_folder, full_disk_says, resolve
 from .jpeg import arithmetic_coded
+from .manifest import holds_build_files
 from .scan import IMG_EXTENSIONS, walk_images
 
 __all__ = ["JOURNAL_NAME", "CompressReport", "compress_folder", "find_ffmpeg"]
@@ -149,6 +150,8 @@ def compress_folder(
     if not src.is_dir():
         raise FileNotFoundError(f"{src} is not a folder; pass the folder of photos to compress")
     check_apart(src, dst, source_name="SRC", output_name="DST")
+    if dst.is_dir() and holds_build_files(dst):
+        raise UsageError(f"DST {dst} is a gpuload dataset; choose another DST")
     ffmpeg = ffmpeg or find_ffmpeg()
     jobs = _plan(src, dst)
     report = CompressReport()
