@@ -75,7 +75,8 @@ class TestOutput:
         """)
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr[-2000:]
-        assert result.stdout.split() == ["TensorDict", "torch.uint8", "[20,", "3,", "48,", "64]", "torch.int64"]
+        # the file's layout: channels-last [N, H, W, 3] (gpuload shows it as [N, 3, H, W])
+        assert result.stdout.split() == ["TensorDict", "torch.uint8", "[20,", "48,", "64,", "3]", "torch.int64"]
 
     def test_gpuload_still_hands_out_its_tensorclass(self, built_dataset):
         data = MemmapImageDataset(built_dataset).data
@@ -87,11 +88,18 @@ class TestOutput:
         manifest = json.loads((built_dataset / "manifest.json").read_text())
         assert manifest["source"] == str(photo_folder)
         assert manifest["image_shape"] == [3, *SIZE]
+        assert manifest["format_version"] == 3 and manifest["layout"] == "channels_last"
         assert manifest["resize"] == "crop"
         assert manifest["samples"][0] == ["background/0000.jpg", 0]
         assert len(manifest["checksums"]) == 20 and all(len(c) == 16 for c in manifest["checksums"])
         assert manifest["skipped"] == []
         assert {"gpuload", "torch", "tensordict", "pillow", "python"} <= set(manifest["versions"])
+
+    def test_images_are_stored_channels_last_as_decoded(self, photo_folder, built_dataset):
+        first = (built_dataset / "images.memmap").read_bytes()[: 3 * SIZE[0] * SIZE[1]]
+        source = photo_folder / json.loads((built_dataset / "manifest.json").read_text())["samples"][0][0]
+        expected = gpuload.store.decode.decode_image(source).permute(1, 2, 0).contiguous().numpy().tobytes()
+        assert first == expected
 
     def test_files_are_read_only(self, built_dataset):
         for name in ("images.memmap", "labels.memmap", "meta.json", "manifest.json"):

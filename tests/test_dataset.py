@@ -7,14 +7,25 @@ from pathlib import Path
 import pytest
 import torch
 import xxhash
+from conftest import SIZE
 from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
-from gpuload import DatasetError, GatheredSamples, ImageData, MemmapImageDataset, build_memmap
-from gpuload.store.dataset import JpegSamples
+import gpuload
+from gpuload import (
+    DatasetError,
+    GatheredSamples,
+    ImageData,
+    MemmapImageDataset,
+    build_memmap,
+    decode_image,
+    verify_memmap,
+)
+from gpuload.store.dataset import JpegSamples, storage_order
 
 PINNED = Path(__file__).parent / "data" / "tiny.memmap"
+PINNED_V2 = Path(__file__).parent / "data" / "v2"
 
 
 @pytest.fixture
@@ -68,6 +79,33 @@ class TestLikeImageFolder:
         assert all(torch.equal(image, dataset[index][0]) for (image, _), index in zip(samples, (3, 1)))
 
 
+class TestChannelsLast:
+    """Raw images are stored [N, H, W, 3] and shown [N, 3, H, W] with channels-last strides: views, no copies."""
+
+    def test_images_are_a_channels_last_view_of_the_file(self, built_dataset):
+        dataset = MemmapImageDataset(built_dataset)
+        images = dataset.data.images
+        assert images.shape == (20, 3, *SIZE) and images.is_contiguous(memory_format=torch.channels_last)
+        stored = (built_dataset / "images.memmap").read_bytes()[: 3 * SIZE[0] * SIZE[1]]
+        assert torch.equal(images[0].permute(1, 2, 0).flatten(), torch.frombuffer(bytearray(stored), dtype=torch.uint8))
+        image, _ = dataset[3]
+        assert image.shape == (3, *SIZE) and image.stride() == (1, 3 * SIZE[1], 3)
+
+    def test_a_gathered_batch_stays_channels_last(self, built_dataset):
+        dataset = MemmapImageDataset(built_dataset)
+        images = dataset.__getitems__([4, 0, 4]).data.images
+        assert images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous()
+        assert torch.equal(images, dataset.data.images[[4, 0, 4]])
+
+    def test_storage_order_of_other_layouts(self):
+        planar = torch.zeros(2, 3, 4, 5, dtype=torch.uint8)
+        view, channels_last = storage_order(planar)
+        assert view is not None and view.stride() == planar.stride() and not channels_last
+        stored = torch.zeros(2, 4, 5, 3, dtype=torch.uint8)
+        view, channels_last = storage_order(stored.permute(0, 3, 1, 2))
+        assert channels_last and view.data_ptr() == stored.data_ptr() and view.stride() == stored.stride()
+
+
 class TestReadOnly:
     def test_writes_never_reach_the_files(self, fresh_dataset):
         images_file = fresh_dataset / "images.memmap"
@@ -77,9 +115,8 @@ class TestReadOnly:
         dataset.data.labels[:] = 3
         assert images_file.read_bytes() == before
         reopened = MemmapImageDataset(fresh_dataset).data.images[0]
-        assert torch.equal(
-            reopened, torch.frombuffer(bytearray(before[: 3 * 48 * 64]), dtype=torch.uint8).view(3, 48, 64)
-        )
+        stored = torch.frombuffer(bytearray(before[: 3 * 48 * 64]), dtype=torch.uint8).view(48, 64, 3)
+        assert torch.equal(reopened, stored.permute(2, 0, 1))
 
     def test_items_are_copies(self, built_dataset):
         dataset = MemmapImageDataset(built_dataset)
@@ -198,7 +235,7 @@ class TestDamagedFolders:
         manifest["image_shape"] = [3, 64, 49]
         (copy / "manifest.json").write_text(json.dumps(manifest))
         with pytest.raises(
-            DatasetError, match=r"images.memmap has 184,320 bytes, the manifest says 188,160 \(20 x \[3, 64, 49\]"
+            DatasetError, match=r"images.memmap has 184,320 bytes, the manifest says 188,160 \(20 x \[64, 49, 3\]"
         ):
             MemmapImageDataset(copy)
 
@@ -240,3 +277,54 @@ class TestPinnedFormat:
         assert dataset.data.labels.tolist() == [0, 0, 1, 1]
         sums = [f"{xxhash.xxh3_64_intdigest(dataset.data.images[i].numpy()):016x}" for i in range(4)]
         assert sums == dataset.manifest.checksums
+
+
+class TestPinnedVersion2:
+    """``tests/data/v2`` holds a raw and a jpeg dataset built by the release before raw images were
+    stored channels-last (format version 2), and their four sources: they open, read and verify
+    exactly as they did."""
+
+    @pytest.fixture
+    def moved(self, tmp_path) -> Path:
+        """The datasets with their manifests pointing at the committed sources (``source`` is not digested)."""
+        for name in ("raw.memmap", "jpeg.memmap"):
+            shutil.copytree(PINNED_V2 / name, tmp_path / name)
+            manifest = json.loads((tmp_path / name / "manifest.json").read_text())
+            manifest["source"] = str(PINNED_V2 / "sources")
+            (tmp_path / name / "manifest.json").write_text(json.dumps(manifest, separators=(",", ":")))
+        return tmp_path
+
+    def test_manifests_are_version_2_without_a_layout(self):
+        for name in ("raw.memmap", "jpeg.memmap"):
+            manifest = json.loads((PINNED_V2 / name / "manifest.json").read_text())
+            assert manifest["format_version"] == 2 and "layout" not in manifest
+
+    def test_raw_pixels_are_the_sources_decoded_channel_first_as_stored(self):
+        dataset = MemmapImageDataset(PINNED_V2 / "raw.memmap")
+        assert dataset.manifest.layout == "channels_first" and dataset.data.images.is_contiguous()
+        assert dataset.data.images.shape == (4, 3, 6, 8) and dataset.data.labels.tolist() == [0, 0, 1, 1]
+        for index, (source, _) in enumerate(dataset.manifest.samples):
+            expected = decode_image(PINNED_V2 / "sources" / source, (6, 8), "crop")
+            assert torch.equal(dataset[index][0], expected)
+        sums = [f"{xxhash.xxh3_64_intdigest(dataset.data.images[i].numpy()):016x}" for i in range(4)]
+        assert sums == dataset.manifest.checksums
+        assert torch.equal(dataset.__getitems__([2, 1]).data.images, dataset.data.images[[2, 1]])
+
+    def test_jpeg_images_decode_as_their_sources(self):
+        dataset = MemmapImageDataset(PINNED_V2 / "jpeg.memmap")
+        assert dataset.manifest.layout is None
+        for index, (source, _) in enumerate(dataset.manifest.samples):
+            assert torch.equal(dataset[index][0], decode_image(PINNED_V2 / "sources" / source))
+
+    def test_both_verify_with_their_sources(self, moved):
+        for name in ("raw.memmap", "jpeg.memmap"):
+            assert verify_memmap(moved / name, sources="all", progress=False) == []
+
+    def test_both_load_through_the_loader(self):
+        raw = list(gpuload.DataLoader(MemmapImageDataset(PINNED_V2 / "raw.memmap"), batch_size=4, device="cpu"))
+        assert torch.equal(raw[0][0], MemmapImageDataset(PINNED_V2 / "raw.memmap").data.images)
+        decode = gpuload.CenterCropDecode((12, 16), ratio=1.0)
+        jpeg = gpuload.DataLoader(
+            MemmapImageDataset(PINNED_V2 / "jpeg.memmap"), batch_size=2, device="cpu", decode=decode
+        )
+        assert [images.shape for images, _ in jpeg] == [(2, 3, 12, 16), (2, 3, 12, 16)]

@@ -210,11 +210,41 @@ class TestCheckTarget:
 
 
 class TestDecodeInto:
-    def test_writes_the_same_pixels_as_decode_image_into_the_buffer(self, tmp_path):
-        photo((60, 80)).save(tmp_path / "a.jpg", quality=90)
-        out = np.full((3, 30, 30), 7, np.uint8)
+    @pytest.mark.parametrize(
+        ("size", "kind"), [((60, 80), None), ((48, 64), "exif_rotated"), ((48, 64), "grayscale"), ((48, 64), "cmyk")]
+    )
+    @pytest.mark.parametrize("resize", ["crop", "pad", "stretch"])
+    def test_writes_the_pixels_of_decode_image_channels_last(self, tmp_path, size, kind, resize):
+        path = tmp_path / "a.jpg"
+        if kind is None:
+            photo(size).save(path, quality=90)
+        else:
+            write_odd_image(path, kind)
+        out = np.full((30, 40, 3), 7, np.uint8)
+        decode_into(path, out, resize)
+        assert np.array_equal(out, decode_image(path, (30, 40), resize).permute(1, 2, 0).numpy())
+
+    def test_an_upright_rgb_jpeg_of_the_target_size_is_decoded_straight_into_the_buffer(self, tmp_path, monkeypatch):
+        """No transposition and no copy: libjpeg-turbo writes the pixels where they are stored."""
+        photo((30, 40)).save(tmp_path / "a.jpg", quality=90)
+        out = np.full((30, 40, 3), 7, np.uint8)
+        buffers, real = [], gpuload.store.decode.simplejpeg.decode_jpeg
+
+        def decode_jpeg(*args, buffer=None, **kwargs):
+            buffers.append(buffer)
+            return real(*args, buffer=buffer, **kwargs)
+
+        monkeypatch.setattr(gpuload.store.decode.simplejpeg, "decode_jpeg", decode_jpeg)
+        monkeypatch.setattr(gpuload.store.decode.np, "copyto", None)  # any copy would fail
         decode_into(tmp_path / "a.jpg", out, "crop")
-        assert np.array_equal(out, decode_image(tmp_path / "a.jpg", (30, 30), "crop").numpy())
+        assert len(buffers) == 1 and buffers[0] is out
+        monkeypatch.undo()
+        assert np.array_equal(out, decode_image(tmp_path / "a.jpg").permute(1, 2, 0).numpy())
+
+    def test_a_damaged_jpeg_of_the_target_size_is_still_reported(self, tmp_path):
+        path = write_bad_file(tmp_path, "corrupt.jpg")
+        with pytest.raises(DecodeError, match="truncated or corrupt JPEG"):
+            decode_into(path, np.zeros((*read_size(path), 3), np.uint8), "crop")
 
     def test_check_image_decodes_and_gives_the_stored_orientation_and_the_upright_size(self, tmp_path):
         write_odd_image(tmp_path / "rotated.jpg", "exif_rotated")

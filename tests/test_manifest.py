@@ -16,6 +16,7 @@ def manifest(**changes) -> Manifest:
         "image_shape": [3, 4, 5],
         "resize": "crop",
         "files": FILES,
+        "layout": "channels_last",
     }
     return Manifest(**{**fields, **changes})
 
@@ -79,7 +80,8 @@ def test_inconsistent_manifests_are_refused(tmp_path, changes, message):
         ("files", {"images.memmap": "120"}, "an object of file sizes"),
         ("source", None, "a string"),
         ("storage", "parquet", '"raw"'),
-        ("format_version", "2", "gpuload reads versions 1 and 2"),
+        ("format_version", "2", "gpuload reads versions 1 to 3"),
+        ("layout", "planar", "one of channels_last, channels_first"),
     ],
 )
 def test_a_field_of_the_wrong_type_is_one_clear_error_naming_it(tmp_path, name, value, expected):
@@ -100,6 +102,7 @@ def test_a_field_of_the_wrong_type_is_one_clear_error_naming_it(tmp_path, name, 
         ("image_shape", [3, 5, 4]),
         ("resize", "pad"),
         ("files", {**FILES, "meta.json": 301}),
+        ("layout", "channels_first"),
     ],
 )
 def test_every_field_that_gives_the_data_meaning_is_covered_by_a_digest(tmp_path, name, value):
@@ -137,3 +140,40 @@ def test_removing_the_digests_does_not_hide_an_edit(tmp_path):
     edit(tmp_path, "classes", ["dog", "cat"])
     edit(tmp_path, "digests", {})
     assert Manifest.read(tmp_path).edited_fields() == list(DIGESTED)
+
+
+@pytest.mark.parametrize(("storage", "layout"), [("raw", None), ("jpeg", "channels_last")])
+def test_a_layout_that_does_not_fit_the_storage_is_refused(tmp_path, storage, layout):
+    jpeg = {"image_shape": None, "resize": None, "jpeg": {"quality": 90, "max_side": None, "reencoded": {}}}
+    arrays = {"data.memmap": 9, "offsets.memmap": 24, "shapes.memmap": 16, "labels.memmap": 16, "meta.json": 3}
+    changes = jpeg | {"files": arrays} if storage == "jpeg" else {}
+    manifest(storage=storage, layout=layout, **changes).write(tmp_path)
+    with pytest.raises(DatasetError, match=f"a {storage} dataset with layout {layout!r}"):
+        Manifest.read(tmp_path)
+
+
+class TestVersion2:
+    """Manifests written before format version 3 have no ``layout``: their raw images are channel-first."""
+
+    def written(self, tmp_path) -> dict:
+        manifest(format_version=2).write(tmp_path)
+        return json.loads((tmp_path / "manifest.json").read_text())
+
+    def test_is_written_and_read_without_a_layout_and_means_channel_first(self, tmp_path):
+        raw = self.written(tmp_path)
+        assert "layout" not in raw and "layout" not in raw["digests"]
+        read = Manifest.read(tmp_path)
+        assert read.layout == "channels_first" and read.edited_fields() == []
+        assert read.array_shapes == {"images": (2, 3, 4, 5), "labels": (2,)}
+
+    def test_a_layout_field_is_unknown_there(self, tmp_path):
+        self.written(tmp_path)
+        edit(tmp_path, "layout", "channels_last")
+        with pytest.raises(DatasetError, match=r"unknown fields \['layout'\]"):
+            Manifest.read(tmp_path)
+
+
+def test_version_3_stores_raw_images_channels_last(tmp_path):
+    manifest().write(tmp_path)
+    assert Manifest.read(tmp_path).array_shapes == {"images": (2, 4, 5, 3), "labels": (2,)}
+    assert FORMAT_VERSION == 3

@@ -62,11 +62,12 @@ def build_memmap(
 ) -> Path:
     """Store the ImageFolder ``src`` as a memory-mapped dataset at ``out``; returns ``out``.
 
-    ``format="raw"`` decodes every image once into ``out/images.memmap`` (uint8 ``[N, 3, H, W]``,
-    one size for all): the fastest to load, as large as the pixels. ``format="jpeg"`` keeps each
-    image's JPEG bytes, at its own size, in ``out/data.memmap`` with ``offsets.memmap`` and
-    ``shapes.memmap`` beside: 10-20x smaller, for datasets larger than RAM, decoded (and cropped)
-    when loaded. Both keep ``labels.memmap`` (int64 ``[N]``), the ``meta.json`` of a plain tensordict
+    ``format="raw"`` decodes every image once into ``out/images.memmap`` (uint8, one size for all,
+    channels-last: ``[N, H, W, 3]`` in the file, shown as ``[N, 3, H, W]`` by
+    :class:`gpuload.MemmapImageDataset`): the fastest to load, as large as the pixels.
+    ``format="jpeg"`` keeps each image's JPEG bytes, at its own size, in ``out/data.memmap`` with
+    ``offsets.memmap`` and ``shapes.memmap`` beside: 10-20x smaller, for datasets larger than RAM,
+    decoded (and cropped) when loaded. Both keep ``labels.memmap`` (int64 ``[N]``), the ``meta.json`` of a plain tensordict
     ``TensorDict`` (``tensordict.TensorDict.load_memmap(out)`` opens it anywhere) and a
     ``manifest.json``, and are written in ImageFolder's order by parallel threads in bounded memory.
 
@@ -332,7 +333,8 @@ class _Store:
 
 
 class _RawStore(_Store):
-    """uint8 pixels at one size, decoded into a fixed window of reused buffers."""
+    """uint8 pixels at one size, channels-last (``[N, H, W, 3]``), each decoded into one of a fixed
+    window of reused buffers, then appended to the file."""
 
     arrays = ARRAYS["raw"]
 
@@ -349,7 +351,7 @@ class _RawStore(_Store):
     ) -> None:
         self.tmp, self.pool, self.size, self.resize = tmp, pool, size, resize
         self.window = 2 * workers + 2  # decoded images in flight: bounds memory
-        self.free = [np.empty((3, *size), np.uint8) for _ in range(self.window)]
+        self.free = [np.empty((*size, 3), np.uint8) for _ in range(self.window)]  # channels-last
         self.busy: dict[Future, np.ndarray] = {}
         self.writer = BlockWriter(
             tmp / "images.memmap", count * 3 * size[0] * size[1], write_behind=sync, name=out / "images.memmap"
@@ -373,11 +375,11 @@ class _RawStore(_Store):
     def close(self, count: int) -> dict[str, torch.Tensor]:
         self.writer.close()
         return {
-            "images": MemoryMappedTensor.from_filename(self.tmp / "images.memmap", torch.uint8, (count, 3, *self.size))
+            "images": MemoryMappedTensor.from_filename(self.tmp / "images.memmap", torch.uint8, (count, *self.size, 3))
         }
 
     def manifest_fields(self) -> dict:
-        return {"image_shape": [3, *self.size], "resize": self.resize}
+        return {"image_shape": [3, *self.size], "resize": self.resize, "layout": "channels_last"}
 
 
 def _decode_raw(path: Path, resize: str, buffer: np.ndarray) -> int:

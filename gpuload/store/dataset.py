@@ -19,7 +19,15 @@ from tensordict import tensorclass
 from ..errors import DatasetError
 from .manifest import Manifest
 
-__all__ = ["GatheredSamples", "ImageData", "JpegData", "JpegSamples", "MemmapImageDataset", "decode_jpeg_bytes"]
+__all__ = [
+    "GatheredSamples",
+    "ImageData",
+    "JpegData",
+    "JpegSamples",
+    "MemmapImageDataset",
+    "decode_jpeg_bytes",
+    "storage_order",
+]
 
 # Linux's MAP_NORESERVE (Python 3.11's mmap module has no constant for it): a private mapping
 # without it is charged in full against RAM + swap, so datasets larger than that could not open.
@@ -31,7 +39,8 @@ class ImageData:
     """Images and their labels, batched along the first dimension.
 
     Attributes:
-        images: uint8 ``[N, 3, height, width]``.
+        images: uint8 ``[N, 3, height, width]``; a raw dataset's are channels-last in memory
+            (``images.permute(0, 2, 3, 1)`` is the file's ``[N, H, W, 3]``, see :func:`storage_order`).
         labels: int64 ``[N]``.
 
     Example:
@@ -103,7 +112,10 @@ class MemmapImageDataset(torch.utils.data.Dataset):
     - ``"raw"``: ``data`` is the whole :class:`ImageData`, mapped copy-on-write without reserving
       memory (``MAP_PRIVATE | MAP_NORESERVE``): writing into its tensors never reaches the files,
       its fields cannot be replaced, and a dataset far larger than RAM + swap opens at once, its
-      pages read from disk only when touched.
+      pages read from disk only when touched. ``data.images`` is ``[N, 3, H, W]`` with
+      channels-last strides (a view of the file's ``[N, H, W, 3]``; datasets built before format
+      version 3 are channel-first in memory too, and open as they are); ``ds[i]`` is ``[3, H, W]``
+      in the same layout.
     - ``"jpeg"``: ``data`` is a :class:`JpegData` (offsets, sizes, labels, in memory); each image's
       bytes are read with one ``pread`` of their range when asked for (:meth:`read_jpeg`), their
       checksum checked, and ``ds[i]`` decodes them exactly (libjpeg-turbo's accurate DCT) at the
@@ -208,7 +220,12 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         used by ``torch.utils.data.DataLoader``."""
         if self.storage == "jpeg":
             return JpegSamples([self[index] for index in indices], self.path, self._one_size)
-        return GatheredSamples(self.data[torch.as_tensor(indices, dtype=torch.long)])
+        indices = torch.as_tensor(indices, dtype=torch.long)
+        stored, channels_last = storage_order(self.data.images)
+        images = torch.index_select(stored, 0, indices)  # in the file's order: no transposition
+        images = images.permute(0, 3, 1, 2) if channels_last else images
+        labels = torch.index_select(self.data.labels, 0, indices)
+        return GatheredSamples(ImageData(images=images, labels=labels, batch_size=[len(indices)]))
 
     def __getstate__(self) -> dict:
         return {"path": self.path}
@@ -279,6 +296,23 @@ class _JpegFile:
         return data
 
 
+def storage_order(images: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """``[N, 3, H, W]`` images in the order of their memory: the ``[N, H, W, 3]`` view and ``True``
+    where they are channels-last, else themselves and ``False``. Gathering or hashing in that order
+    moves bytes as they lie, with no transposition.
+
+    Example:
+        >>> stored = torch.zeros(2, 4, 5, 3, dtype=torch.uint8)
+        >>> view, channels_last = storage_order(stored.permute(0, 3, 1, 2))
+        >>> view.shape, channels_last, view.is_contiguous()
+        (torch.Size([2, 4, 5, 3]), True, True)
+    """
+    images = torch.Tensor.as_subclass(images, torch.Tensor)
+    if images.dim() == 4 and not images.is_contiguous() and images.is_contiguous(memory_format=torch.channels_last):
+        return images.permute(0, 2, 3, 1), True
+    return images, False
+
+
 def _check_labels(path: Path, labels: np.ndarray, manifest: Manifest) -> None:
     """The labels file must say what the manifest says: a damaged label would train on a wrong class
     without any error (8 bytes per image, compared at every open)."""
@@ -305,10 +339,12 @@ def _check_files(path: Path, manifest: Manifest) -> None:
 
 
 def _open_raw(path: Path, manifest: Manifest) -> ImageData:
-    count = len(manifest.samples)
-    images = _map(path, manifest.array_path("images"), torch.uint8, (count, *manifest.image_shape))
-    labels = _map(path, manifest.array_path("labels"), torch.int64, (count,))
-    return ImageData(images=images, labels=labels, batch_size=[count]).lock_()
+    shapes = manifest.array_shapes
+    images = _map(path, manifest.array_path("images"), torch.uint8, shapes["images"])
+    if manifest.layout == "channels_last":
+        images = images.permute(0, 3, 1, 2)  # [N, 3, H, W] with channels-last strides: a view
+    labels = _map(path, manifest.array_path("labels"), torch.int64, shapes["labels"])
+    return ImageData(images=images, labels=labels, batch_size=[len(manifest.samples)]).lock_()
 
 
 def _open_jpeg_index(path: Path, manifest: Manifest) -> JpegData:

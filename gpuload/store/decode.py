@@ -156,13 +156,19 @@ def decode_image(
 
 
 def decode_into(path: str | os.PathLike, out: np.ndarray, resize: Resize = "crop") -> None:
-    """Decode ``path`` as :func:`decode_image` does, fitted to ``out``'s size, straight into ``out``
-    (uint8 ``[3, height, width]``), with no copy but that one.
+    """Decode ``path`` as :func:`decode_image` does, fitted to ``out``'s size, into ``out``: uint8
+    ``[height, width, 3]`` (channels-last, as decoders write pixels and raw datasets store them).
+
+    An upright RGB JPEG already at that size, nearly every photo of a dataset that ``gpuload
+    compress`` and a fixed ``--size`` made, is decoded by libjpeg-turbo straight into ``out``: no
+    transposition and no copy. Anything else is copied into it once.
 
     Raises:
         DecodeError: see :func:`decode_image`.
     """
-    np.copyto(out, _decode(path, tuple(out.shape[1:]), resize).numpy())
+    pixels = _decode(path, tuple(out.shape[:2]), resize, out=out)
+    if pixels is not None:
+        np.copyto(out, pixels.permute(1, 2, 0).numpy())
 
 
 def check_image(path: str | os.PathLike, data: bytes | None = None) -> tuple[int, tuple[int, int]]:
@@ -191,13 +197,22 @@ def upright_pixels(path: str | os.PathLike, data: bytes | None = None) -> np.nda
 
 
 def _decode(
-    path: str | os.PathLike, size: tuple[int, int] | None, resize: str, data: bytes | None = None
-) -> torch.Tensor:
+    path: str | os.PathLike,
+    size: tuple[int, int] | None,
+    resize: str,
+    data: bytes | None = None,
+    out: np.ndarray | None = None,
+) -> torch.Tensor | None:
     """The upright RGB pixels of ``path`` (read here unless ``data`` holds them), fitted to ``size``:
-    ``[3, H, W]``, often a strided view."""
+    ``[3, H, W]``, often a strided view (channels-last where the decoder's order survives). With
+    ``out`` (uint8 ``[*size, 3]``), an upright RGB JPEG of that size is decoded straight into it,
+    and ``None`` is returned."""
     data = read_bytes(path) if data is None else data
     with open_image(data, path) as image:
         orientation = exif_orientation(image, path)
+        if out is not None and orientation == 1 and (image.height, image.width) == size and image.mode == "RGB":
+            if image.format == "JPEG" and decode_jpeg_strict(data, path, "RGB", buffer=out) is not None:
+                return None
         request = None if size is None else _draft_request(image.size, size, resize, orientation in SIDEWAYS)
         pixels = decode_pixels(image, data, path, request)
     chw = _upright(pixels, orientation).permute(2, 0, 1)
@@ -312,9 +327,15 @@ def _upright(pixels: np.ndarray, orientation: int) -> torch.Tensor:
 
 
 def decode_jpeg_strict(
-    data: bytes, path: str | os.PathLike, colorspace: str, request: tuple[int, int] | None = None
+    data: bytes,
+    path: str | os.PathLike,
+    colorspace: str,
+    request: tuple[int, int] | None = None,
+    *,
+    buffer: np.ndarray | None = None,
 ) -> np.ndarray | None:
     """libjpeg-turbo's strict decode of a JPEG, or ``None`` where it cannot read the file at all.
+    ``buffer``: decode into it (large enough; the result views it).
 
     libjpeg reports a truncated file or corrupt data as a warning and fills the gap with grey;
     strict mode turns those warnings into errors, and a file that only a lenient decode reads is
@@ -323,7 +344,9 @@ def decode_jpeg_strict(
     """
     width, height = request or (0, 0)
     try:
-        return simplejpeg.decode_jpeg(data, colorspace=colorspace, min_width=width, min_height=height, strict=True)
+        return simplejpeg.decode_jpeg(
+            data, colorspace=colorspace, min_width=width, min_height=height, strict=True, buffer=buffer
+        )
     except ValueError as strict:
         try:
             simplejpeg.decode_jpeg(data, colorspace=colorspace, strict=False)
@@ -381,7 +404,7 @@ def _fit(chw: torch.Tensor, size: tuple[int, int], resize: str) -> torch.Tensor:
     scale = min(target_height / height, target_width / width)
     inner = (min(target_height, max(1, round(height * scale))), min(target_width, max(1, round(width * scale))))
     top, left = (target_height - inner[0]) // 2, (target_width - inner[1]) // 2
-    canvas = torch.zeros((3, *size), dtype=torch.uint8)
+    canvas = torch.zeros((*size, 3), dtype=torch.uint8).permute(2, 0, 1)  # channels-last, as the pixels
     canvas[:, top : top + inner[0], left : left + inner[1]] = resize_image(chw, inner)
     return canvas
 

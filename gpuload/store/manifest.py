@@ -26,6 +26,7 @@ __all__ = [
     "DIGESTED",
     "FORMAT",
     "FORMAT_VERSION",
+    "LAYOUTS",
     "MANIFEST_NAME",
     "RESIZE_MODES",
     "DatasetError",
@@ -34,11 +35,17 @@ __all__ = [
 ]
 
 FORMAT = "gpuload.memmap"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 MANIFEST_NAME = "manifest.json"
 RESIZE_MODES: tuple[str, ...] = ("crop", "pad", "stretch")
-# The fields that give the arrays their meaning: their digests are checked by ``verify``.
-DIGESTED = ("storage", "classes", "samples", "checksums", "image_shape", "resize", "jpeg", "files")
+# How a raw dataset's images.memmap orders each image's bytes: version 3 writes channels-last
+# [N, H, W, 3] (what decoders produce and convolutions on tensor cores read); versions 1 and 2 wrote
+# channel-first [N, 3, H, W]. Either way the dataset shows images as [N, 3, H, W].
+LAYOUTS = ("channels_last", "channels_first")
+# The fields that give the arrays their meaning: their digests are checked by ``verify``
+# (version 2 had no ``layout``: its raw images are channel-first).
+DIGESTED = ("storage", "classes", "samples", "checksums", "image_shape", "resize", "jpeg", "files", "layout")
+_DIGESTED_V2 = DIGESTED[:-1]
 # The arrays of each storage, besides meta.json (a plain tensordict TensorDict of them).
 ARRAYS = {"raw": ("images", "labels"), "jpeg": ("data", "offsets", "shapes", "labels")}
 # Version 1 (gpuload 0.1.0) kept the arrays in _tensordict/ beside two tensordict meta.json files.
@@ -78,6 +85,9 @@ class Manifest:
         samples: ``[path relative to source, label]`` per image, in dataset order.
         checksums: xxh3-64 (hex) of each image's stored bytes (pixels, or JPEG bytes), in dataset order.
         image_shape: ``[3, height, width]`` of every image (raw), ``None`` (jpeg: each image its own size).
+        layout: raw: how ``images.memmap`` orders each image's bytes, ``"channels_last"``
+            (``[N, H, W, 3]``, written since format version 3) or ``"channels_first"`` (``[N, 3, H, W]``,
+            versions 1 and 2, whose manifests have no such field); ``None`` for jpeg.
         resize: how images of another size were fitted (``crop``, ``pad`` or ``stretch``; raw only).
         skipped: ``{"path": ..., "reason": ...}`` per source file that could not be decoded.
         versions: gpuload and library versions of the build.
@@ -107,6 +117,19 @@ class Manifest:
     empty_classes: list[str] = field(default_factory=list)
     files: dict = field(default_factory=dict)
     digests: dict = field(default_factory=dict)
+    layout: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.format_version < 3 and self.storage == "raw":
+            self.layout = "channels_first"  # what versions 1 and 2 wrote, and did not record
+
+    @property
+    def array_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The shape of each array of a raw dataset as stored in its file."""
+        count = len(self.samples)
+        channels, height, width = self.image_shape
+        stored = (height, width, channels) if self.layout == "channels_last" else (channels, height, width)
+        return {"images": (count, *stored), "labels": (count,)}
 
     def array_path(self, name: str) -> str:
         """Where the array ``name`` (see :data:`ARRAYS`) lies, relative to the dataset folder."""
@@ -120,20 +143,28 @@ class Manifest:
         """The digested fields whose content no longer matches its build-time digest (none for version 1)."""
         if self.format_version == 1:
             return []
-        return [name for name, digest in _digests(self._fields()).items() if self.digests.get(name) != digest]
+        return [
+            name
+            for name, digest in _digests(self._fields(), self.format_version).items()
+            if self.digests.get(name) != digest
+        ]
 
     def write(self, folder: str | os.PathLike) -> Path:
         """Write a new ``manifest.json`` into ``folder`` with the digests of its fields; returns its path."""
         fields = self._fields()
-        self.digests = fields["digests"] = _digests(fields)
+        self.digests = fields["digests"] = _digests(fields, self.format_version)
         path = Path(folder) / MANIFEST_NAME
         with open(path, "x", encoding="utf-8") as file:
             json.dump(fields, file, separators=(",", ":"))
         return path
 
     def _fields(self) -> dict:
-        """The fields by name, sharing their values (``asdict`` would deep-copy a million samples)."""
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+        """The fields by name as written, sharing their values (``asdict`` would deep-copy a million
+        samples); without ``layout`` before version 3, whose manifests have no such field."""
+        fields = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        if self.format_version < 3:
+            del fields["layout"]
+        return fields
 
     @classmethod
     def read(cls, folder: str | os.PathLike) -> Manifest:
@@ -166,12 +197,12 @@ class Manifest:
             raise DatasetError(f"{path} is not valid JSON ({error}); rebuild the dataset") from None
         if not isinstance(raw, dict) or raw.get("format") != FORMAT:
             raise DatasetError(f"{path} is not a gpuload manifest (format is not {FORMAT!r})")
-        if raw.get("format_version") not in (1, FORMAT_VERSION):
+        if raw.get("format_version") not in _REQUIRED:
             raise DatasetError(
-                f"{path} has format version {raw.get('format_version')!r}; this gpuload reads versions 1 and "
+                f"{path} has format version {raw.get('format_version')!r}; this gpuload reads versions 1 to "
                 f"{FORMAT_VERSION}: upgrade gpuload or rebuild the dataset"
             )
-        expected = set(cls.__dataclass_fields__)
+        expected = set(cls.__dataclass_fields__) - ({"layout"} if raw["format_version"] < 3 else set())
         missing = sorted(name for name in expected - set(raw) if name in _REQUIRED[raw["format_version"]])
         unknown = sorted(set(raw) - expected)
         if missing or unknown:
@@ -202,16 +233,18 @@ class Manifest:
             problems.append(f"files lists {sorted(self.files)}, not {sorted(arrays)}")
         if (self.storage == "raw") != (self.image_shape is not None and self.resize is not None):
             problems.append(f"a {self.storage} dataset with image_shape {self.image_shape} and resize {self.resize!r}")
+        if (self.storage == "raw") != (self.layout in LAYOUTS):
+            problems.append(f"a {self.storage} dataset with layout {self.layout!r}")
         if self.storage == "jpeg" and set(self.jpeg) != {"quality", "max_side", "reencoded"}:
             problems.append(f"jpeg is {self.jpeg}, not quality, max_side and reencoded")
         if problems:
             raise DatasetError(f"{path} is inconsistent: {'; '.join(problems)}; rebuild the dataset")
 
 
-def _digests(fields: dict) -> dict[str, str]:
+def _digests(fields: dict, version: int) -> dict[str, str]:
     return {
         name: f"{xxhash.xxh3_64_intdigest(json.dumps(fields[name], separators=(',', ':')).encode()):016x}"
-        for name in DIGESTED
+        for name in (DIGESTED if version >= 3 else _DIGESTED_V2)
     }
 
 
@@ -296,6 +329,11 @@ _FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
         _str_dict(lambda item: isinstance(item, str) and _HEX16.fullmatch(item) is not None),
         "an object of digests",
     ),
+    "layout": (lambda value: value is None or value in LAYOUTS, f"one of {', '.join(LAYOUTS)} (null for jpeg)"),
 }
 _ALWAYS = {"format", "format_version", "source", "classes", "samples", "checksums", "image_shape", "resize"}
-_REQUIRED = {1: _ALWAYS, FORMAT_VERSION: _ALWAYS | {"checksum", "storage", "files", "digests"}}
+_REQUIRED = {
+    1: _ALWAYS,
+    2: _ALWAYS | {"checksum", "storage", "files", "digests"},
+    FORMAT_VERSION: _ALWAYS | {"checksum", "storage", "files", "digests", "layout"},
+}

@@ -14,7 +14,7 @@ import xxhash
 from tqdm.auto import tqdm
 
 from ..errors import DatasetError, DecodeError, UsageError
-from .dataset import MemmapImageDataset, decode_jpeg_bytes
+from .dataset import MemmapImageDataset, decode_jpeg_bytes, storage_order
 from .decode import decode_image, read_bytes
 from .jpeg import frame_size, store_jpeg
 from .manifest import MANIFEST_NAME, holds_build_files
@@ -121,7 +121,7 @@ def _check_holds_a_dataset(path: Path) -> None:
 def _stored_bytes(dataset: MemmapImageDataset, index: int):
     """What the build checksummed for image ``index``: its pixels (raw) or its JPEG bytes."""
     if dataset.storage == "raw":
-        return dataset.data.images[index].numpy()
+        return storage_order(dataset.data.images)[0][index].numpy()  # the bytes as they lie in the file
     return dataset._jpegs.read(int(dataset.data.starts[index]), int(dataset.data.lengths[index]))
 
 
