@@ -1,4 +1,5 @@
-"""Crops at decode time, for jpeg datasets: each image decoded only as large as its crop needs.
+"""Crops in the loader's threads: each jpeg image decoded only as large as its crop needs, each raw
+image read only where its crop lies.
 
 ``gpuload.DataLoader(jpeg_dataset, decode=RandomResizedCropDecode(224))`` decodes every sample of a
 batch in the loader's threads: libjpeg-turbo (simplejpeg, which releases the GIL) decodes at the
@@ -7,7 +8,13 @@ as the output, and only the box's rows (:func:`gpuload.store.jpeg.row_window`: a
 box are skipped, and those above it too where restart markers begin MCU rows, as in the JPEGs
 that ``gpuload compress`` writes); the box is cut out and resized (torch's antialiased bilinear
 uint8 resize), flipped when drawn so, and written into the batch's pinned buffer: fixed-size uint8
-``[B, 3, S, S]`` batches that go to the device exactly as raw batches do.
+``[B, 3, S, S]`` batches, channels-last, that go to the device exactly as raw batches do.
+
+``gpuload.DataLoader(raw_dataset, decode=RandomResizedCropDecode(224))`` does the same for a raw
+dataset (:func:`crop_raw`): nothing to decode, the box's rows are read from the memory-mapped
+pixels (a channels-last image's rows lie one after the other, so only their pages are touched),
+resized and flipped into the batch: the crop runs where it is cheapest on a CPU, and only
+``S x S`` pixels per image cross to the device.
 
 The random boxes and flips are a pure function of (seed, epoch, sample index), by a counter-based
 hash (splitmix64): an epoch is the same whatever the thread scheduling, and a resumed epoch
@@ -38,7 +45,14 @@ from ..transforms.augment import (
     resized_crop_boxes,
 )
 
-__all__ = ["CenterCropDecode", "RandomResizedCropDecode", "counter_uniforms", "decode_batch", "decode_crops"]
+__all__ = [
+    "CenterCropDecode",
+    "RandomResizedCropDecode",
+    "counter_uniforms",
+    "crop_raw",
+    "decode_batch",
+    "decode_crops",
+]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -144,8 +158,13 @@ class RandomResizedCropDecode:
         )
         _check_size(pixels.shape[:2], (-(-rows // denominator), scaled[1]), shape, name)
         offset = first // denominator  # the window starts at an MCU row: a multiple of 8 rows
-        resized = _resize_hwc(pixels[y0 - offset : y1 - offset, x0:x1], self.size)
-        out.copy_(resized.flip(-1) if flip else resized)
+        _resize_into(pixels[y0 - offset : y1 - offset, x0:x1], flip, out)
+
+    def crop(self, pixels: torch.Tensor, box: list[float], flip: bool, out: torch.Tensor) -> None:
+        """One raw image (``[H, W, 3]``, a view of the stored pixels) into ``out`` (``[3, S, S]``):
+        its box cut out (a view: only the box's rows are read), resized and maybe mirrored."""
+        top, left, height, width = (int(side) for side in box)
+        _resize_into(pixels[top : top + height, left : left + width], flip, out)
 
     def __repr__(self) -> str:
         return (
@@ -208,6 +227,14 @@ class CenterCropDecode:
             return
         pixels = decode_jpeg_bytes(data, name, fast=self.fast, buffer=scratch.get(3 * height * width))
         _check_size(pixels.shape[:2], (height, width), shape, name)
+        self.crop(torch.from_numpy(pixels), None, None, out)
+
+    def crop(self, pixels: torch.Tensor, box: None, flip: None, out: torch.Tensor) -> None:
+        """One image's pixels (``[H, W, 3]``: decoded, or a view of a raw dataset's) into ``out``
+        (``[3, S, S]``): resized as torchvision's ``Resize``, its centre cut out."""
+        height, width = pixels.shape[:2]
+        short = round(min(self.size) / self.ratio)
+        resized = (short, int(short * width / height)) if height <= width else (int(short * height / width), short)
         image = _resize_hwc(pixels, resized)
         (top, to_top, rows), (left, to_left, columns) = (
             _centre_window(resized[0], self.size[0]),
@@ -259,14 +286,21 @@ def _check_size(found: Sequence[int], expected: tuple[int, int], shape: list[int
         )
 
 
-def _resize_hwc(pixels: np.ndarray, size: tuple[int, int]) -> torch.Tensor:
-    """Antialiased bilinear resize of uint8 ``[h, w, 3]`` pixels (a view of the decoder's buffer) to
-    ``[3, *size]`` in channels-last memory: torch's uint8 resize works in that layout, and so do
-    the loader's decode batches, so no pixel is transposed."""
-    image = torch.from_numpy(pixels).permute(2, 0, 1)
+def _resize_hwc(pixels: np.ndarray | torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Antialiased bilinear resize of uint8 ``[h, w, 3]`` pixels (a view of the decoder's buffer or
+    of a raw dataset's image) to ``[3, *size]`` in channels-last memory: torch's uint8 resize works
+    in that layout, and so do the loader's batches, so no pixel is transposed."""
+    image = (torch.from_numpy(pixels) if isinstance(pixels, np.ndarray) else pixels).permute(2, 0, 1)
     if tuple(image.shape[1:]) == tuple(size):
         return image
     return resize_image(image[None].contiguous(memory_format=torch.channels_last), size)
+
+
+def _resize_into(pixels: np.ndarray | torch.Tensor, flip: bool, out: torch.Tensor) -> None:
+    """``[h, w, 3]`` pixels resized to ``out``'s size (``[3, S, S]``) and written into it, mirrored left-right
+    when ``flip``."""
+    resized = _resize_hwc(pixels, tuple(out.shape[1:]))
+    out.copy_(resized.flip(-1) if flip else resized)
 
 
 def _centre_window(side: int, out: int) -> tuple[int, int, int]:
@@ -298,6 +332,38 @@ def decode_crops(
         box = None if boxes is None else boxes[row].tolist()
         flip = None if flips is None else bool(flips[row])
         decode.decode(dataset.read_jpeg(index), shape, box, flip, partial(dataset.describe, index), out[row], scratch)
+
+
+def crop_raw(
+    images: torch.Tensor,
+    indices: torch.Tensor,
+    out: torch.Tensor,
+    decode: RandomResizedCropDecode | CenterCropDecode,
+    *,
+    seed: int,
+    epoch: int,
+) -> None:
+    """Crop the images ``indices`` of a raw dataset as ``decode`` says into ``out`` (uint8
+    ``[len(indices), 3, S, S]``, channels-last memory is fastest): the same boxes and flips as a
+    jpeg dataset of the same images gets for the same (seed, epoch, index).
+
+    ``images``: the dataset's ``[N, 3, H, W]``; each crop reads only its box's rows of the mapped
+    file (channels-last) or its box's pixels (a channel-first dataset of format version 1 or 2).
+
+    Example:
+        >>> images = torch.randint(0, 256, (4, 3, 12, 16), dtype=torch.uint8)
+        >>> out = torch.empty(2, 3, 8, 8, dtype=torch.uint8)
+        >>> crop_raw(images, torch.tensor([3, 0]), out, RandomResizedCropDecode(8), seed=0, epoch=0)
+        >>> out.shape
+        torch.Size([2, 3, 8, 8])
+    """
+    count = len(indices)
+    shapes = torch.tensor(images.shape[2:], dtype=torch.int64).expand(count, 2)
+    boxes, flips = decode.draw(shapes, indices, seed=seed, epoch=epoch)
+    boxes = boxes.tolist() if boxes is not None else [None] * count
+    flips = flips.tolist() if flips is not None else [None] * count
+    for row, index in enumerate(indices.tolist()):
+        decode.crop(images[index].permute(1, 2, 0), boxes[row], flips[row], out[row])
 
 
 def decode_batch(

@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 from ..errors import UsageError
 from ..machine import default_workers, limit_torch_threads
-from ..store.dataset import ImageData, MemmapImageDataset
-from .crop import CenterCropDecode, RandomResizedCropDecode, decode_batch, decode_crops
+from ..store.dataset import ImageData, MemmapImageDataset, storage_order
+from .crop import CenterCropDecode, RandomResizedCropDecode, crop_raw, decode_batch, decode_crops
 from .order import distributed_rank, epoch_order
 
 __all__ = ["DataLoader"]
@@ -47,8 +47,10 @@ class DataLoader:
     consumer's current stream waits for the copy (and is recorded on the batch, so the caching
     allocator cannot hand its memory back early) before the batch is yielded.
 
-    Yields ``(images, labels)``: uint8 ``[B, 3, H, W]`` and int64 ``[B]`` on ``device``. On the
-    CPU the batch is yours to keep: its buffer is only reused once nothing references it.
+    Yields ``(images, labels)``: uint8 ``[B, 3, H, W]`` in channels-last memory (as raw datasets
+    store pixels, as decoders write them and as convolutions on tensor cores read them;
+    ``.contiguous()`` gives NCHW) and int64 ``[B]``, on ``device``. On the CPU the batch is yours to
+    keep: its buffer is only reused once nothing references it.
 
     Each ``iter()`` is an independent iterator over the next epoch with a ring of buffers of its
     own (``zip(loader, loader)`` pairs two epochs); sequential epochs reuse one ring. The end of
@@ -77,14 +79,14 @@ class DataLoader:
             constructor, so every rank must construct that loader.
         device: where batches go, ``"cpu"`` or ``"cuda"``; ``"cuda"`` when available, else ``"cpu"``.
             Other devices (``"mps"``, ``"xpu"``...) are refused: load to the CPU and move the batches.
-        prefetch: batches prepared ahead of the consumer (host buffers: ``prefetch + 2``). Jpeg
-            datasets prepare at least ``threads`` batches ahead, one per decoding thread.
+        prefetch: batches prepared ahead of the consumer (host buffers: ``prefetch + 2``). With a
+            ``decode``, at least ``threads`` batches ahead, one per cropping thread.
         threads: background threads preparing batches, each running its torch ops on its share
             of the cores (one core each on a 2-core machine: a team of intra-op threads per
-            thread as large as the machine would fight the others for the cores). Raw
-            datasets: 2 by default (two gatherers hide each other's hand-off gaps; ``gpuload bench``
-            compares them with bare ``index_select`` loops). Jpeg datasets: the number of cores
-            (each thread decodes its batch).
+            thread as large as the machine would fight the others for the cores). Whole raw
+            batches: 2 by default (two gatherers hide each other's hand-off gaps; ``gpuload bench``
+            compares them with bare ``index_select`` loops). With a ``decode``: the number of cores
+            (each thread crops its batch).
         transform: applied to each uint8 image batch on ``device`` right after its copy, by the
             background threads (on CUDA on the loader's side stream, before the batch is handed
             over), without autograd; e.g. :class:`gpuload.RandomResizedCrop` for a user who prefers
@@ -94,9 +96,12 @@ class DataLoader:
             exactly after a resume. A transform without one (an ``nn.Sequential``, a lambda) that
             draws from torch's global generator gets draws that depend on thread timing; pass
             ``threads=1`` or a transform with a ``generator`` argument.
-        decode: for a jpeg dataset, how each image is decoded into the batch:
-            :class:`gpuload.RandomResizedCropDecode` (training) or :class:`gpuload.CenterCropDecode`
-            (evaluation); see :mod:`gpuload.loading.crop`. Not for raw datasets.
+        decode: how each image is cropped into the batch by the loader's threads, fixed-size
+            ``[B, 3, S, S]`` batches: :class:`gpuload.RandomResizedCropDecode` (training) or
+            :class:`gpuload.CenterCropDecode` (evaluation); see :mod:`gpuload.loading.crop`. A jpeg
+            dataset needs one (its images have their own sizes) and decodes only what the crop
+            needs; a raw dataset reads only the crop's rows: on a CPU the cheapest place to crop,
+            and only the crop crosses to the device.
 
     Raises:
         TypeError: an argument of the wrong type (``batch_size=4.0``, ``shuffle=None``...).
@@ -135,7 +140,7 @@ class DataLoader:
     ) -> None:
         jpeg = isinstance(dataset, MemmapImageDataset) and dataset.storage == "jpeg"
         if threads is None:
-            threads = default_workers() if jpeg else 2
+            threads = default_workers() if decode is not None else 2
         for name, value in (("batch_size", batch_size), ("prefetch", prefetch), ("threads", threads)):
             _check_int(name, value)
             if value < 1:
@@ -160,20 +165,28 @@ class DataLoader:
         data = dataset.data if isinstance(dataset, MemmapImageDataset) else dataset
         if not (jpeg or hasattr(data, "images")) or not hasattr(data, "labels"):
             raise TypeError(f"DataLoader needs a MemmapImageDataset or an ImageData, got {type(dataset).__name__}")
-        if jpeg and not isinstance(decode, (RandomResizedCropDecode, CenterCropDecode)):
-            raise ValueError(
-                "a jpeg dataset's images have their own sizes: pass decode=gpuload.RandomResizedCropDecode(224) "
-                f"(training) or decode=gpuload.CenterCropDecode(224) (evaluation), got decode={decode!r}"
+        if decode is not None and not isinstance(decode, (RandomResizedCropDecode, CenterCropDecode)):
+            raise UsageError(
+                "decode must be a gpuload.RandomResizedCropDecode (training) or a gpuload.CenterCropDecode "
+                f"(evaluation), got {type(decode).__name__}: {decode!r}"
             )
-        if not jpeg and decode is not None:
-            raise ValueError(
-                "decode= crops jpeg datasets at decode time; crop raw batches on the device with "
-                "transform=gpuload.RandomResizedCrop(...) or in the model"
+        if jpeg and decode is None:
+            raise UsageError(
+                "a jpeg dataset's images have their own sizes: pass decode=gpuload.RandomResizedCropDecode(224) "
+                "(training) or decode=gpuload.CenterCropDecode(224) (evaluation), got decode=None"
+            )
+        if not jpeg and decode is not None and decode.gpu:
+            raise UsageError(
+                "gpu=True decodes JPEGs on the GPU, and a raw dataset holds decoded pixels: crop them in the "
+                "loader's threads with gpu=False, or on the device with transform=gpuload.RandomResizedCrop(...)"
             )
         self.dataset = dataset
         self.decode = decode
-        # Plain tensors over the same memory: index_select on them skips tensordict's dispatch.
-        self._images = None if jpeg else torch.Tensor.as_subclass(data.images, torch.Tensor)
+        # Plain tensors over the same memory, in the order of the file's bytes (a raw dataset's
+        # channels-last [N, H, W, 3]): gathers move bytes as they lie and skip tensordict's dispatch.
+        images, self._stored_channels_last = (None, False) if jpeg else storage_order(data.images)
+        self._images = images
+        self._image_view = None if jpeg else torch.Tensor.as_subclass(data.images, torch.Tensor)
         self._labels = torch.Tensor.as_subclass(data.labels, torch.Tensor)
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -194,10 +207,11 @@ class DataLoader:
         self._position = _Position(0, 0, batch_size, distributed_rank()[1])  # what state_dict reports
         # + 2 buffers: on the CPU the batch being used and the one before it (still bound to the
         # loop variable while the next is fetched) are views of their buffers.
-        # Decoded batches are channels-last in memory (the decoder writes pixels that way; so do FFCV's).
-        shape = self._images.shape[1:] if self._images is not None else torch.Size((3, *decode.size))
-        channels_last = self._images is None
-        self._ahead = max(prefetch, threads) if self._images is None else prefetch  # one batch per decoding thread
+        # Batches are channels-last in memory, as raw datasets store pixels and as decoders write
+        # them (so are FFCV's); a raw dataset of format version 1 or 2 keeps its channel-first order.
+        shape = self._image_view.shape[1:] if decode is None else torch.Size((3, *decode.size))
+        channels_last = decode is not None or self._stored_channels_last
+        self._ahead = prefetch if decode is None else max(prefetch, threads)  # one batch per cropping thread
         self._rings = _RingPool(partial(_Ring, shape, batch_size, self._ahead + 2, self.device, channels_last))
         self._initialized = True
 
@@ -307,8 +321,10 @@ class DataLoader:
         transform = None
         if self.transform is not None:
             transform = _BatchTransform(self.transform, (self.seed, epoch, rank, start, self.batch_size * world_size))
-        if self._images is not None:
-            gather: _Gather = partial(_index_select, self._images)
+        if self.decode is None:
+            gather: _Gather = partial(_index_select, self._images, self._stored_channels_last)
+        elif self._images is not None:
+            gather = partial(crop_raw, self._image_view, decode=self.decode, seed=self.seed, epoch=epoch)
         elif self.decode.gpu:
             gather = partial(_decode_on_device, self.dataset, self.decode, self.seed, epoch, self.device)
         else:
@@ -343,9 +359,10 @@ class _Position:
 _Gather = Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None]
 
 
-def _index_select(images: torch.Tensor, indices: torch.Tensor, out: torch.Tensor) -> None:
-    """A raw dataset's batch: one gather straight from the memory-mapped pixels."""
-    torch.index_select(images, 0, indices, out=out)
+def _index_select(images: torch.Tensor, channels_last: bool, indices: torch.Tensor, out: torch.Tensor) -> None:
+    """A raw dataset's batch: one gather straight from the memory-mapped pixels, in the order they lie
+    in (``images`` is ``[N, H, W, 3]`` when ``channels_last``, and ``out`` then a channels-last view)."""
+    torch.index_select(images, 0, indices, out=out.permute(0, 2, 3, 1) if channels_last else out)
 
 
 def _decode_on_device(
