@@ -118,7 +118,12 @@ SNIPPETS = {
         "_RawStore.submit",
         steps=(("self.free.pop()",), ("self.pool.submit",)),
     ),
-    "code_getitems": Snippet("gpuload/store/dataset.py", "MemmapImageDataset.__getitems__"),
+    "code_getitems": Snippet(
+        "gpuload/store/dataset.py",
+        "MemmapImageDataset.__getitems__",
+        start="indices = torch.as_tensor(indices",
+        end="return GatheredSamples(",
+    ),
     "code_gather": Snippet(
         "gpuload/loading/loader.py",
         "_PinnedSlot.fill",
@@ -143,8 +148,9 @@ SNIPPETS = {
     "code_preprocess": Snippet(
         "gpuload/transforms/augment.py",
         "resample",
-        start="batch, channels, height, _",
-        steps=(("weights_x.transpose",), ("torch.bmm(weights_y",)),
+        start="batch, channels, height, width",
+        end="return torch.bmm(columns",
+        steps=(("torch.bmm(weights_y",), ("weights_x.transpose",)),
     ),
     "code_compile": Snippet(
         "experiments/gpu_preprocess.py",

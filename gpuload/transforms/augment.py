@@ -1,12 +1,15 @@
 """Per-sample augmentation of whole uint8 batches on the device: resized crop, flip, colour jitter, fused.
 
 Every sample gets its own random crop box, flip and jitter factors, drawn on the batch's device with
-no host synchronisation. The crop, the antialiased resize and the flip of a whole batch are two
-batched matrix products with per-sample interpolation matrices (``Wy [B, S, H]`` and
-``Wx [B, S, W]``, whose rows hold each output pixel's antialiased bilinear taps inside its sample's
-box; a flip reverses the rows of ``Wx``), which run on tensor cores in half precision on CUDA.
-The jitter is elementwise, so ``torch.compile`` fuses it with the cast and a following
-:class:`gpuload.Normalize` into the kernel that writes the output.
+no host synchronisation. On a GPU (and wherever the module is compiled or exported), the crop, the
+antialiased resize and the flip of a whole batch are two batched matrix products with per-sample
+interpolation matrices (``Wy [B, S, H]`` and ``Wx [B, S, W]``, whose rows hold each output pixel's
+antialiased bilinear taps inside its sample's box; a flip reverses the rows of ``Wx``), meant for
+tensor cores in half precision. On a CPU that resampler is several times slower than torch's own
+antialiased resize, so an eager CPU batch is cropped and resized one sample at a time by
+``torch.nn.functional.interpolate`` (its vectorised uint8 path, as torchvision's ``resized_crop``)
+from the same draws. The jitter is elementwise, so ``torch.compile`` fuses it with the cast and a
+following :class:`gpuload.Normalize` into the kernel that writes the output.
 """
 
 from __future__ import annotations
@@ -172,8 +175,10 @@ class RandomResizedCrop(nn.Module):
             fixed order with factors drawn uniformly from ``[max(0, 1 - v), 1 + v]`` (0: off).
         crop: ``False`` skips the crop and the resize in both modes (flip and jitter only, output at
             the input's size), for batches already cropped at decode time.
-        dtype: output dtype: ``torch.uint8`` (rounded) or a float dtype on the 0..255 scale.
-        channels_last: emit channels-last output.
+        dtype: output dtype: ``torch.uint8`` (rounded) or a float dtype on the 0..255 scale. The
+            arithmetic runs in float32 on a CPU and float16 on a GPU at least, whatever the dtype.
+        channels_last: emit channels-last output (the default, the layout of gpuload's batches and
+            of convolutions on tensor cores); ``False``: contiguous NCHW.
         eval_ratio: in ``eval()``, ``size`` over the side the image is first resized to.
 
     Example:
@@ -195,7 +200,7 @@ class RandomResizedCrop(nn.Module):
         saturation: float = 0.0,
         crop: bool = True,
         dtype: torch.dtype = torch.uint8,
-        channels_last: bool = False,
+        channels_last: bool = True,
         eval_ratio: float = 224 / 256,
     ) -> None:
         super().__init__()
@@ -229,18 +234,56 @@ class RandomResizedCrop(nn.Module):
         _check_images(images, needs_rgb=self.training and any(self.jitter))
         batch, _, height, width = images.shape
         compute = _compute_dtype(images)
-        pixels = images.to(compute)
-        if self.crop:
+        if self.crop and images.device.type == "cpu" and not _traced():
+            pixels = self._crop_each(images, generator, compute)
+        elif self.crop:
             weights_y, weights_x = self._weights(batch, height, width, images.device, generator)
             if self.training and self.flip:
                 weights_x = torch.where(self._coin(batch, images.device, generator), weights_x.flip(1), weights_x)
-            pixels = resample(pixels, weights_y.to(compute), weights_x.to(compute))
+            pixels = resample(images.to(compute), weights_y.to(compute), weights_x.to(compute))
         elif self.training and self.flip:
+            pixels = images.to(compute)
             pixels = torch.where(self._coin(batch, images.device, generator)[:, None], pixels.flip(3), pixels)
+        else:
+            pixels = images
         if self.training and any(self.jitter):
-            pixels = _jitter(pixels, self._factors(batch, images.device, generator, compute))
-        out = pixels.round().clamp(0, 255).to(torch.uint8) if self.dtype == torch.uint8 else pixels.to(self.dtype)
-        return out.contiguous(memory_format=torch.channels_last) if self.channels_last else out
+            pixels = _jitter(pixels.to(compute), self._factors(batch, images.device, generator, compute))
+        return self._output(pixels)
+
+    def _output(self, pixels: torch.Tensor) -> torch.Tensor:
+        """``pixels`` (0..255) cast to the output dtype, rounded for uint8, written once in the output layout."""
+        layout = torch.channels_last if self.channels_last else torch.contiguous_format
+        if pixels.dtype == self.dtype and pixels.is_contiguous(memory_format=layout):
+            return pixels
+        if self.dtype == torch.uint8 and pixels.is_floating_point():
+            pixels = pixels.round().clamp_(0, 255)
+        out = torch.empty(pixels.shape, dtype=self.dtype, device=pixels.device, memory_format=layout)
+        return out.copy_(pixels)  # the cast and the layout in one pass
+
+    def _crop_each(self, images: torch.Tensor, generator: torch.Generator | None, compute: torch.dtype) -> torch.Tensor:
+        """The crop, resize and flip of an eager CPU batch, a sample at a time with torch's antialiased
+        resize (uint8 in, uint8 out, as torchvision's ``resized_crop``), from the same draws as the
+        batched resampler. ``eval()``: the whole batch resized at once, then its centre."""
+        batch, _, height, width = images.shape
+        pixels = images if images.dtype == torch.uint8 else images.to(compute)
+        pixels = pixels.contiguous(memory_format=torch.channels_last)
+        if not self.training:
+            short = round(min(self.size) / self.eval_ratio)
+            resized = (short, int(short * width / height)) if height <= width else (int(short * height / width), short)
+            whole = _resize(pixels, resized)
+            return _centre(whole, self.size)
+        boxes = resized_crop_params(
+            batch, height, width, self.scale, self.ratio, device=images.device, generator=generator
+        ).tolist()
+        flips = self._coin(batch, images.device, generator).flatten().tolist() if self.flip else [False] * batch
+        out = torch.empty((batch, pixels.shape[1], *self.size), dtype=pixels.dtype)
+        out = out.contiguous(memory_format=torch.channels_last)
+
+        for row, ((top, left, box_height, box_width), flip) in enumerate(zip(boxes, flips)):
+            box = pixels[row : row + 1, :, int(top) : int(top + box_height), int(left) : int(left + box_width)]
+            resized = _resize(box.contiguous(memory_format=torch.channels_last), self.size)[0]  # on torch's threads
+            out[row] = resized.flip(-1) if flip else resized
+        return out
 
     def _weights(
         self, batch: int, height: int, width: int, device: torch.device, generator: torch.Generator | None
@@ -303,9 +346,16 @@ def resample(pixels: torch.Tensor, weights_y: torch.Tensor, weights_x: torch.Ten
     """``Wy @ pixels @ Wx^T`` per sample and channel: ``[B, C, H, W]`` -> ``[B, C, S_y, S_x]``.
 
     Two batched matrix products over the samples, the channels folded into the rows, so no weight
-    matrix is repeated per channel: ``[B, C*H, W] @ [B, W, S_x]``, then ``[B, S_y, H] @ [B, H, C*S_x]``.
+    matrix is repeated per channel. Channels-last input is read as it lies: ``[B, S_y, H] @ [B, H,
+    W*C]`` first, then the smaller intermediate is reordered once for ``[B, C*S_y, W] @ [B, W, S_x]``.
+    Other input: ``[B, C*H, W] @ [B, W, S_x]``, then ``[B, S_y, H] @ [B, H, C*S_x]``. The result's
+    strides differ between the two; the caller writes the output layout it wants.
     """
-    batch, channels, height, _ = pixels.shape
+    batch, channels, height, width = pixels.shape
+    if channels > 1 and pixels.is_contiguous(memory_format=torch.channels_last):
+        rows = torch.bmm(weights_y, pixels.permute(0, 2, 3, 1).reshape(batch, height, width * channels))
+        columns = rows.view(batch, -1, width, channels).permute(0, 3, 1, 2).reshape(batch, -1, width)
+        return torch.bmm(columns, weights_x.transpose(1, 2)).view(batch, channels, weights_y.shape[1], -1)
     rows = torch.bmm(pixels.reshape(batch, channels * height, -1), weights_x.transpose(1, 2))
     rows = rows.view(batch, channels, height, -1).permute(0, 2, 1, 3).reshape(batch, height, -1)
     out = torch.bmm(weights_y, rows)
@@ -327,10 +377,43 @@ def _gray(pixels: torch.Tensor) -> torch.Tensor:
 
 
 def _compute_dtype(images: torch.Tensor) -> torch.dtype:
-    """float16 on CUDA (tensor cores, exact for 0..255), float32 elsewhere; float input keeps its dtype."""
-    if images.is_floating_point():
+    """float16 on CUDA (tensor cores, exact for 0..255), float32 elsewhere; a float input of more
+    precision keeps its dtype. bfloat16 (8 bits of mantissa: whole numbers only up to 256, and its
+    products off by several grey levels) is never computed in."""
+    least = torch.float16 if images.device.type == "cuda" else torch.float32
+    if (
+        images.is_floating_point()
+        and images.dtype != torch.bfloat16
+        and torch.finfo(images.dtype).bits >= least.itemsize * 8
+    ):
         return images.dtype
-    return torch.float16 if images.device.type == "cuda" else torch.float32
+    return least
+
+
+def _traced() -> bool:
+    """Whether the module runs under ``torch.compile``, ``torch.export`` (the ONNX exporter) or a
+    TorchScript trace: the batched resampler has no data-dependent Python, the per-sample path has."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+
+
+def _resize(pixels: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """torch's antialiased bilinear resize of ``[B, C, H, W]`` (channels-last: its fast uint8 path)."""
+    if tuple(pixels.shape[-2:]) == tuple(size):
+        return pixels
+    return torch.nn.functional.interpolate(pixels, size=size, mode="bilinear", antialias=True)
+
+
+def _centre(pixels: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """torchvision's ``CenterCrop(size)`` of ``[B, C, H, W]``: zeros where the image is smaller."""
+    (height, width), (out_height, out_width) = pixels.shape[-2:], size
+    top, left = centre_offset(height, out_height), centre_offset(width, out_width)
+    if top >= 0 and left >= 0:
+        return pixels[..., top : top + out_height, left : left + out_width]
+    out = torch.zeros((*pixels.shape[:2], *size), dtype=pixels.dtype).contiguous(memory_format=torch.channels_last)
+    rows, columns = min(height, out_height), min(width, out_width)
+    source = pixels[..., max(0, top) : max(0, top) + rows, max(0, left) : max(0, left) + columns]
+    out[..., max(0, -top) : max(0, -top) + rows, max(0, -left) : max(0, -left) + columns] = source
+    return out
 
 
 def _check_images(images: torch.Tensor, *, needs_rgb: bool) -> None:
