@@ -20,6 +20,7 @@ from gpuload.loading.crop import (
     counter_uniforms,
     decode_batch,
     decode_crops,
+    scaled_window,
 )
 
 
@@ -71,6 +72,28 @@ class TestCounterUniforms:
         assert abs(float(torch.corrcoef(draws.T)[0, 1])) < 0.03
         assert not torch.equal(draws, counter_uniforms(3, 1, torch.arange(20_000), 2))
         assert not torch.equal(draws, counter_uniforms(4, 0, torch.arange(20_000), 2))
+
+
+class TestScaledWindow:
+    @settings(max_examples=300, deadline=None)
+    @given(
+        side=st.integers(1, 5000),
+        denominator=st.sampled_from([1, 2, 4, 8]),
+        data=st.data(),
+    )
+    def test_edges_move_by_less_than_a_scaled_pixel_then_at_most_half_of_one(self, side, denominator, data):
+        start = data.draw(st.integers(0, side - 1))
+        length = data.draw(st.integers(1, side - start))
+        scaled = -(-side // denominator)
+        first, last = scaled_window(start, length, denominator, scaled)
+        assert 0 <= first < last <= scaled
+        assert first * denominator <= start < (first + 1) * denominator
+        end = start + length
+        assert abs(last * denominator - end) <= denominator / 2 or last == first + 1 or last == scaled
+
+    def test_the_box_of_the_review(self):
+        """h=121, d=8, rows 7 to 109: the bottom edge lands at image row 112, not 120 (a ceil(h/d)/h grid)."""
+        assert scaled_window(7, 103, 8, 16) == (0, 14)
 
 
 class TestRandomResizedCropDecode:

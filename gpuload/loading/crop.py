@@ -52,6 +52,7 @@ __all__ = [
     "crop_raw",
     "decode_batch",
     "decode_crops",
+    "scaled_window",
 ]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -136,10 +137,8 @@ class RandomResizedCropDecode:
             1,
         )
         scaled = (-(-height // denominator), -(-width // denominator))  # libjpeg's size at 1/denominator
-        scale_y, scale_x = scaled[0] / height, scaled[1] / width
-        y0, x0 = int(top * scale_y), int(left * scale_x)
-        y1 = max(y0 + 1, min(scaled[0], round((top + box_height) * scale_y)))
-        x1 = max(x0 + 1, min(scaled[1], round((left + box_width) * scale_x)))
+        y0, y1 = scaled_window(top, box_height, denominator, scaled[0])
+        x0, x1 = scaled_window(left, box_width, denominator, scaled[1])
         _check_header(data, shape, name)  # never cut by a damaged index
         # Decode only the box's rows (scaled row k is rows k*d to k*d + d - 1 of the image):
         # libjpeg's smooth upsampling (accurate mode) reads one more MCU row on each side.
@@ -171,6 +170,20 @@ class RandomResizedCropDecode:
             f"{type(self).__name__}(size={self.size}, scale={self.scale}, ratio={self.ratio}, "
             f"flip={self.flip}, fast={self.fast}, gpu={self.gpu})"
         )
+
+
+def scaled_window(start: float, length: float, denominator: int, scaled: int) -> tuple[int, int]:
+    """A box's side ``[start, start + length)`` on the pixel grid of a 1/``denominator`` DCT-scaled
+    decode (``scaled`` pixels long): scaled pixel ``k`` holds image pixels ``k*d`` to ``k*d + d - 1``,
+    so the first edge moves by less than one scaled pixel and the last by at most half of one
+    (clipped to the image), and at least one pixel is kept.
+
+    Example:
+        >>> scaled_window(7, 103, 8, 16)  # image rows 7 to 109: scaled rows 0 to 13
+        (0, 14)
+    """
+    first = int(start // denominator)
+    return first, max(first + 1, min(scaled, round((start + length) / denominator)))
 
 
 class CenterCropDecode:
