@@ -202,13 +202,37 @@ class TestBatches:
         with pytest.raises(ValueError, match=r"CUDA is not available.*use device='cpu'"):
             DataLoader(indexed_data(), device=device)
 
-    def test_errors_in_the_gather_reach_the_consumer(self):
-        loader = DataLoader(indexed_data(), batch_size=2, sampler=[0, 1, 99], device="cpu")
+    def test_errors_in_the_gather_reach_the_consumer(self, monkeypatch):
+        calls = []
+        real = loader_module._index_select
+
+        def failing(*args):
+            calls.append(1)
+            if len(calls) == 2:
+                raise OSError("a disk error on the second batch")
+            return real(*args)
+
+        monkeypatch.setattr(loader_module, "_index_select", failing)
+        loader = DataLoader(indexed_data(), batch_size=2, device="cpu", threads=1)
         iterator = iter(loader)
         next(iterator)
-        with pytest.raises(IndexError):
+        with pytest.raises(OSError, match="a disk error on the second batch"):
             next(iterator)
         assert not gather_threads()
+
+    @pytest.mark.parametrize("bad", [99, -1])
+    @pytest.mark.parametrize("kind", ["raw", "jpeg"])
+    def test_a_sampler_index_outside_the_dataset_is_refused_before_any_read(
+        self, built_dataset, jpeg_dataset, bad, kind, monkeypatch
+    ):
+        dataset = MemmapImageDataset(built_dataset if kind == "raw" else jpeg_dataset)
+        decode = CenterCropDecode(8) if kind == "jpeg" else None
+        monkeypatch.setattr(MemmapImageDataset, "read_jpeg", None)  # any read would fail otherwise
+        loader = DataLoader(dataset, batch_size=2, sampler=[0, bad, 1], decode=decode, device="cpu")
+        with pytest.raises(
+            UsageError, match=f"the sampler gave index {bad}, and the dataset has 20 images \\(indices 0 to 19\\)"
+        ):
+            iter(loader)
 
 
 class TestBuffers:

@@ -312,6 +312,8 @@ class DataLoader:
             start=start,
             sampler=self.sampler,
         )
+        if self.sampler is not None:
+            _check_indices(order, len(self._labels))
         batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
         if self.drop_last and batches and len(batches[-1]) < self.batch_size:
             batches.pop()
@@ -385,6 +387,16 @@ def _draw_seed(generator: torch.Generator | None, *, broadcast: bool) -> int:
     if broadcast and dist.is_available() and dist.is_initialized():
         dist.broadcast_object_list(seed, src=0)
     return seed[0]
+
+
+def _check_indices(order: torch.Tensor, length: int) -> None:
+    """A sampler's indices must lie in the dataset: found before anything is read or decoded."""
+    bad = order[(order < 0) | (order >= length)]
+    if len(bad):
+        raise UsageError(
+            f"the sampler gave index {int(bad[0])}, and the dataset has {length} images (indices 0 to {length - 1}); "
+            "give a sampler of indices into this dataset"
+        )
 
 
 def _check_int(name: str, value: object) -> None:
