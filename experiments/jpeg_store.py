@@ -1,7 +1,9 @@
-"""Raw or jpeg? Shuffled training batches with RandomResizedCrop(224) + flip, warm and cold page cache.
+"""Where to crop? Shuffled training batches with RandomResizedCrop(224) + flip, raw or jpeg, warm and cold.
 
 The same compressed photos (640x480, ffmpeg -q:v 3), side by side in one run, each contender a full
-shuffled epoch of batches on ``--device`` (median of the repeats, min-max kept):
+shuffled epoch of batches on ``--device`` (median of the repeats, min-max kept). Every contender
+but ``raw``, ``jpeg_full`` and ``jpeg_full_fast`` serves 224x224 crops drawn from torchvision's
+``RandomResizedCrop`` distribution, flipped half the time (like for like):
 - ``stock``: ``torch.utils.data.DataLoader`` over ``ImageFolder`` decoding with torchvision's
   ``decode_jpeg``, v2 ``RandomResizedCrop(224, antialias=True)`` + ``RandomHorizontalFlip`` per
   sample, ``num_workers`` = cores, ``pin_memory`` on CUDA, persistent workers: the stock loader at
@@ -10,10 +12,13 @@ shuffled epoch of batches on ``--device`` (median of the repeats, min-max kept):
   thread pool of as many threads as cores;
 - ``jpeg_crop``: a jpeg dataset, ``gpuload.DataLoader(decode=RandomResizedCropDecode(224))``
   (fast DCT; ``jpeg_crop_exact``: accurate DCT); ``jpeg_gpu_decode`` on CUDA (nvJPEG);
-- ``jpeg_full``: the same dataset decoded whole (640x480, no crop), what FFCV's jpg mode does
-  (``jpeg_full_fast``: with libjpeg-turbo's fast DCT and fast upsampling; FFCV uses the fast DCT only);
-- ``raw_crop``: a raw dataset and ``transform=gpuload.RandomResizedCrop(224, flip=True)`` on the
-  device; ``raw``: the raw batches alone (640x480).
+- ``raw_crop_host``: a raw dataset, ``decode=RandomResizedCropDecode(224)``: the loader's threads
+  read each box's rows from the memmap and resize them (torch's antialiased uint8 resize);
+- ``raw_crop_device``: a raw dataset, whole 640x480 batches to ``--device``, then
+  ``transform=gpuload.RandomResizedCrop(224, flip=True)`` there (on a CPU device: a per-sample resize);
+- ``raw``: the raw batches alone, whole 640x480 images (no crop: the store's own limit);
+- ``jpeg_full``: the jpeg dataset decoded whole (640x480, no crop), what FFCV's jpg mode does
+  (``jpeg_full_fast``: with libjpeg-turbo's fast DCT and fast upsampling; FFCV uses the fast DCT only).
 Cold: before every epoch the contender's files are evicted from the page cache
 (``posix_fadvise(POSIX_FADV_DONTNEED)``, gpuload's loaders made afresh so that nothing maps them),
 so every byte comes from the disk. Warm: each contender's one loader serves every epoch, as in training.
@@ -23,7 +28,8 @@ random reads, one ``pread`` per image against a mapping with ``MADV_RANDOM``, wa
 each warm repeat, the decoder alone: simplejpeg decoding the stored bytes (already in memory) in as
 many threads as cores, accurate, fast DCT (FFCV's setting) and fast DCT + upsampling. FFCV does not
 install with pip (it builds against a system OpenCV), so it is compared through that decoder: the
-issue's run measured FFCV at 1,749 images/s where simplejpeg's accurate decode made 1,903.
+issue's run measured FFCV at 1,749 images/s where simplejpeg's accurate decode made 1,903 (quoted,
+not measured here).
 
     python -m experiments.jpeg_store [--device cuda] [--images 2000] [--repeats 3]
 """
@@ -181,10 +187,11 @@ def contenders(
         "stock": (Reused(lambda: stock_loader(folder, batch_size, device)), sources),
         "jpeg_crop": (ours(jpeg, decode=gpuload.RandomResizedCropDecode(SIZE)), jpeg_files),
         "jpeg_crop_exact": (ours(jpeg, decode=gpuload.RandomResizedCropDecode(SIZE, fast=False)), jpeg_files),
+        "raw_crop_host": (ours(raw, decode=gpuload.RandomResizedCropDecode(SIZE)), raw_files),
+        "raw_crop_device": (ours(raw, transform=gpuload.RandomResizedCrop(SIZE, flip=True)), raw_files),
+        "raw": (ours(raw), raw_files),
         "jpeg_full": (ours(jpeg, decode=gpuload.CenterCropDecode(image_size, ratio=1.0)), jpeg_files),
         "jpeg_full_fast": (ours(jpeg, decode=gpuload.CenterCropDecode(image_size, ratio=1.0, fast=True)), jpeg_files),
-        "raw_crop": (ours(raw, transform=gpuload.RandomResizedCrop(SIZE, flip=True)), raw_files),
-        "raw": (ours(raw), raw_files),
     }
     if device.type == "cuda":
         found["jpeg_gpu_decode"] = (ours(jpeg, decode=gpuload.RandomResizedCropDecode(SIZE, gpu=True)), jpeg_files)
@@ -257,27 +264,56 @@ def read_rates(jpeg: Path, repeats: int) -> dict:
     return {name: median_spread(values) for name, values in rates.items()}
 
 
+# What each contender does, for the plot and the README (every one crops to 224 and flips, but the
+# whole-image references below the line).
+LABELS = {
+    "raw_crop_host": "raw, crop in the loader's threads",
+    "raw_crop_device": "raw, whole batch, RandomResizedCrop on the device",
+    "jpeg_crop": "jpeg, crop at decode (fast DCT)",
+    "jpeg_crop_exact": "jpeg, crop at decode (accurate DCT)",
+    "jpeg_gpu_decode": "jpeg, nvJPEG decode + crop on the GPU",
+    "stock": "stock DataLoader(ImageFolder), workers",
+    "spdl": "SPDL 0.8, FFmpeg crop + scale",
+    "raw": "raw, whole 640x480 batches (no crop)",
+    "jpeg_full": "jpeg, whole 640x480 decode (no crop)",
+    "jpeg_full_fast": "jpeg, whole decode, fast DCT (no crop)",
+}
+WHOLE = ("raw", "jpeg_full", "jpeg_full_fast")  # not cropped: references, not contenders
+
+
 def plot(result: dict) -> None:
+    """Horizontal bars of the cropping contenders, warm and cold page cache, min-max whiskers."""
     rows = result["rows"]
-    names = list(dict.fromkeys(row["contender"] for row in rows))
-    fig, axes = figure(1, 1)
+    names = [name for name in LABELS if name not in WHOLE and any(row["contender"] == name for row in rows)]
+    names.sort(key=lambda name: _row(rows, name, "warm")["images_per_second"]["median"])
+    fig, axes = figure(1, 1, size=(900, 400))
     axis = axes[0][0]
-    for offset, cache in enumerate(("warm", "cold")):
-        values = [next(row for row in rows if (row["contender"], row["cache"]) == (n, cache)) for n in names]
-        positions = np.arange(len(names)) + (offset - 0.5) * 0.4
-        medians = [value["images_per_second"]["median"] for value in values]
-        axis.bar(positions, medians, 0.4, label=f"{cache} page cache")
-        for x, value in zip(positions, medians):
-            axis.text(x, value, f"{value:,.0f}", ha="center", va="bottom", fontsize=14, rotation=90)
-    axis.set_xticks(np.arange(len(names)), [name.replace("_", "\n", 1) for name in names])
-    axis.set_ylim(0, 1.3 * axis.get_ylim()[1])
-    axis.set_ylabel("images/s")
-    axis.grid(True, axis="y", alpha=0.3)
-    axis.legend()
+    for offset, (cache, colour) in enumerate((("warm", "tab:blue"), ("cold", "tab:orange"))):
+        spreads = [_row(rows, name, cache)["images_per_second"] for name in names]
+        positions = np.arange(len(names)) + (0.5 - offset) * 0.4
+        medians = [spread["median"] for spread in spreads]
+        whiskers = [[m - s["min"] for m, s in zip(medians, spreads)], [s["max"] - m for m, s in zip(medians, spreads)]]
+        axis.barh(positions, medians, 0.4, xerr=whiskers, color=colour, label=f"page cache {cache}", capsize=3)
+        for y, value in zip(positions, medians):
+            axis.text(value, y, f" {value:,.0f}", va="center", fontsize=14)
+    axis.set_yticks(np.arange(len(names)), [LABELS[name] for name in names])
+    axis.set_xlim(0, 1.25 * axis.get_xlim()[1])
+    axis.set_xlabel("images/s (224x224 crops + flip)")
+    axis.grid(True, axis="x", alpha=0.3)
+    axis.legend(loc="lower right")
+    whole = _row(rows, "raw", "warm")["images_per_second"]["median"]
     sizes = result["bytes_on_disk"]
-    axis.set_title(f"store: raw {sizes['raw'] / 1e6:,.0f} MB, jpeg {sizes['jpeg'] / 1e6:,.0f} MB on disk")
-    fig.suptitle(f"{result['images']} photos, RandomResizedCrop({SIZE}) + flip, to {result['device_name']}")
+    axis.set_title(
+        f"{result['images']} photos 640x480, batch {result['batch_size']}, to {result['device_name']}; "
+        f"raw {sizes['raw'] / 1e6:,.0f} MB, jpeg {sizes['jpeg'] / 1e6:,.0f} MB on disk; "
+        f"raw whole batches, no crop: {whole:,.0f}/s",
+        loc="left",
+    )
     print(f"wrote {save_figure(fig, 'jpeg_store', result)}")
+
+
+def _row(rows: list[dict], name: str, cache: str) -> dict:
+    return next(row for row in rows if (row["contender"], row["cache"]) == (name, cache))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -351,10 +387,15 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  simplejpeg alone, {mode:<18} {spread['median']:8,.0f} images/s")
 
     def warm_rate(name: str) -> float:
-        return next(r for r in rows if (r["contender"], r["cache"]) == (name, "warm"))["images_per_second"]["median"]
+        return _row(rows, name, "warm")["images_per_second"]["median"]
 
     stock, ours = warm_rate("stock"), warm_rate("jpeg_crop")
     print(f"jpeg_crop = {ours / stock:.2f}x the stock loader with the same transform and workers (warm)")
+    host, jpeg_crop = warm_rate("raw_crop_host"), warm_rate("jpeg_crop")
+    print(
+        f"bar: raw_crop_host = {host / jpeg_crop:.2f}x jpeg_crop (at least 3x), "
+        f"{host / warm_rate('raw_crop_device'):.2f}x raw_crop_device, {host / stock:.2f}x stock (warm)"
+    )
     accurate = decoder_spread["accurate"]["median"]
     ffcv_share = FFCV_QUOTED["ffcv"] / FFCV_QUOTED["simplejpeg_accurate"]
     for name in ("jpeg_full", "jpeg_full_fast"):
