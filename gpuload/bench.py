@@ -6,6 +6,7 @@ import gc
 import math
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,7 @@ BENCH_LABELS = {
     "limit_decode": "reference: libjpeg-turbo whole decode, all threads",
     "gpuload_decode": "gpuload.DataLoader, RandomResizedCropDecode (fast DCT)",
     "gpuload_decode_exact": "gpuload.DataLoader, RandomResizedCropDecode (accurate DCT)",
+    "gpuload_decode_gpu": "gpuload.DataLoader, RandomResizedCropDecode(gpu=True): nvJPEG",
 }
 
 
@@ -95,8 +97,11 @@ def run_bench(
         augment = augment or 224
         image_shape = (3, augment, augment)
         contenders: dict[str, tuple[Callable[[], int], int]] = {"limit_decode": (_DecodeLimit(dataset), epochs)}
-        for name, fast in (("gpuload_decode", True), ("gpuload_decode_exact", False)):
-            decode = RandomResizedCropDecode(augment, fast=fast)
+        decodes = {"gpuload_decode": {"fast": True}, "gpuload_decode_exact": {"fast": False}}
+        if device.type == "cuda" and _gpu_decode_loads(device):
+            decodes["gpuload_decode_gpu"] = {"gpu": True}
+        for name, options in decodes.items():
+            decode = RandomResizedCropDecode(augment, **options)
             loader = DataLoader(dataset, batch_size, shuffle=True, drop_last=True, device=device, decode=decode)
             contenders[name] = (partial(_drain, loader), epochs)
     else:
@@ -186,6 +191,18 @@ def _raw_contenders(
     return contenders
 
 
+def _gpu_decode_loads(device: torch.device) -> bool:
+    """Whether ``gpu=True`` decoding (TorchCodec's nvJPEG) loads here; said on stderr when not."""
+    from .loading.loader import _check_gpu_decode
+
+    try:
+        _check_gpu_decode(device)
+    except UsageError as error:
+        print(f"gpuload bench: the nvJPEG contender is left out: {error}", file=sys.stderr)
+        return False
+    return True
+
+
 def gather_limit(report: dict) -> float:
     """The machine's limit of a :func:`run_bench` report: the better of the two parallel gathers
     (raw), or the whole decode (jpeg)."""
@@ -237,6 +254,7 @@ _STOCK = {
     "gpuload_augment": "image_folder_augment",
     "gpuload_decode": "image_folder_augment",
     "gpuload_decode_exact": "image_folder_augment",
+    "gpuload_decode_gpu": "image_folder_augment",
 }
 
 

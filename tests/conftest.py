@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 from pathlib import Path
@@ -21,10 +22,34 @@ SIZE = (48, 64)  # (height, width) of the small test photos
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
+    if os.environ.get("GPULOAD_REQUIRE_CUDA"):  # experiments/gpu_check.py: a skipped CUDA test would hide
+        raise pytest.UsageError("GPULOAD_REQUIRE_CUDA is set and torch sees no CUDA GPU here")
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+# The deletion check of the stream protocol (experiments/gpu_check.py, and a `cuda` test): with
+# GPULOAD_DELETE_STEP naming one step of gpuload.loading.loader's protocol, that step does nothing
+# in this test session, and the `cuda` tests that guard it must fail.
+PROTOCOL_STEPS = ("_host_waits", "_stream_waits", "_record_on")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def delete_a_protocol_step():
+    step = os.environ.get("GPULOAD_DELETE_STEP")
+    if not step:
+        yield
+        return
+    if step not in PROTOCOL_STEPS:
+        raise pytest.UsageError(f"GPULOAD_DELETE_STEP must be one of {', '.join(PROTOCOL_STEPS)}, got {step!r}")
+    from gpuload.loading import loader
+
+    real = getattr(loader, step)
+    setattr(loader, step, lambda *args: None)
+    yield
+    setattr(loader, step, real)
 
 
 @pytest.fixture(autouse=True)
