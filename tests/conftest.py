@@ -75,6 +75,9 @@ BAD_FILES = {
     "notes.jpg": "not an image",
     "garbage.png": "not an image",
     "corrupt.png": "truncated or corrupt",  # garbled compressed pixels, no EXIF: Pillow kept half a picture
+    # stray bytes between header segments: libjpeg skips them and warns, Pillow and ffmpeg say nothing
+    "extraneous.jpg": "Corrupt JPEG data: 3 extraneous bytes before marker 0xdb",
+    "corrupt_mpo.jpg": "truncated or corrupt JPEG",  # a multi-picture JPEG, its first picture garbled: Pillow shows it
 }
 
 
@@ -82,15 +85,24 @@ def write_bad_file(folder: Path, name: str) -> Path:
     """Write one of ``BAD_FILES`` into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
-    if name in ("truncated.jpg", "truncated_eoi.jpg", "corrupt.jpg"):
-        photo().save(path, quality=95)
+    if name in ("truncated.jpg", "truncated_eoi.jpg", "corrupt.jpg", "corrupt_mpo.jpg"):
+        if name == "corrupt_mpo.jpg":
+            photo().save(path, "MPO", save_all=True, append_images=[photo()], quality=95)
+        else:
+            photo().save(path, quality=95)
         data = bytearray(path.read_bytes())
-        if name == "corrupt.jpg":
-            for position in range(len(data) // 2, len(data) // 2 + 40, 3):
+        if name.startswith("corrupt"):
+            middle = (data.index(b"\xff\xd9") if name == "corrupt_mpo.jpg" else len(data)) // 2  # of the first picture
+            for position in range(middle, middle + 40, 3):
                 data[position] = 0x5A  # no 0xFF: the markers stay intact, the coded data is wrong
             path.write_bytes(bytes(data))
         else:
             path.write_bytes(bytes(data[: len(data) // 2]) + (b"\xff\xd9" if name == "truncated_eoi.jpg" else b""))
+    elif name == "extraneous.jpg":
+        photo().save(path, quality=95)
+        data = path.read_bytes()
+        tables = data.index(b"\xff\xdb")  # the first quantisation table
+        path.write_bytes(data[:tables] + b"\x00\x12\x34" + data[tables:])
     elif name == "empty.jpg":
         path.touch()
     elif name == "notes.jpg":
@@ -129,6 +141,11 @@ def write_odd_image(path: Path, kind: str, size: tuple[int, int] = SIZE) -> Imag
         gray = np.asarray(base.convert("L"), dtype=np.uint16) * 257  # full 16-bit range
         Image.fromarray(gray).save(path)
         return base.convert("L").convert("RGB")
+    if kind == "mpo":
+        # a multi-picture JPEG (a stereo pair, an Ultra HDR photo and its gain map): shown as its first picture
+        other = photo((size[0] // 2, size[1] // 2)).transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        base.save(path, "MPO", save_all=True, append_images=[other], quality=95)
+        return Image.open(path).convert("RGB")
     if kind == "exif_rotated":
         # stored sideways (width and height swapped), with the EXIF tag that turns it upright
         stored = base.transpose(Image.Transpose.ROTATE_90)
@@ -147,6 +164,7 @@ ODD_KINDS = {
     "rgba": "alpha.png",
     "sixteen_bit": "sixteen.png",
     "exif_rotated": "rotated.jpg",
+    "mpo": "stereo.jpg",
 }
 
 

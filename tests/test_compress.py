@@ -186,7 +186,9 @@ class TestCompress:
         assert report.done == 20
         assert relative_files(tmp_path / "q") == relative_files(photo_folder)
 
-    @pytest.mark.parametrize("name", ["truncated.jpg", "truncated_eoi.jpg", "corrupt.jpg"])
+    @pytest.mark.parametrize(
+        "name", ["truncated.jpg", "truncated_eoi.jpg", "corrupt.jpg", "extraneous.jpg", "corrupt_mpo.jpg"]
+    )
     def test_a_damaged_jpeg_is_reported_not_passed_on_with_grey_blocks(self, tmp_path, name):
         path = write_bad_file(tmp_path / "src", name)
         report = compress_folder(tmp_path / "src", tmp_path / "dst", progress=False)

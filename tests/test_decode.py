@@ -85,7 +85,7 @@ class TestOnlyDamageIsDamage:
             decode_image(write_bad_file(tmp_path, "corrupt.jpg"))
         assert not isinstance(caught.value, ValueError)
 
-    @pytest.mark.parametrize("name", ["truncated_eoi.jpg", "corrupt.jpg"])
+    @pytest.mark.parametrize("name", ["truncated_eoi.jpg", "corrupt.jpg", "extraneous.jpg", "corrupt_mpo.jpg"])
     def test_jpegs_that_pillow_accepts_with_grey_blocks_are_damaged(self, tmp_path, name):
         path = write_bad_file(tmp_path, name)
         Image.open(path).load()  # Pillow decodes it without a word

@@ -3,7 +3,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import photo
+from conftest import photo, write_odd_image
 from PIL import Image, ImageOps
 
 import gpuload.store.decode
@@ -81,6 +81,15 @@ def test_all_sources(built_dataset, monkeypatch):
     monkeypatch.setattr(gpuload.store.verify, "decode_image", lambda *args: decoded.append(1) or real(*args))
     assert verify_memmap(built_dataset, sources="all", progress=False) == []
     assert len(decoded) == 20
+
+
+@pytest.mark.parametrize("format", ["raw", "jpeg"])
+def test_a_multi_picture_source_verifies_as_it_was_built(photo_copy, tmp_path, format):
+    """An MPO is its first picture for the build (a jpeg build stores that picture's bytes) and for verify."""
+    write_odd_image(photo_copy / "face" / "stereo.jpg", "mpo")
+    out = build_memmap(photo_copy, tmp_path / "out", format=format, progress=False)
+    assert len(MemmapImageDataset(out)) == 21
+    assert verify_memmap(out, sources="all", progress=False) == []
 
 
 @pytest.mark.parametrize("sources", [-1, "some", 1.5, True])

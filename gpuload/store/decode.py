@@ -296,7 +296,7 @@ def decode_pixels(
 
     ``request``: the smallest stored ``(width, height)`` wanted; a JPEG may then decode at a reduced scale.
     """
-    if image.format == "JPEG":
+    if image.format in ("JPEG", "MPO"):  # an MPO's first picture is a JPEG, what libjpeg-turbo decodes of it
         colorspace = JPEG_COLORSPACES.get(image.mode)
         pixels = decode_jpeg_strict(data, path, colorspace or "CMYK", request)
         if colorspace == "RGB" and pixels is not None:
@@ -340,7 +340,8 @@ def decode_jpeg_strict(
     libjpeg reports a truncated file or corrupt data as a warning and fills the gap with grey;
     strict mode turns those warnings into errors, and a file that only a lenient decode reads is
     damaged. A file that even the lenient decode refuses (a format libjpeg-turbo does not
-    support) is left to Pillow, which decides.
+    support) is left to Pillow, which decides. The lenient decode skips stray bytes before a
+    header's markers, as libjpeg does (TurboJPEG refuses them in a header even when lenient).
     """
     width, height = request or (0, 0)
     try:
@@ -348,8 +349,10 @@ def decode_jpeg_strict(
             data, colorspace=colorspace, min_width=width, min_height=height, strict=True, buffer=buffer
         )
     except ValueError as strict:
+        from .jpeg import without_extraneous_bytes  # here: jpeg.py imports this module
+
         try:
-            simplejpeg.decode_jpeg(data, colorspace=colorspace, strict=False)
+            simplejpeg.decode_jpeg(without_extraneous_bytes(data), colorspace=colorspace, strict=False)
         except ValueError:
             return None
         raise DecodeError(path, f"truncated or corrupt JPEG (libjpeg: {strict})") from None
