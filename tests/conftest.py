@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
+import socket
+import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -166,6 +170,53 @@ ODD_KINDS = {
     "exif_rotated": "rotated.jpg",
     "mpo": "stereo.jpg",
 }
+
+
+NOT_FILES = {"fifo": "a named pipe", "socket": "a socket", "device": "a character device"}
+
+
+@pytest.fixture
+def make_not_a_file():
+    """``make(path, kind)`` puts one of ``NOT_FILES`` at ``path`` (a device: a link to /dev/null).
+
+    Opening a named pipe to read blocks until a writer comes. A watchdog comes as a writer whenever a
+    reader has one of these pipes open, so code that opens one fails its test instead of hanging: it
+    reads an empty file, and this fixture fails the test.
+    """
+    pipes: list[Path] = []
+    opened: list[Path] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.05):
+            for pipe in list(pipes):
+                try:
+                    os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))  # ENXIO unless a reader has it open
+                except OSError:
+                    continue
+                opened.append(pipe)
+
+    def make(path: Path, kind: str) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "fifo":
+            os.mkfifo(path)
+            pipes.append(path)
+        elif kind == "socket":  # bound at a short path (108 bytes at most), then moved
+            short = Path(tempfile.mkdtemp()) / "s"
+            with socket.socket(socket.AF_UNIX) as bound:
+                bound.bind(str(short))
+            os.rename(short, path)
+            short.parent.rmdir()
+        else:
+            os.symlink("/dev/null", path)
+        return path
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    yield make
+    stop.set()
+    watcher.join()
+    assert not opened, f"opened to read (it would have blocked until a writer came): {opened}"
 
 
 @pytest.fixture

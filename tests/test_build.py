@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BAD_FILES, ODD_KINDS, SIZE, photo, write_bad_file, write_odd_image
+from conftest import BAD_FILES, NOT_FILES, ODD_KINDS, SIZE, photo, write_bad_file, write_odd_image
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
@@ -145,6 +145,23 @@ class TestBadInputs:
     def test_bad_files_are_skipped_when_probing_the_size_too(self, with_bad_files):
         dataset = MemmapImageDataset(build_memmap(with_bad_files, progress=False))
         assert len(dataset) == 20 and len(dataset.skipped) == len(BAD_FILES)
+
+    @pytest.mark.parametrize("options", [{}, {"size": SIZE}, {"format": "jpeg"}])  # {}: sizes probed first
+    def test_what_is_not_a_regular_file_is_skipped_and_listed_never_opened(self, photo_copy, make_not_a_file, options):
+        for kind in NOT_FILES:
+            make_not_a_file(photo_copy / "collar" / f"{kind}.jpg", kind)
+        dataset = MemmapImageDataset(build_memmap(photo_copy, progress=False, **options))
+        assert len(dataset) == 20
+        assert {entry["path"]: entry["reason"] for entry in dataset.skipped} == {
+            f"collar/{kind}.jpg": f"not a regular file ({name}): not opened; images must be regular files"
+            for kind, name in NOT_FILES.items()
+        }
+
+    def test_a_broken_link_is_skipped_and_listed_by_a_jpeg_build_too(self, photo_copy):
+        (photo_copy / "collar" / "gone.jpg").symlink_to(photo_copy / "nowhere.jpg")
+        dataset = MemmapImageDataset(build_memmap(photo_copy, format="jpeg", progress=False))
+        assert len(dataset) == 20 and [entry["path"] for entry in dataset.skipped] == ["collar/gone.jpg"]
+        assert dataset.skipped[0]["reason"].startswith("cannot read (FileNotFoundError")
 
     def test_strict_fails_and_leaves_nothing(self, with_bad_files):
         with pytest.raises(DecodeError, match="collar/"):

@@ -32,6 +32,13 @@ class TestBuildMemmap:
         assert f"built {photo_copy}.memmap: 20 images of 3x24x32" in out
         assert "1 skipped" in out and "skipped: face/empty.jpg: empty file (0 bytes)" in out
 
+    @pytest.mark.parametrize("format", ["raw", "jpeg"])
+    def test_a_named_pipe_among_the_photos_is_skipped_not_waited_for(self, capsys, photo_copy, make_not_a_file, format):
+        make_not_a_file(photo_copy / "face" / "pipe.jpg", "fifo")
+        code, out, _ = run(capsys, "build-memmap", str(photo_copy), "--format", format, "--workers", "1")
+        assert code == 0 and "1 skipped" in out
+        assert "skipped: face/pipe.jpg: not a regular file (a named pipe): not opened" in out
+
     def test_known_errors_are_one_line_with_exit_code_2(self, capsys, tmp_path):
         code, out, err = run(capsys, "build-memmap", str(tmp_path / "nope"))
         assert code == 2 and out == ""

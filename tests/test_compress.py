@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import simplejpeg
-from conftest import ODD_KINDS, photo, write_bad_file, write_odd_image
+from conftest import NOT_FILES, ODD_KINDS, photo, write_bad_file, write_odd_image
 from PIL import Image
 
 import gpuload.store.compress
@@ -185,6 +185,18 @@ class TestCompress:
         assert all(message.strip() for message in failed.values())
         assert report.done == 20
         assert relative_files(tmp_path / "q") == relative_files(photo_folder)
+
+    def test_what_is_not_a_regular_file_is_reported_never_opened(self, photo_folder, tmp_path, make_not_a_file):
+        src = Path(shutil.copytree(photo_folder, tmp_path / "src"))
+        for kind in NOT_FILES:
+            make_not_a_file(src / "collar" / f"{kind}.jpg", kind)
+        report = compress_folder(src, tmp_path / "dst", progress=False)
+        assert report.done == 20 and dict(report.failed) == {
+            str(
+                src / "collar" / f"{kind}.jpg"
+            ): f"not a regular file ({name}): not opened; images must be regular files"
+            for kind, name in NOT_FILES.items()
+        }
 
     @pytest.mark.parametrize(
         "name", ["truncated.jpg", "truncated_eoi.jpg", "corrupt.jpg", "extraneous.jpg", "corrupt_mpo.jpg"]

@@ -4,7 +4,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import BAD_FILES, ODD_KINDS, SIZE, photo, write_bad_file, write_odd_image
+from conftest import BAD_FILES, NOT_FILES, ODD_KINDS, SIZE, photo, write_bad_file, write_odd_image
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
@@ -20,6 +20,7 @@ from gpuload.store.decode import (
     decode_image,
     decode_into,
     exif_orientation,
+    read_bytes,
     read_size,
     upright_pixels,
 )
@@ -318,6 +319,17 @@ class TestEnvironmentErrors:
         with pytest.raises(OSError) as caught:
             decode_image(tmp_path / "a.jpg")
         assert not isinstance(caught.value, DecodeError) and caught.value.errno == code
+
+    @pytest.mark.parametrize("kind", sorted(NOT_FILES))
+    def test_what_is_not_a_regular_file_is_reported_and_never_opened(self, tmp_path, make_not_a_file, kind):
+        """A named pipe would block the open until a writer comes, /dev/zero would be read forever."""
+        path = make_not_a_file(tmp_path / "a.jpg", kind)
+        for read in (read_bytes, read_size, decode_image):
+            with pytest.raises(DecodeError) as caught:
+                read(path)
+            assert str(caught.value) == (
+                f"{path}: not a regular file ({NOT_FILES[kind]}): not opened; images must be regular files"
+            )
 
     @pytest.mark.parametrize("make", ["missing", "folder", "unreadable"])
     def test_files_that_cannot_be_read_are_reported(self, tmp_path, make):

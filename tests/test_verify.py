@@ -92,6 +92,17 @@ def test_a_multi_picture_source_verifies_as_it_was_built(photo_copy, tmp_path, f
     assert verify_memmap(out, sources="all", progress=False) == []
 
 
+@pytest.mark.parametrize("format", ["raw", "jpeg"])
+def test_a_source_that_became_a_named_pipe_is_a_problem_never_opened(photo_copy, tmp_path, make_not_a_file, format):
+    out = build_memmap(photo_copy, tmp_path / "out", format=format, progress=False)
+    (photo_copy / "face" / "0002.jpg").unlink()
+    make_not_a_file(photo_copy / "face" / "0002.jpg", "fifo")
+    assert verify_memmap(out, sources="all", progress=False) == [
+        f"source of image 10 cannot be decoded: {photo_copy / 'face' / '0002.jpg'}: not a regular file "
+        "(a named pipe): not opened; images must be regular files"
+    ]
+
+
 @pytest.mark.parametrize("sources", [-1, "some", 1.5, True])
 def test_bad_sources(built_dataset, sources):
     with pytest.raises(UsageError, match="sources must be a number of images to re-decode or 'all'"):

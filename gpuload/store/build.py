@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -305,7 +306,13 @@ def _check_free_space(
 
 
 def _source_bytes(index: ImageFolderIndex) -> int:
-    return sum(os.path.getsize(index.root / path) for path, _ in index.samples)
+    """The sources' bytes; one whose size cannot be read (a broken link) counts none: its decode fails,
+    and the build skips and lists it."""
+    total = 0
+    for path, _ in index.samples:
+        with contextlib.suppress(OSError):
+            total += os.path.getsize(index.root / path)
+    return total
 
 
 class _Store:

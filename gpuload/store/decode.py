@@ -21,6 +21,7 @@ import errno
 import io
 import math
 import os
+import stat
 import struct
 import zlib
 from collections.abc import Iterator
@@ -108,9 +109,9 @@ def read_size(path: str | os.PathLike) -> tuple[int, int]:
     (a PNG's pixels too: Pillow loads them to find an EXIF chunk after them).
 
     Raises:
-        DecodeError: the file is empty, unreadable, not an image, or has too many pixels.
+        DecodeError: the file is empty, unreadable, not a regular file, not an image, or has too many pixels.
     """
-    with _reading(path), open(path, "rb") as file:  # Pillow reads only the header of an opened file
+    with _reading(path), _open_file(path) as file:  # Pillow reads only the header of an opened file
         if os.fstat(file.fileno()).st_size == 0:
             raise DecodeError(path, "empty file (0 bytes)")
         with open_image(file, path) as image:
@@ -257,11 +258,29 @@ def _reading(path: str | os.PathLike) -> Iterator[None]:
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
-    with _reading(path), open(path, "rb") as file:
+    with _reading(path), _open_file(path) as file:
         data = file.read()
     if not data:
         raise DecodeError(path, "empty file (0 bytes)")
     return data
+
+
+def _open_file(path: str | os.PathLike) -> BinaryIO:
+    """``path`` opened to read, unless its status says it is a named pipe, a socket or a device: those
+    are never opened (a pipe would block the open until a writer comes, a device would be read:
+    /dev/zero forever). Opened non-blocking, so that a pipe put there since then cannot block either."""
+    kind = _NOT_FILES.get(stat.S_IFMT(os.stat(path).st_mode))
+    if kind is not None:
+        raise DecodeError(path, f"not a regular file ({kind}): not opened; images must be regular files")
+    return open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NONBLOCK))
+
+
+_NOT_FILES = {
+    stat.S_IFIFO: "a named pipe",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
 
 
 def open_image(source: bytes | BinaryIO, path: str | os.PathLike) -> Image.Image:
