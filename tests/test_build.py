@@ -17,6 +17,7 @@ from torchvision.transforms import v2
 
 import gpuload.store.build
 import gpuload.store.decode
+import gpuload.store.files
 import gpuload.store.writer
 from gpuload import (
     BusyError,
@@ -267,6 +268,24 @@ class TestBadInputs:
             "beside it; free space there or write to another disk"
         )
 
+    def test_no_free_inode_for_the_build_folder_is_not_called_a_lack_of_space(
+        self, photo_folder, tmp_path, monkeypatch
+    ):
+        real_mkdir = Path.mkdir
+
+        def mkdir(self, *args, **kwargs):
+            if ".tmp-" in self.name:
+                raise OSError(errno.ENOSPC, "No space left on device", str(self))
+            return real_mkdir(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "mkdir", mkdir)
+        monkeypatch.setattr(gpuload.store.files.os, "statvfs", lambda path: _Statvfs(12_800, free_inodes=0))
+        assert _full_disk_message(photo_folder, tmp_path / "out.memmap") == (
+            f"[Errno 28] no free inode left to build {tmp_path / 'out.memmap'}: no room for a new folder beside it "
+            "(its disk has 52,428,800 bytes (0.05 GB) free, but all its 1,000 inodes are taken: each file or folder "
+            "takes one, whatever its size); delete files there or write to another disk"
+        )
+
     def test_a_jpeg_build_with_max_side_is_not_refused_for_the_size_of_its_sources(
         self, photo_folder, tmp_path, monkeypatch
     ):
@@ -311,6 +330,14 @@ def _full_disk_message(src: Path, out: Path, **options) -> str:
         build_memmap(src, out, progress=False, **options)
     assert caught.value.errno == errno.ENOSPC
     return str(caught.value)
+
+
+class _Statvfs:
+    """What os.statvfs (also behind shutil.disk_usage) says of a disk of 4 KiB blocks."""
+
+    def __init__(self, free_blocks: int, free_inodes: int) -> None:
+        self.f_bavail, self.f_frsize, self.f_blocks, self.f_bfree = free_blocks, 4096, 10**6, free_blocks
+        self.f_files, self.f_favail = 1000, free_inodes
 
 
 class _Usage:

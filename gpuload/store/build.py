@@ -31,6 +31,7 @@ from .files import (
     fsync_file,
     fsync_folder,
     full_disk_says,
+    no_room,
     rename_exchange,
     rename_noreplace,
     resolve,
@@ -153,8 +154,9 @@ def build_memmap(
             tmp = out.with_name(f".{out.name}.tmp-{secrets.token_hex(4)}")
             _check_free_space(out.parent, index, size, max_side)
             with full_disk_says(
-                f"not enough disk space to build {out}: no room for a new folder beside it; "
-                "free space there or write to another disk"
+                lambda: no_room(
+                    out.parent, f"to build {out}: no room for a new folder beside it", "there or write to another disk"
+                )
             ):
                 tmp.mkdir()
             try:
@@ -169,8 +171,11 @@ def build_memmap(
                     store = _JpegStore(tmp, out, pool, max_side, quality, workers, sync, expected)
                 kept, checksums = _write(store, index, todo, skipped, strict, progress)
                 with full_disk_says(
-                    f"not enough disk space to finish {out}: its images are written, and its labels, metadata "
-                    "and manifest did not fit; free space there or write to another disk"
+                    lambda: no_room(
+                        out.parent,
+                        f"to finish {out}: its images are written, and its labels, metadata and manifest did not fit",
+                        "there or write to another disk",
+                    )
                 ):
                     _finish(tmp, src, index, store, kept, checksums, skipped, sync)
                 _move_into_place(tmp, out, sync)
