@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import BAD_FILES, NOT_FILES, ODD_KINDS, SIZE, photo, write_bad_file, write_odd_image
+from PIL import Image
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
@@ -93,6 +94,7 @@ class TestOutput:
         assert manifest["samples"][0] == ["background/0000.jpg", 0]
         assert len(manifest["checksums"]) == 20 and all(len(c) == 16 for c in manifest["checksums"])
         assert manifest["skipped"] == []
+        assert manifest["max_image_pixels"] == Image.MAX_IMAGE_PIXELS  # what verify decodes the sources with
         assert {"gpuload", "torch", "tensordict", "pillow", "python"} <= set(manifest["versions"])
 
     def test_images_are_stored_channels_last_as_decoded(self, photo_folder, built_dataset):

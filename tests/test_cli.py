@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import write_bad_file
+from PIL import Image
 
 import gpuload.cli
 import gpuload.store.compress
@@ -85,6 +86,44 @@ class TestBuildMemmap:
             main(["build-memmap", str(photo_folder), "--size", size])
         assert exit_info.value.code == 2
         assert "expected HEIGHTxWIDTH" in capsys.readouterr().err
+
+
+class TestMaxPixels:
+    """Pillow's pixel limit (PIL.Image.MAX_IMAGE_PIXELS) raised from the command line, for the run only."""
+
+    def test_build_memmap(self, capsys, photo_folder, tmp_path, monkeypatch):
+        monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 3000)  # below the photos' 3,072 pixels
+        code, _, err = run(capsys, "build-memmap", str(photo_folder), "--out", str(tmp_path / "a"))
+        assert code == 1 and "--max-pixels N on the command line" in err
+        code, out, _ = run(
+            capsys, "build-memmap", str(photo_folder), "--out", str(tmp_path / "b"), "--max-pixels", "3072"
+        )
+        assert code == 0 and "20 images" in out and "0 skipped" in out
+        assert Image.MAX_IMAGE_PIXELS == 3000
+        assert run(capsys, "verify", str(tmp_path / "b"), "--sources")[0] == 0  # with the build's limit
+
+    def test_compress(self, capsys, photo_folder, tmp_path, monkeypatch):
+        monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 3000)
+        code, out, _ = run(capsys, "compress", str(photo_folder), str(tmp_path / "q"), "--max-pixels", "3072")
+        assert code == 0 and "20 done" in out and Image.MAX_IMAGE_PIXELS == 3000
+
+    def test_verify_of_a_dataset_that_does_not_record_the_limit(self, capsys, photo_folder, tmp_path, monkeypatch):
+        out = tmp_path / "old"
+        assert run(capsys, "build-memmap", str(photo_folder), "--out", str(out), "--size", "24x32")[0] == 0
+        (out / "manifest.json").chmod(0o644)
+        manifest = json.loads((out / "manifest.json").read_text())
+        del manifest["max_image_pixels"]
+        (out / "manifest.json").write_text(json.dumps(manifest))
+        monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 3000)
+        assert run(capsys, "verify", str(out), "--sources")[0] == 1
+        assert run(capsys, "verify", str(out), "--sources", "--max-pixels", "3072")[0] == 0
+
+    @pytest.mark.parametrize("value", ["0", "-5", "many"])
+    def test_a_bad_limit_is_a_usage_error(self, capsys, photo_folder, value):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["build-memmap", str(photo_folder), "--max-pixels", value])
+        assert exit_info.value.code == 2
+        assert "expected a positive number of pixels" in capsys.readouterr().err
 
 
 class TestJpegFormat:

@@ -20,6 +20,7 @@ from gpuload.store.decode import (
     decode_image,
     decode_into,
     exif_orientation,
+    pixel_limit,
     read_bytes,
     read_size,
     upright_pixels,
@@ -49,6 +50,21 @@ class TestBadFiles:
         monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", SIZE[0] * SIZE[1] - 1)  # Pillow only warns here
         with pytest.warns(Image.DecompressionBombWarning), pytest.raises(DecodeError, match="MAX_IMAGE_PIXELS"):
             decode_image(path)
+
+    def test_too_many_pixels_says_how_to_raise_the_limit_on_the_command_line_too(self, tmp_path, monkeypatch):
+        path = tmp_path / "big.jpg"
+        photo().save(path)
+        monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 3000)
+        with pytest.warns(Image.DecompressionBombWarning), pytest.raises(DecodeError) as caught:
+            read_size(path)
+        assert str(caught.value) == (
+            f"{path}: 64x48 = 3,072 pixels, more than PIL.Image.MAX_IMAGE_PIXELS = 3,000 (a possible decompression "
+            "bomb); for trusted files, raise the limit: --max-pixels N on the command line, "
+            "PIL.Image.MAX_IMAGE_PIXELS = N in Python"
+        )
+        with pixel_limit(3072):
+            assert read_size(path) == SIZE
+        assert Image.MAX_IMAGE_PIXELS == 3000  # put back
 
     def test_missing_file(self, tmp_path):
         with pytest.raises(DecodeError, match="cannot read"):

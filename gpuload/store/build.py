@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import xxhash
+from PIL import Image
 from tensordict import MemoryMappedTensor, TensorDict
 from tqdm.auto import tqdm
 
@@ -520,6 +521,7 @@ def _finish(
         versions=_versions(),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         storage="raw" if "images" in store.arrays else "jpeg",
+        max_image_pixels=Image.MAX_IMAGE_PIXELS or 0,
         empty_classes=index.empty_classes,
         files=files,
         **store.manifest_fields(),

@@ -46,6 +46,7 @@ __all__ = [
     "decode_into",
     "decode_jpeg_strict",
     "exif_orientation",
+    "pixel_limit",
     "read_size",
     "upright_pixels",
     "upright_size",
@@ -99,7 +100,8 @@ def check_target(size: tuple[int, int] | None, resize: str) -> tuple[int, int] |
     if limit and height * width > limit:
         raise UsageError(
             f"size {height}x{width} has {height * width:,} pixels per image, more than "
-            f"PIL.Image.MAX_IMAGE_PIXELS = {limit:,}; choose a smaller size"
+            f"PIL.Image.MAX_IMAGE_PIXELS = {limit:,}; choose a smaller size, or raise the limit: --max-pixels N "
+            "on the command line, PIL.Image.MAX_IMAGE_PIXELS = N in Python"
         )
     return height, width
 
@@ -292,7 +294,7 @@ def open_image(source: bytes | BinaryIO, path: str | os.PathLike) -> Image.Image
     try:
         image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
     except Image.DecompressionBombError as error:
-        raise DecodeError(path, f"too many pixels, a possible decompression bomb ({error})") from None
+        raise DecodeError(path, f"too many pixels, a possible decompression bomb ({error}); {_RAISE_LIMIT}") from None
     except Image.UnidentifiedImageError:
         raise DecodeError(path, "not an image (Pillow cannot identify the format)") from None
     except _PILLOW_DAMAGE as error:
@@ -303,9 +305,33 @@ def open_image(source: bytes | BinaryIO, path: str | os.PathLike) -> Image.Image
         raise DecodeError(
             path,
             f"{image.width}x{image.height} = {image.width * image.height:,} pixels, more than "
-            f"PIL.Image.MAX_IMAGE_PIXELS = {limit:,} (a possible decompression bomb; raise that limit for trusted files)",
+            f"PIL.Image.MAX_IMAGE_PIXELS = {limit:,} (a possible decompression bomb); {_RAISE_LIMIT}",
         )
     return image
+
+
+_RAISE_LIMIT = (
+    "for trusted files, raise the limit: --max-pixels N on the command line, PIL.Image.MAX_IMAGE_PIXELS = N in Python"
+)
+
+
+@contextmanager
+def pixel_limit(limit: int | None) -> Iterator[None]:
+    """Decode with ``PIL.Image.MAX_IMAGE_PIXELS`` set to ``limit`` (``None``: no limit) inside, the
+    decompression-bomb guard of :func:`open_image` (Pillow's setting, for the whole process: every
+    thread decodes with it meanwhile); the limit before is put back after.
+
+    Example:
+        >>> with pixel_limit(10):
+        ...     Image.MAX_IMAGE_PIXELS
+        10
+    """
+    before = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = limit
+    try:
+        yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = before
 
 
 def decode_pixels(
