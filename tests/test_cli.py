@@ -169,6 +169,25 @@ class TestJpegFormat:
         )
         assert code == 2 and "size applies to format='raw'" in err
 
+    def test_max_side_with_raw_says_it_applies_to_jpeg_only(self, capsys, photo_folder, tmp_path):
+        code, _, err = run(
+            capsys,
+            "build-memmap",
+            str(photo_folder),
+            "--out",
+            str(tmp_path / "r"),
+            "--max-side",
+            "100",
+            "--format",
+            "raw",
+        )
+        assert code == 2 and err == (
+            "gpuload: error: max_side applies only to format='jpeg' (--format jpeg), got max_side=100 with "
+            "format='raw'; a raw build stores every image at one size: give that size (--size HxW) and leave "
+            "max_side out\n"
+        )
+        assert not (tmp_path / "r").exists()
+
     @pytest.mark.parametrize("resize", ["crop", "pad", "stretch"])
     def test_resize_with_jpeg_is_refused_in_one_line(self, capsys, photo_folder, tmp_path, resize):
         out = tmp_path / "j"

@@ -218,7 +218,7 @@ class TestBuild:
         [
             ({"format": "png"}, "format must be one of raw, jpeg"),
             ({"format": "jpeg", "size": (8, 8)}, "size applies to format='raw'"),
-            ({"max_side": 100}, "max_side must be a positive integer, for format='jpeg' only"),
+            ({"max_side": 100}, r"max_side applies only to format='jpeg' \(--format jpeg\), got max_side=100"),
             ({"format": "jpeg", "max_side": 0}, "max_side must be a positive integer"),
             ({"format": "jpeg", "quality": 101}, "quality must be an integer from 1 to 100"),
         ],

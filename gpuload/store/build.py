@@ -129,8 +129,13 @@ def build_memmap(
     size = check_target(size, resize)
     if format == "jpeg" and size is not None:
         raise UsageError("size applies to format='raw'; a jpeg dataset keeps each image's size (see max_side)")
-    if max_side is not None and (format != "jpeg" or not _positive_int(max_side)):
-        raise UsageError(f"max_side must be a positive integer, for format='jpeg' only, got {max_side!r}")
+    if max_side is not None and format != "jpeg":
+        raise UsageError(
+            f"max_side applies only to format='jpeg' (--format jpeg), got max_side={max_side!r} with format='raw'; "
+            "a raw build stores every image at one size: give that size (--size HxW) and leave max_side out"
+        )
+    if max_side is not None and not _positive_int(max_side):
+        raise UsageError(f"max_side must be a positive integer, got {max_side!r}")
     if quality is not None and format != "jpeg":
         raise UsageError(
             f"quality applies only to format='jpeg' (--format jpeg), got quality={quality!r} with format='raw'; "
