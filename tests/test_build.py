@@ -166,6 +166,20 @@ class TestBadInputs:
         assert len(dataset) == 20 and [entry["path"] for entry in dataset.skipped] == ["collar/gone.jpg"]
         assert dataset.skipped[0]["reason"].startswith("cannot read (FileNotFoundError")
 
+    @pytest.mark.parametrize("given", [False, True])  # the classes of the folders, or a list (--classes-from)
+    def test_a_class_whose_files_are_all_skipped_is_named_in_a_warning_and_the_manifest(self, photo_copy, given):
+        shutil.rmtree(photo_copy / "collar")
+        for name in ("notes.jpg", "truncated.jpg"):
+            write_bad_file(photo_copy / "collar", name)
+        classes = ["background", "collar", "face", "sleeve_left", "sleeve_right", "hat"] if given else None
+        with pytest.warns(UserWarning) as caught:
+            out = build_memmap(photo_copy, classes=classes, progress=False)
+        assert [str(warning.message) for warning in caught][-1] == (
+            f"1 classes have no image left in {out}, all of their files skipped: collar; their labels are kept"
+        )
+        dataset = MemmapImageDataset(out)
+        assert len(dataset) == 16 and dataset.manifest.empty_classes == (["collar", "hat"] if given else ["collar"])
+
     def test_strict_fails_and_leaves_nothing(self, with_bad_files):
         with pytest.raises(DecodeError, match="collar/"):
             build_memmap(with_bad_files, size=SIZE, strict=True, progress=False)

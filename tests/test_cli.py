@@ -139,6 +139,19 @@ class TestJpegFormat:
         )
         assert code == 2 and "has class folders that are not in the given classes: extra" in err
 
+    def test_classes_from_with_a_folder_of_images_and_no_class_folders(
+        self, capsys, photo_folder, built_dataset, tmp_path
+    ):
+        flat = tmp_path / "val"
+        flat.mkdir()
+        (flat / "a.jpg").write_bytes((photo_folder / "face" / "0000.jpg").read_bytes())
+        code, _, err = run(capsys, "build-memmap", str(flat), "--classes-from", str(built_dataset))
+        assert code == 2 and err == (
+            f"gpuload: error: {flat} holds 1 images and no class folder, so it would be one class named 'val', which "
+            "is not in the given classes (background, collar, face, sleeve_left, sleeve_right); pass the folder that "
+            "holds one folder per class, or name this folder after its class\n"
+        )
+
     def test_classes_from_a_dataset_whose_classes_were_edited_is_refused(self, capsys, photo_folder, tmp_path):
         reference = tmp_path / "train"
         assert run(capsys, "build-memmap", str(photo_folder), "--out", str(reference))[0] == 0

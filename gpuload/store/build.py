@@ -176,6 +176,13 @@ def build_memmap(
                     expected = _source_bytes(index) if max_side is None else 0  # scaled down: smaller, unknown
                     store = _JpegStore(tmp, out, pool, max_side, quality, workers, sync, expected)
                 kept, checksums = _write(store, index, todo, skipped, strict, progress)
+                emptied = sorted(set(_empty_classes(index, kept)) - set(index.empty_classes))
+                if emptied:
+                    warnings.warn(
+                        f"{len(emptied)} classes have no image left in {out}, all of their files skipped: "
+                        f"{', '.join(emptied)}; their labels are kept",
+                        stacklevel=2,
+                    )
                 with full_disk_says(
                     lambda: no_room(
                         out.parent,
@@ -527,7 +534,7 @@ def _finish(
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         storage="raw" if "images" in store.arrays else "jpeg",
         max_image_pixels=Image.MAX_IMAGE_PIXELS or 0,
-        empty_classes=index.empty_classes,
+        empty_classes=_empty_classes(index, kept),
         files=files,
         **store.manifest_fields(),
     ).write(tmp)
@@ -537,6 +544,12 @@ def _finish(
             fsync_file(tmp / name)
     if sync:
         fsync_folder(tmp)
+
+
+def _empty_classes(index: ImageFolderIndex, kept: list[int]) -> list[str]:
+    """The classes with no image among the samples at positions ``kept``, sorted."""
+    labels = {index.samples[position][1] for position in kept}
+    return sorted(name for label, name in enumerate(index.classes) if label not in labels)
 
 
 def _versions() -> dict[str, str]:

@@ -98,7 +98,8 @@ class Manifest:
         max_image_pixels: the pixel limit the sources were decoded with (``PIL.Image.MAX_IMAGE_PIXELS``,
             0: none), which ``verify`` decodes them with again; ``None``: not recorded (built before
             gpuload recorded it).
-        empty_classes: classes given to the build that have no image (their labels are kept).
+        empty_classes: classes that have no image (listed with none, or all their files skipped);
+            their labels are kept.
         files: the dataset's files besides ``manifest.json``, relative path to size in bytes.
         digests: xxh3-64 (hex) of each field in :data:`DIGESTED`, as written at build time.
     """
