@@ -42,6 +42,25 @@ def test_a_jpeg_dataset_is_measured_cropped_at_decode_time(jpeg_dataset):
     )
     table = format_bench(report)
     assert "jpeg images decoded to 3x16x16" in table and "RandomResizedCropDecode" in table and "whole decode" in table
+    assert report["stock_loader_reads"] == "the sources" and report["reencoded"] == {}  # stored as they were
+
+
+def test_on_a_store_of_re_encoded_images_the_stock_loader_decodes_the_same_jpegs(photo_folder, tmp_path):
+    """--max-side 24: gpuload decodes 18x24 JPEGs; ImageFolder would decode the 48x64 sources."""
+    from gpuload import build_memmap
+
+    store = build_memmap(photo_folder, tmp_path / "small.jpeg", format="jpeg", max_side=24, progress=False)
+    report = run_bench(store, batch_size=4, device="cpu", epochs=1, folder_batches=2, augment=16, progress=False)
+    assert set(report["results"]) == {"limit_decode", "gpuload_decode", "gpuload_decode_exact", "stored_jpegs_augment"}
+    assert report["results"]["stored_jpegs_augment"]["images_per_second"] > 0
+    assert report["stock_loader_reads"] == "the stored JPEGs" and report["reencoded"] == {"larger_than_max_side": 20}
+    table = format_bench(report)
+    row = next(line for line in table.splitlines() if line.startswith("gpuload.DataLoader, RandomResizedCropDecode"))
+    assert "stored JPEGs + decode_jpeg + v2 RandomResizedCrop, workers" in table and row.endswith("x")  # x stock
+    assert table.splitlines()[-1] == (
+        "(the stock loader decodes the stored JPEGs, as gpuload does, not the sources: the build re-encoded images "
+        "(20 larger_than_max_side))"
+    )
 
 
 def test_the_stock_loaders_workers_stop_after_their_turn(built_dataset, monkeypatch):

@@ -1,12 +1,13 @@
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.utils.data
 from conftest import SIZE, photo
 
-from gpuload import Collate, MemmapImageDataset, UsageError, build_memmap
+from gpuload import Collate, DatasetError, MemmapImageDataset, UsageError, build_memmap
 
 
 def test_stock_loader_with_collate_gets_the_gathered_batches(built_dataset):
@@ -57,6 +58,25 @@ class TestJpegDatasets:
         dataset = MemmapImageDataset(mixed_sizes)
         with pytest.raises(UsageError, match="holds images of several sizes"):
             Collate("cpu")(dataset.__getitems__([0]))
+
+    @pytest.mark.parametrize("damaged", [0, 7])
+    def test_a_damaged_size_record_is_called_damage_not_several_sizes(self, jpeg_dataset, tmp_path, damaged):
+        """shapes.memmap records several sizes where the images have one: the gpuload loader and verify
+        call that damage, and so does this path, even where the first batch does not hold that image."""
+        copy = Path(shutil.copytree(jpeg_dataset, tmp_path / "copy"))
+        shapes = copy / "shapes.memmap"
+        shapes.chmod(0o644)
+        values = np.fromfile(shapes, np.int32).reshape(-1, 2)
+        values[damaged, 0] += 1
+        values.tofile(shapes)
+        loader = torch.utils.data.DataLoader(MemmapImageDataset(copy), batch_size=4, collate_fn=Collate("cpu"))
+        with pytest.raises(DatasetError) as caught:
+            next(iter(loader))
+        assert str(caught.value) == (
+            f"{copy}: image {damaged} ({MemmapImageDataset(copy).manifest.samples[damaged][0]}) decodes to "
+            f"{SIZE[0]}x{SIZE[1]} where its recorded size is {SIZE[0] + 1}x{SIZE[1]}: shapes.memmap is damaged; "
+            "run gpuload verify, then rebuild the dataset"
+        )
 
     def test_one_size_is_stacked(self, jpeg_dataset):
         dataset = MemmapImageDataset(jpeg_dataset)
