@@ -199,6 +199,8 @@ def contenders(
         import spdl.io  # noqa: F401
     except ImportError:
         print("  spdl is not installed (pip install gpuload[bench]): left out")
+    except RuntimeError as error:  # installed, but the FFmpeg libraries it loads are missing
+        print(f"  spdl does not load ({str(error)[:120]}...; Debian: apt-get install ffmpeg): left out")
     else:
         found["spdl"] = (Reused(lambda: SpdlLoader(folder, batch_size, device, image_size)), sources)
     return found
