@@ -166,13 +166,18 @@ class RangeHTTPServer(_Served):
     """Static files under ``root``, read-only, with ``Range: bytes=a-b``, ``ETag`` and ``If-Match``.
 
     The ETag is the file's size and modification time (as nginx makes it); a GET whose ``If-Match``
-    names another ETag gets 412. Requests are recorded in :attr:`requests`.
+    names another ETag gets 412. Requests are recorded in :attr:`requests`; :attr:`latency` seconds are
+    added before each answer. Its HEAD and GET answers are also what S3 clients expect of a path-style
+    ``/bucket/key`` endpoint (size, ETag, Last-Modified, ranges), so an S3 client pointed at it reads
+    ``root/bucket/key``: a server cheap enough not to limit a comparison of clients (moto copies the
+    whole object for every ranged GET).
     """
 
     def __init__(self, root: str | os.PathLike) -> None:
         super().__init__()
         self.root = Path(root)
         self.requests: list[Request] = []
+        self.latency = 0.0
 
     def __enter__(self) -> RangeHTTPServer:
         self._start(_range_handler(self))
@@ -199,6 +204,8 @@ def _range_handler(owner: RangeHTTPServer):
 
         def _serve(self, body: bool) -> None:
             owner.requests.append(Request(self.command, self.path, dict(self.headers)))
+            if owner.latency:
+                time.sleep(owner.latency)
             path = owner.root / self.path.split("?", 1)[0].lstrip("/")
             if not path.resolve().is_relative_to(owner.root.resolve()) or not path.is_file():
                 return self._reply(404, b"not found")
