@@ -229,9 +229,7 @@ class BlockCache:
                 raise self._disk_error(error, length) from None
             self._write_usage(lock, self._read_usage(lock) + length)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.pwrite(fd, view, length - len(view)) :]
+            _write_all(fd, data)
             os.close(fd)
             fd = -1
             os.replace(temporary, space.folder / str(index))  # replaces a damaged block of the same name
@@ -408,6 +406,12 @@ def _allocate(fd: int, length: int) -> None:
             if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                 raise
     os.ftruncate(fd, length)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # pwrite may write less than asked
+        view = view[os.pwrite(fd, view, len(data) - len(view)) :]
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

@@ -526,6 +526,7 @@ class _FsspecStore(Store):
         extra = {"IfMatch": expect.etag} if expect is not None and expect.etag else {}
 
         async def get() -> bytes:
+            await self.fs.set_session()
             client = await self.fs.get_s3(bucket)
             response = await client.get_object(
                 Bucket=bucket, Key=key, Range=f"bytes={start}-{start + length - 1}", **extra
