@@ -14,6 +14,7 @@ credentials and the EC2 metadata service disabled.
 
 from __future__ import annotations
 
+import email.message
 import email.utils
 import http.client
 import http.server
@@ -203,7 +204,7 @@ def _range_handler(owner: RangeHTTPServer):
             self._serve(body=True)
 
         def _serve(self, body: bool) -> None:
-            owner.requests.append(Request(self.command, self.path, dict(self.headers)))
+            owner.requests.append(Request(self.command, self.path, self.headers))
             if owner.latency:
                 time.sleep(owner.latency)
             path = owner.root / self.path.split("?", 1)[0].lstrip("/")
@@ -246,11 +247,11 @@ def _range_handler(owner: RangeHTTPServer):
 
 @dataclass
 class Request:
-    """One request a server or the proxy saw."""
+    """One request a server or the proxy saw; ``headers`` is case-insensitive (``headers["range"]``)."""
 
     method: str
     path: str
-    headers: dict = field(default_factory=dict)
+    headers: email.message.Message = field(default_factory=email.message.Message)
 
 
 FAULTS = ("503", "500", "reset", "short", "stall")
@@ -348,7 +349,7 @@ def _proxy_handler(owner: FaultProxy):
         def _forward(self) -> None:
             body = self._read_body()
             with owner._lock:
-                owner.requests.append(Request(self.command, self.path, dict(self.headers)))
+                owner.requests.append(Request(self.command, self.path, self.headers))
             fault = owner._take(self.command, self.path)
             if owner.latency:
                 time.sleep(owner.latency)
