@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     parser = argparse.ArgumentParser(prog="gpuload", description="Get image datasets onto the GPU fast.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_compress, _add_build, _add_info, _add_verify, _add_bench, _add_demo):
+    for add in (_add_compress, _add_build, _add_info, _add_verify, _add_push, _add_bench, _add_demo):
         add(subparsers)
     args = parser.parse_args(argv)
     with warnings.catch_warnings():
@@ -259,6 +259,26 @@ def _run_verify(args) -> int:
         print(f"problem: {problem}")
     print(f"{args.dataset}: {'OK' if not problems else f'{len(problems)} problems'}")
     return 1 if problems else 0
+
+
+def _add_push(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "push",
+        help="copy a dataset to object storage (s3://, gs://, az://, file://), each object checked; a rerun resumes",
+    )
+    parser.add_argument("src", type=Path, help="the dataset folder that build-memmap wrote")
+    parser.add_argument("url", help="where to put it, e.g. s3://bucket/photos.jpeg")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace another gpuload dataset at URL (never anything else)"
+    )
+    parser.set_defaults(run=_run_push)
+
+
+def _run_push(args) -> int:
+    from .store.push import push_memmap
+
+    print(push_memmap(args.src, args.url, overwrite=args.overwrite).summary())
+    return 0
 
 
 def _add_bench(subparsers) -> None:

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import unquote, urlsplit
 
-from ..errors import GpuloadError, UsageError
+from ..errors import ObjectChangedError, RemoteError, UsageError
 
 __all__ = [
     "ObjectChangedError",
@@ -63,14 +63,6 @@ _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _URL_IN_TEXT = re.compile(r"""([A-Za-z][A-Za-z0-9+.-]*://)([^\s/?#@'"<>]*@)?([^\s?#'"<>]*)(\?[^\s#'"<>]*)?""")
 OBSTORE_SCHEMES = ("s3", "gs", "az", "abfs", "abfss")
 BACKENDS = ("auto", "obstore", "fsspec")
-
-
-class RemoteError(GpuloadError):
-    """A read or write of an object that failed, after the retries where it was worth retrying."""
-
-
-class ObjectChangedError(RemoteError):
-    """An object was replaced (another ETag or size) after it was opened: its bytes would mix two versions."""
 
 
 def is_url(path: str | os.PathLike) -> bool:
