@@ -232,3 +232,9 @@ class TestWrites:
 
 def test_object_info_key():
     assert ObjectInfo(10, '"abc"').key() == '10:"abc"' and ObjectInfo(3).key() == "3:"
+
+
+def test_a_missing_client_names_the_extra_to_install(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "obstore", None)
+    with pytest.raises(UsageError, match=r"needs the Python package 'obstore'; install it with pip install 'gpuload\[cloud\]'"):
+        open_store("s3://bucket/photos.jpeg", backend="obstore")
