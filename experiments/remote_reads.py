@@ -46,11 +46,12 @@ MiB = 2**20
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repeat")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--latency-ms", type=float, default=25.0, help="added to every request (default: 25)")
+    parser.add_argument("--budget-mib", type=int, default=256, help="bytes fetched per contender and repeat (default: 256)")
     args = parser.parse_args(argv)
     repeats = 1 if args.quick else args.repeats
-    budget = 8 * MiB if args.quick else 96 * MiB
+    budget = 8 * MiB if args.quick else args.budget_mib * MiB
     object_bytes = 32 * MiB if args.quick else 128 * MiB
     block_sizes = [1 * MiB, 4 * MiB] if args.quick else [1 * MiB, 4 * MiB, 16 * MiB]
     latencies = [0.0, args.latency_ms / 1000]
@@ -126,6 +127,8 @@ def main(argv: list[str] | None = None) -> None:
         {
             "device": "cpu",
             "latency_ms": args.latency_ms,
+            "budget_MiB": budget / MiB,
+            "repeats": repeats,
             "quick": args.quick,
             "servers": "the tests' Range HTTP server as a path-style S3 GET/HEAD endpoint (blocks, small ranges) and "
             "moto[server] S3 (object size), on 127.0.0.1",

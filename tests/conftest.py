@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 import shutil
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +30,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads():
+    """A test leaves none of the threads our servers and readers start (a server's loop, its handlers,
+    a RemoteFile's requests); the session's moto server and the libraries' own loops are not ours."""
+    yield
+    ours = ("(serve_forever)", "(process_request_thread)", "gpuload-remote")
+    deadline = time.monotonic() + 5
+    while (left := [t.name for t in threading.enumerate() if t.is_alive() and any(m in t.name for m in ours)]):
+        if time.monotonic() > deadline:
+            pytest.fail(f"threads left running: {left}")
+        time.sleep(0.01)
 
 
 @pytest.fixture(autouse=True)

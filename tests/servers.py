@@ -42,7 +42,8 @@ def fake_aws_environment(endpoint: str) -> dict[str, str]:
         "AWS_REGION": "us-east-1",
         "AWS_ENDPOINT_URL": endpoint,
         "AWS_ENDPOINT_URL_S3": endpoint,
-        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_EC2_METADATA_DISABLED": "true",  # botocore's switch; obstore has none, so its metadata
+        "AWS_METADATA_ENDPOINT": "http://127.0.0.1:9",  # endpoint points at a closed local port instead
         "AWS_CONFIG_FILE": os.devnull,
         "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
     }

@@ -238,3 +238,24 @@ def test_a_missing_client_names_the_extra_to_install(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "obstore", None)
     with pytest.raises(UsageError, match=r"needs the Python package 'obstore'; install it with pip install 'gpuload\[cloud\]'"):
         open_store("s3://bucket/photos.jpeg", backend="obstore")
+
+
+def test_aws_profiles_reach_obstore_through_boto3(s3, tmp_path, monkeypatch):
+    """Keys in ~/.aws/credentials (here a file named by AWS_SHARED_CREDENTIALS_FILE), not in the environment."""
+    pytest.importorskip("boto3")
+    import obstore.auth.boto3
+
+    s3.client().put_object(Bucket=s3.bucket, Key="ds/a.bin", Body=b"abc")
+    (tmp_path / "credentials").write_text("[reader]\naws_access_key_id = fromprofile\naws_secret_access_key = secret\n")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_PROFILE", "reader")
+    used = []
+    original = obstore.auth.boto3.Boto3CredentialProvider.__call__
+    monkeypatch.setattr(
+        obstore.auth.boto3.Boto3CredentialProvider, "__call__", lambda self: used.append(1) or original(self)
+    )
+    store = open_store(s3.url("ds"), backend="obstore", retry=FAST_RETRY)
+    assert store.read_all("a.bin") == b"abc"
+    assert used and "fromprofile" in s3.proxy.requests[-1].headers["Authorization"]

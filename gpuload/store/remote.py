@@ -372,9 +372,13 @@ class _ObstoreStore(Store):
         if endpoint and url.startswith("s3://"):
             config.setdefault("endpoint", endpoint)
         root = url.split("?", 1)[0].rstrip("/")
+        extra = {}
+        provider = _aws_profiles() if url.startswith("s3://") else None
+        if provider is not None:
+            extra["credential_provider"] = provider
         try:
             self._store = from_url(
-                root, config=config or None, client_options=client, retry_config={"max_retries": 0}
+                root, config=config or None, client_options=client, retry_config={"max_retries": 0}, **extra
             )
         except Exception as error:  # obstore raises its own types (and ValueError) for bad URLs or config
             raise UsageError(f"cannot open {self.display}: {redact(str(error))}") from None
@@ -419,6 +423,17 @@ class _ObstoreStore(Store):
 
     def _delete(self, name: str) -> None:
         self._call(self._obstore.delete, self._store, name)
+
+
+def _aws_profiles():
+    """boto3's credential chain (``~/.aws`` profiles, ``AWS_PROFILE``, SSO) for obstore, which reads only
+    the environment and instance metadata itself; ``None`` when the keys are in the environment or
+    boto3 is not installed."""
+    if os.environ.get("AWS_ACCESS_KEY_ID") or not _installed("boto3"):
+        return None
+    from obstore.auth.boto3 import Boto3CredentialProvider
+
+    return Boto3CredentialProvider()
 
 
 def _aws_endpoint(url: str) -> str | None:
