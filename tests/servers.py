@@ -69,6 +69,13 @@ class _Threads(http.server.ThreadingHTTPServer):
             self.handler_threads = [t for t in self.handler_threads if t.is_alive()] + [thread]
         thread.start()
 
+    def handle_error(self, request, client_address) -> None:
+        import sys
+
+        if isinstance(sys.exc_info()[1], OSError):
+            return  # a client that closed or reset its connection (aiohttp's pool does): normal
+        super().handle_error(request, client_address)
+
     def shutdown_request(self, request):
         with self.lock:
             self.open_sockets.discard(request)

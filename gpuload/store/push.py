@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ from ..errors import DatasetError, UsageError
 from .files import OutputLock, resolve
 from .manifest import ARRAYS, MANIFEST_NAME, Manifest
 from .remote import ObjectInfo, RemoteError, Store, open_store
+from .remote_dataset import read_remote_manifest
 from .remote_file import RemoteFile
 
 __all__ = ["PushReport", "push_memmap"]
@@ -100,8 +100,7 @@ def push_memmap(
         BusyError: another gpuload run holds ``src``'s lock.
 
     Example:
-        >>> import tempfile
-        >>> from gpuload import build_memmap, make_sample_folder
+        >>>         >>> from gpuload import build_memmap, make_sample_folder
         >>> photos = make_sample_folder(Path(tempfile.mkdtemp()) / "photos", images_per_class=1, size=(12, 16))
         >>> dataset = build_memmap(photos, format="jpeg", progress=False)
         >>> report = push_memmap(dataset, "memory://doc-push/photos.jpeg", progress=False)
@@ -189,18 +188,10 @@ def _check_target(store: Store, existing: dict[str, ObjectInfo], manifest: Manif
 
 
 def _read_manifest(store: Store, info: ObjectInfo) -> Manifest:
-    """The manifest at the URL, checked as a local one is (through a temporary folder)."""
-    data = store.read_all(MANIFEST_NAME, info)
-    with tempfile.TemporaryDirectory(prefix="gpuload-manifest-") as folder:
-        (Path(folder) / MANIFEST_NAME).write_bytes(data)
-        try:
-            return Manifest.read(folder)
-        except DatasetError as error:
-            reason = str(error).replace(str(Path(folder) / MANIFEST_NAME), "its manifest.json").replace(folder, "it")
-            raise UsageError(
-                f"{store.display} is not a gpuload dataset ({reason}); push never replaces it, even with "
-                "--overwrite: choose another URL or remove it yourself"
-            ) from None
+    try:
+        return read_remote_manifest(store, info)
+    except DatasetError as error:
+        raise UsageError(f"{error}; push never replaces it, even with --overwrite: choose another URL or remove it yourself") from None
 
 
 def _same_objects(store: Store, existing: dict[str, ObjectInfo], todo: dict[str, Path], bar) -> dict[str, bool]:
