@@ -48,7 +48,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repeat")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--latency-ms", type=float, default=25.0, help="added to every request (default: 25)")
-    parser.add_argument("--budget-mib", type=int, default=256, help="bytes fetched per contender and repeat (default: 256)")
+    parser.add_argument(
+        "--budget-mib", type=int, default=256, help="bytes fetched per contender and repeat (default: 256)"
+    )
     args = parser.parse_args(argv)
     repeats = 1 if args.quick else args.repeats
     budget = 8 * MiB if args.quick else args.budget_mib * MiB
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
                 count = max(1, budget // block)
                 for name, store in stores.items():
                     seconds = []
-                    for repeat in range(repeats):
+                    for _ in range(repeats):
                         starts = [rng.randrange(object_bytes // block) * block for _ in range(count)]
                         with RemoteFile(store, "data.memmap", block_size=block, workers=16) as file:
                             started = time.perf_counter()
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
             count = 64 if args.quick else 256
             for name, store in [*stores.items(), ("obstore get_ranges", None)]:
                 seconds = []
-                for repeat in range(repeats):
+                for _ in range(repeats):
                     starts = [rng.randrange(object_bytes - small) for _ in range(count)]
                     started = time.perf_counter()
                     if store is None:
@@ -117,7 +119,10 @@ def main(argv: list[str] | None = None) -> None:
                     "ranges_per_s": count / best,
                 }
                 results["small_ranges"].append(row)
-                print(f"small   {row['client']:20} {row['latency_ms']:4.0f} ms  {row['ranges_per_s']:7.1f} ranges/s", flush=True)
+                print(
+                    f"small   {row['client']:20} {row['latency_ms']:4.0f} ms  {row['ranges_per_s']:7.1f} ranges/s",
+                    flush=True,
+                )
         web.latency = 0.0
         os.environ.update(fake_aws_environment(s3.endpoint))
         moto_store = open_store(f"s3://{s3.bucket()}/ds", backend="obstore")
@@ -161,7 +166,10 @@ def _object_sizes(s3: S3Server, store, tmp: str, *, quick: bool, repeats: int) -
                     times.append(time.perf_counter() - started)
                 row = {"server": server, "object_MiB": size // MiB, "ms_per_4MiB_get": statistics.median(times) * 1000}
                 rows.append(row)
-                print(f"object  {server:5} {row['object_MiB']:4d} MiB  {row['ms_per_4MiB_get']:7.1f} ms per 4 MiB GET", flush=True)
+                print(
+                    f"object  {server:5} {row['object_MiB']:4d} MiB  {row['ms_per_4MiB_get']:7.1f} ms per 4 MiB GET",
+                    flush=True,
+                )
             s3.client().delete_object(Bucket=bucket, Key=f"ds/{name}")
             (folder / name).unlink()
     return rows

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from servers import FaultProxy, RangeHTTPServer, S3Server, fake_aws_environment
 
 from gpuload import build_memmap, make_sample_folder
 from gpuload.sample import sample_photo
 from gpuload.store.remote import Retry
-from servers import FaultProxy, RangeHTTPServer, S3Server, fake_aws_environment
 from slides.generate import TEMPLATE
 
 SIZE = (48, 64)  # (height, width) of the small test photos
@@ -39,7 +39,7 @@ def no_leaked_threads():
     yield
     ours = ("(serve_forever)", "(process_request_thread)", "gpuload-remote")
     deadline = time.monotonic() + 5
-    while (left := [t.name for t in threading.enumerate() if t.is_alive() and any(m in t.name for m in ours)]):
+    while left := [t.name for t in threading.enumerate() if t.is_alive() and any(m in t.name for m in ours)]:
         if time.monotonic() > deadline:
             pytest.fail(f"threads left running: {left}")
         time.sleep(0.01)

@@ -185,7 +185,10 @@ class TestFaults:
                 cache.put(space, 3, b"x" * 100)
         """)
         process = subprocess.Popen(
-            [sys.executable, "-c", child], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+            [sys.executable, "-c", child],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
         try:
             assert process.stdout.readline() == "writing\n"

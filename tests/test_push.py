@@ -59,7 +59,9 @@ class TestPush:
         report = push_memmap(jpeg_dataset, store.url, store=store, progress=False)
         assert report.skipped == ["data.memmap", "labels.memmap", "meta.json"]
         assert report.uploaded == ["offsets.memmap", "shapes.memmap", MANIFEST_NAME]
-        assert [request.path.split("/")[-1].split("?")[0] for request in s3.proxy.requests if request.method == "PUT"] == [
+        assert [
+            request.path.split("/")[-1].split("?")[0] for request in s3.proxy.requests if request.method == "PUT"
+        ] == [
             "offsets.memmap",
             "shapes.memmap",
             MANIFEST_NAME,
@@ -75,7 +77,9 @@ class TestPush:
         assert report.uploaded == ["labels.memmap", MANIFEST_NAME]
         assert pushed(target) == local(jpeg_dataset)
 
-    def test_an_upload_that_reads_back_other_bytes_stops_before_the_manifest(self, jpeg_dataset, target, tmp_path, monkeypatch):
+    def test_an_upload_that_reads_back_other_bytes_stops_before_the_manifest(
+        self, jpeg_dataset, target, tmp_path, monkeypatch
+    ):
         garbled = tmp_path / "garbled"
         original = type(target)._put
 
@@ -99,14 +103,18 @@ class TestRefusals:
         data = bytearray((copy / "data.memmap").read_bytes())
         data[len(data) // 2] ^= 0xFF
         (copy / "data.memmap").write_bytes(bytes(data))
-        with pytest.raises(DatasetError, match=r"is not intact, so it is not pushed: 1 images do not match their build checksum"):
+        with pytest.raises(
+            DatasetError, match=r"is not intact, so it is not pushed: 1 images do not match their build checksum"
+        ):
             push_memmap(copy, target.url, store=target, progress=False)
         assert target.list() == {}
 
     def test_another_dataset_is_replaced_only_with_overwrite(self, built_dataset, jpeg_dataset, target):
         push_memmap(built_dataset, target.url, store=target, progress=False)
         before = pushed(target)
-        with pytest.raises(FileExistsError, match=r"holds another gpuload dataset \(20 images from .*\); pass overwrite=True"):
+        with pytest.raises(
+            FileExistsError, match=r"holds another gpuload dataset \(20 images from .*\); pass overwrite=True"
+        ):
             push_memmap(jpeg_dataset, target.url, store=target, progress=False)
         assert pushed(target) == before
         report = push_memmap(jpeg_dataset, target.url, store=target, overwrite=True, progress=False)
@@ -117,7 +125,9 @@ class TestRefusals:
         (tmp_path / "notes.txt").write_text("mine")
         target.put("notes.txt", tmp_path / "notes.txt")
         for overwrite in (False, True):
-            with pytest.raises(UsageError, match=r"is not a gpuload dataset \(it holds 'notes.txt' and no manifest.json\)"):
+            with pytest.raises(
+                UsageError, match=r"is not a gpuload dataset \(it holds 'notes.txt' and no manifest.json\)"
+            ):
                 push_memmap(jpeg_dataset, target.url, store=target, overwrite=overwrite, progress=False)
         assert sorted(target.list()) == ["notes.txt"]
 
@@ -132,7 +142,10 @@ class TestRefusals:
     def test_a_broken_manifest_at_the_url_is_not_replaced(self, jpeg_dataset, target, tmp_path):
         (tmp_path / MANIFEST_NAME).write_text("{not json")
         target.put(MANIFEST_NAME, tmp_path / MANIFEST_NAME)
-        with pytest.raises(UsageError, match=r"is not a valid gpuload dataset: its manifest.json is not valid JSON .*; push never replaces it"):
+        with pytest.raises(
+            UsageError,
+            match=r"is not a valid gpuload dataset: its manifest.json is not valid JSON .*; push never replaces it",
+        ):
             push_memmap(jpeg_dataset, target.url, store=target, overwrite=True, progress=False)
         assert sorted(target.list()) == [MANIFEST_NAME]
 

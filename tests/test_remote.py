@@ -10,7 +10,16 @@ from conftest import FAST_RETRY
 
 import gpuload.store.remote as remote
 from gpuload.errors import UsageError
-from gpuload.store.remote import ObjectChangedError, ObjectInfo, RemoteError, Retry, is_url, join_url, open_store, redact
+from gpuload.store.remote import (
+    ObjectChangedError,
+    ObjectInfo,
+    RemoteError,
+    Retry,
+    is_url,
+    join_url,
+    open_store,
+    redact,
+)
 
 PAYLOAD = bytes(random.Random(0).randbytes(300_000))
 S3_BACKENDS = ["obstore", "fsspec"]
@@ -236,7 +245,9 @@ def test_object_info_key():
 
 def test_a_missing_client_names_the_extra_to_install(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "obstore", None)
-    with pytest.raises(UsageError, match=r"needs the Python package 'obstore'; install it with pip install 'gpuload\[cloud\]'"):
+    with pytest.raises(
+        UsageError, match=r"needs the Python package 'obstore'; install it with pip install 'gpuload\[cloud\]'"
+    ):
         open_store("s3://bucket/photos.jpeg", backend="obstore")
 
 

@@ -31,7 +31,9 @@ class TestOpen:
         with index.image_file() as file:
             for position in (0, 7, len(dataset) - 1):
                 data = file.read(int(index.starts[position]), int(index.lengths[position]))
-                expected = dataset.read_jpeg(position) if dataset.storage == "jpeg" else dataset[position][0].numpy().tobytes()
+                expected = (
+                    dataset.read_jpeg(position) if dataset.storage == "jpeg" else dataset[position][0].numpy().tobytes()
+                )
                 assert data == expected
         if dataset.storage == "jpeg":
             assert np.array_equal(index.shapes, dataset.data.shapes.numpy())
@@ -78,7 +80,9 @@ class TestDamage:
         labels = np.fromfile(local / "labels.memmap", dtype=np.int64)
         labels[3] = (labels[3] + 1) % 5
         s3.client().put_object(Bucket=s3.bucket, Key=f"{local.name}/labels.memmap", Body=labels.tobytes())
-        with pytest.raises(DatasetError, match=r"1 labels in labels.memmap differ from the manifest \(first at index 3"):
+        with pytest.raises(
+            DatasetError, match=r"1 labels in labels.memmap differ from the manifest \(first at index 3"
+        ):
             open_remote(url)
 
     def test_damaged_images_are_reported(self, pushed, s3):
@@ -106,7 +110,10 @@ class TestCommandLine:
     def test_verify_of_a_url_without_a_dataset_is_exit_2_and_never_shows_secrets(self, capsys, http):
         assert main(["verify", f"{http.url}/nothing?sig=TOPSECRET"]) == 2
         err = capsys.readouterr().err
-        assert err.startswith(f"gpuload: error: {http.url}/nothing?<redacted> is not a gpuload dataset") and "TOPSECRET" not in err
+        assert (
+            err.startswith(f"gpuload: error: {http.url}/nothing?<redacted> is not a gpuload dataset")
+            and "TOPSECRET" not in err
+        )
 
     def test_sources_need_the_local_dataset(self, capsys, s3):
         assert main(["verify", s3.url("x"), "--sources", "3"]) == 2

@@ -84,12 +84,18 @@ class TestReads:
     def test_without_a_cache_near_ranges_share_a_request(self, s3, data_object):
         with RemoteFile(data_object, "data.memmap", block_size=1_000) as file:
             s3.proxy.clear()
-            assert file.read_many([(0, 10), (500, 10), (90_000, 10)]) == [PAYLOAD[0:10], PAYLOAD[500:510], PAYLOAD[90_000:90_010]]
+            assert file.read_many([(0, 10), (500, 10), (90_000, 10)]) == [
+                PAYLOAD[0:10],
+                PAYLOAD[500:510],
+                PAYLOAD[90_000:90_010],
+            ]
         assert sorted(request.headers["Range"] for request in s3.proxy.gets()) == ["bytes=0-509", "bytes=90000-90009"]
 
     def test_requests_are_in_flight_at_once(self, s3, data_object, cache):
         s3.proxy.latency = 0.2
-        with RemoteFile(data_object, "data.memmap", cache=cache, block_size=BLOCK, blocks_per_request=1, workers=16) as file:
+        with RemoteFile(
+            data_object, "data.memmap", cache=cache, block_size=BLOCK, blocks_per_request=1, workers=16
+        ) as file:
             import time
 
             started = time.perf_counter()
@@ -167,7 +173,10 @@ class TestSharedCache:
             import xxhash; print(len(results), len(set(results)), xxhash.xxh3_64_hexdigest(results[0]))
         """)
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        processes = [subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True, env=env) for _ in range(3)]
+        processes = [
+            subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True, env=env)
+            for _ in range(3)
+        ]
         outputs = [process.communicate(timeout=120)[0].split() for process in processes]
         assert all(process.returncode == 0 for process in processes)
         assert all(output[:2] == ["4", "1"] for output in outputs) and len({output[2] for output in outputs}) == 1

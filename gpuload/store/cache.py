@@ -153,7 +153,9 @@ class BlockCache:
             )
         return Namespace(key, folder, block_size)
 
-    def get(self, space: Namespace, index: int, block_length: int, start: int = 0, length: int | None = None) -> bytes | None:
+    def get(
+        self, space: Namespace, index: int, block_length: int, start: int = 0, length: int | None = None
+    ) -> bytes | None:
         """Bytes ``start`` to ``start + length`` (default: all) of block ``index`` of ``space``, if the block
         is cached whole (``block_length`` bytes), else ``None``."""
         length = block_length - start if length is None else length

@@ -191,7 +191,9 @@ def _read_manifest(store: Store, info: ObjectInfo) -> Manifest:
     try:
         return read_remote_manifest(store, info)
     except DatasetError as error:
-        raise UsageError(f"{error}; push never replaces it, even with --overwrite: choose another URL or remove it yourself") from None
+        raise UsageError(
+            f"{error}; push never replaces it, even with --overwrite: choose another URL or remove it yourself"
+        ) from None
 
 
 def _same_objects(store: Store, existing: dict[str, ObjectInfo], todo: dict[str, Path], bar) -> dict[str, bool]:

@@ -42,7 +42,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import unquote, urlsplit
 
 from ..errors import ObjectChangedError, RemoteError, UsageError
 
@@ -479,7 +478,9 @@ class _FsspecStore(Store):
             config.setdefault("connect_timeout", retry.timeout)
             config.setdefault("read_timeout", retry.timeout)
         try:
-            self.fs, root = fsspec.core.url_to_fs(url.split("?", 1)[0] if scheme in ("s3", "gs", "az") else url, **options)
+            self.fs, root = fsspec.core.url_to_fs(
+                url.split("?", 1)[0] if scheme in ("s3", "gs", "az") else url, **options
+            )
         except ImportError as error:
             raise _missing(getattr(error, "name", None) or scheme, url) from None
         except ValueError as error:
@@ -500,7 +501,9 @@ class _FsspecStore(Store):
         except (FileNotFoundError, RemoteError, _Transient):
             raise
         except PermissionError as error:
-            raise RemoteError(f"{self.display}: access denied ({redact(_first_line(error))}); check the credentials") from None
+            raise RemoteError(
+                f"{self.display}: access denied ({redact(_first_line(error))}); check the credentials"
+            ) from None
         except (ConnectionError, TimeoutError, asyncio.TimeoutError) as error:
             raise _Transient(redact(_first_line(error)) or type(error).__name__) from None
         except Exception as error:  # the async clients' own errors (aiohttp, botocore): classify by status
@@ -638,15 +641,3 @@ def _classify_client(error: BaseException) -> BaseException:
     if names & transport:
         return _Transient(text)
     return RemoteError(text)
-
-
-def object_name(url: str) -> tuple[str, str]:
-    """Split ``url`` into its folder URL and the last path element (``unquote``d).
-
-    Example:
-        >>> object_name("s3://bucket/a/photos.jpeg")
-        ('s3://bucket/a', 'photos.jpeg')
-    """
-    parts = urlsplit(url)
-    folder, _, name = parts.path.rstrip("/").rpartition("/")
-    return f"{parts.scheme}://{parts.netloc}{folder}", unquote(name)

@@ -132,7 +132,9 @@ def open_remote(url: str | Store) -> RemoteIndex:
         shapes = array("shapes.memmap", np.int32, (count, 2))
         starts, lengths = offsets[:-1], np.diff(offsets)
         if offsets[0] != 0 or (lengths <= 0).any() or int(offsets[-1]) != manifest.files["data.memmap"]:
-            raise DatasetError(f"{store.display} is damaged: offsets.memmap does not cut data.memmap into {count} images")
+            raise DatasetError(
+                f"{store.display} is damaged: offsets.memmap does not cut data.memmap into {count} images"
+            )
         if (shapes <= 0).any():
             raise DatasetError(f"{store.display} is damaged: shapes.memmap holds a size that is not positive")
     else:
@@ -202,9 +204,10 @@ def verify_remote(url: str, *, progress: bool = True) -> list[str]:
     ]
     checksums, bad, resized = index.checksums(), [], []
     count = len(manifest.samples)
-    with index.image_file(workers=8) as file, tqdm(
-        total=count, desc="checksums", unit="img", disable=not progress, file=sys.stderr
-    ) as bar:
+    with (
+        index.image_file(workers=8) as file,
+        tqdm(total=count, desc="checksums", unit="img", disable=not progress, file=sys.stderr) as bar,
+    ):
         for first in range(0, count, _BATCH):
             positions = range(first, min(count, first + _BATCH))
             ranges = [(int(index.starts[i]), int(index.lengths[i])) for i in positions]

@@ -72,7 +72,11 @@ class RemoteFile:
         blocks_per_request: int = 4,
         workers: int = DEFAULT_WORKERS,
     ) -> None:
-        for label, value in (("block_size", block_size), ("blocks_per_request", blocks_per_request), ("workers", workers)):
+        for label, value in (
+            ("block_size", block_size),
+            ("blocks_per_request", blocks_per_request),
+            ("workers", workers),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise UsageError(f"{label} must be a positive int, got {value!r}")
         self.store, self.name = store, name
@@ -121,7 +125,9 @@ class RemoteFile:
         results = self._read(ranges)
         if checksums is None:
             return results
-        bad = [position for position, data in enumerate(results) if xxhash.xxh3_64_intdigest(data) != checksums[position]]
+        bad = [
+            position for position, data in enumerate(results) if xxhash.xxh3_64_intdigest(data) != checksums[position]
+        ]
         if not bad:
             return results
         for position in bad:
@@ -158,7 +164,9 @@ class RemoteFile:
             while offset < end:
                 index = offset // block
                 stop = min(end, (index + 1) * block)
-                piece = self.cache.get(self._space, index, self._block_length(index), offset - index * block, stop - offset)
+                piece = self.cache.get(
+                    self._space, index, self._block_length(index), offset - index * block, stop - offset
+                )
                 if piece is None:
                     wanted.setdefault(index, []).append((position, len(pieces), offset - index * block, stop - offset))
                 else:
@@ -224,7 +232,11 @@ class RemoteFile:
         spans: list[list] = []  # [start, end, positions]
         for position in order:
             start, length = ranges[position]
-            if spans and start - spans[-1][1] < self.block_size and start + length - spans[-1][0] <= self.block_size * self.blocks_per_request:
+            if (
+                spans
+                and start - spans[-1][1] < self.block_size
+                and start + length - spans[-1][0] <= self.block_size * self.blocks_per_request
+            ):
                 spans[-1][1] = max(spans[-1][1], start + length)
                 spans[-1][2].append(position)
             else:
@@ -279,7 +291,10 @@ class RemoteFile:
         self.close()
 
     def __getstate__(self) -> dict:
-        state = {key: getattr(self, key) for key in ("store", "name", "info", "cache", "block_size", "blocks_per_request", "workers")}
+        state = {
+            key: getattr(self, key)
+            for key in ("store", "name", "info", "cache", "block_size", "blocks_per_request", "workers")
+        }
         return state
 
     def __setstate__(self, state: dict) -> None:
