@@ -100,7 +100,8 @@ def push_memmap(
         BusyError: another gpuload run holds ``src``'s lock.
 
     Example:
-        >>>         >>> from gpuload import build_memmap, make_sample_folder
+        >>> import tempfile
+        >>> from gpuload import build_memmap, make_sample_folder
         >>> photos = make_sample_folder(Path(tempfile.mkdtemp()) / "photos", images_per_class=1, size=(12, 16))
         >>> dataset = build_memmap(photos, format="jpeg", progress=False)
         >>> report = push_memmap(dataset, "memory://doc-push/photos.jpeg", progress=False)
