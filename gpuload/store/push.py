@@ -104,10 +104,11 @@ def push_memmap(
         >>> from gpuload import build_memmap, make_sample_folder
         >>> photos = make_sample_folder(Path(tempfile.mkdtemp()) / "photos", images_per_class=1, size=(12, 16))
         >>> dataset = build_memmap(photos, format="jpeg", progress=False)
-        >>> report = push_memmap(dataset, "memory://doc-push/photos.jpeg", progress=False)
+        >>> url = f"memory://doc-push/{photos.parent.name}/photos.jpeg"
+        >>> report = push_memmap(dataset, url, progress=False)
         >>> report.uploaded[-1], report.skipped
         ('manifest.json', [])
-        >>> push_memmap(dataset, "memory://doc-push/photos.jpeg", progress=False).uploaded  # all there already
+        >>> push_memmap(dataset, url, progress=False).uploaded  # all there already
         []
     """
     from .verify import verify_memmap
