@@ -270,3 +270,17 @@ def test_aws_profiles_reach_obstore_through_boto3(s3, tmp_path, monkeypatch):
     store = open_store(s3.url("ds"), backend="obstore", retry=FAST_RETRY)
     assert store.read_all("a.bin") == b"abc"
     assert used and "fromprofile" in s3.proxy.requests[-1].headers["Authorization"]
+
+
+def test_a_local_file_replaced_after_open_stops_the_read(tmp_path):
+    """file:// has no ETag: its size and modification time, compared after every read, stand for one."""
+    (tmp_path / "ds").mkdir()
+    path = tmp_path / "ds" / "data.memmap"
+    path.write_bytes(PAYLOAD)
+    store = open_store((tmp_path / "ds").as_uri(), retry=FAST_RETRY)
+    info = store.info("data.memmap")
+    assert store.read("data.memmap", 0, 10, info) == PAYLOAD[:10]
+    path.write_bytes(PAYLOAD[::-1])
+    os.utime(path, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    with pytest.raises(ObjectChangedError, match="changed since it was opened"):
+        store.read("data.memmap", 0, 10, info)
