@@ -165,6 +165,32 @@ class TestFaults:
         monkeypatch.setattr(cache_module, "_allocate", real)
         assert cache.put(space, 1, b"efgh") and cache.get(space, 1, 4) == b"efgh" and cache.usage() == 8
 
+    def test_a_really_full_disk(self, tmp_path):
+        """A 256 KiB tmpfs under a cache allowed 10 MB: the block that does not fit is one clear error,
+        nothing half-written stays, and once space is freed the cache goes on."""
+        disk = tmp_path / "small-disk"
+        disk.mkdir()
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True, text=True
+        )
+        if mounted.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+        try:
+            cache = BlockCache(disk / "cache", "10MB")
+            space = cache.namespace("s3://b/k", "1", block_size=64 * 1024)
+            with pytest.raises(OSError) as caught:
+                for index in range(8):
+                    cache.put(space, index, bytes([index]) * 64 * 1024)
+            assert caught.value.errno == errno.ENOSPC and "the disk of the cache" in str(caught.value)
+            kept = files_on_disk(cache)
+            assert kept and not any(".tmp-" in name for name in kept)
+            assert cache.usage() == sum(kept.values())
+            with cache.writing(space, 0):
+                cache.drop(space, 0)
+            assert cache.put(space, 0, b"z" * 64 * 1024) and cache.get(space, 0, 64 * 1024) == b"z" * 64 * 1024
+        finally:
+            subprocess.run(["umount", str(disk)], check=True)
+
     def test_kill_9_while_a_block_is_written_leaves_a_cache_the_next_run_repairs(self, tmp_path):
         """A writer killed between its reservation and its rename: the next BlockCache removes its
         temporary file (nobody holds its stripe lock) and counts the bytes again."""
