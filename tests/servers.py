@@ -377,7 +377,8 @@ def _proxy_handler(owner: FaultProxy):
                 self.send_header("Content-Type", "application/xml")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data.encode())
+                if self.command != "HEAD":  # a HEAD answer has no body
+                    self.wfile.write(data.encode())
                 return
             headers = {name: value for name, value in self.headers.items() if name.lower() != "transfer-encoding"}
             headers["Content-Length"] = str(len(body))

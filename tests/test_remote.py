@@ -125,6 +125,17 @@ class TestReads:
         assert store.read("data.memmap", 10, 100_000, info) == PAYLOAD[10:100_010]
         assert len(proxy.gets()) == FAST_RETRY.attempts  # the faulted ones, then the good one
 
+    def test_info_is_retried_too(self, served):
+        store, proxy, _ = served
+        proxy.clear()
+        proxy.fail("503", times=FAST_RETRY.attempts - 1, methods=("HEAD",))
+        assert store.info("data.memmap").size == len(PAYLOAD)
+        assert [request.method for request in proxy.requests] == ["HEAD"] * FAST_RETRY.attempts
+        proxy.clear()
+        proxy.fail("503", times=10, methods=("HEAD",))
+        with pytest.raises(RemoteError, match=r"^HEAD .*/data.memmap(\?<redacted>)? failed 3 times"):
+            store.info("data.memmap")  # a server in trouble is not a missing object
+
     def test_a_stalled_request_times_out_and_is_retried(self, served):
         store, proxy, _ = served
         info = store.info("data.memmap")
@@ -284,3 +295,12 @@ def test_a_local_file_replaced_after_open_stops_the_read(tmp_path):
     os.utime(path, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
     with pytest.raises(ObjectChangedError, match="changed since it was opened"):
         store.read("data.memmap", 0, 10, info)
+
+
+def test_s3fs_listing_and_uploads_are_retried_too(s3, tmp_path):
+    store = open_store(s3.url("ds"), backend="fsspec", retry=FAST_RETRY)
+    (tmp_path / "a.bin").write_bytes(b"abc")
+    s3.proxy.fail("503", times=2, methods=("PUT",))
+    assert store.put("a.bin", tmp_path / "a.bin").size == 3
+    s3.proxy.fail("503", times=2, methods=("GET",))
+    assert list(store.list()) == ["a.bin"]

@@ -33,6 +33,7 @@ Nothing here imports fsspec, s3fs or obstore until a store is opened.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import random
 import re
@@ -506,10 +507,18 @@ class _FsspecStore(Store):
             ) from None
         except (ConnectionError, TimeoutError, asyncio.TimeoutError) as error:
             raise _Transient(redact(_first_line(error)) or type(error).__name__) from None
+        except OSError as error:
+            if error.errno in _TRANSIENT_ERRNOS:  # s3fs's translation of a 503 or a throttle (EBUSY)
+                raise _Transient(redact(_first_line(error))) from None
+            raise _classify_client(error) from None
         except Exception as error:  # the async clients' own errors (aiohttp, botocore): classify by status
             raise _classify_client(error) from None
 
     def _info(self, name: str) -> ObjectInfo:
+        if self.scheme in ("http", "https"):
+            return self._run(lambda: self._http_info(self._path(name)))
+        if self.scheme in ("s3", "s3a"):
+            return self._run(lambda: self._s3_info(self._path(name)))
         info = self._run(lambda: self.fs.info(self._path(name)))
         if info.get("type") == "directory":
             raise FileNotFoundError(f"{self.object_url(name)} is a folder, not an object")
@@ -528,6 +537,35 @@ class _FsspecStore(Store):
         if self.scheme in ("s3", "s3a"):
             return self._run(lambda: self._s3_read(path, start, length, expect))
         return self._run(lambda: self.fs.cat_file(path, start=start, end=start + length))
+
+    def _http_info(self, url: str) -> ObjectInfo:
+        """HEAD (or, where a server refuses it, a GET of byte 0) through fsspec's aiohttp session:
+        fsspec's own ``info`` turns every failure, a 503 included, into "not found"."""
+        from fsspec.asyn import sync
+
+        async def head() -> ObjectInfo:
+            session = await self.fs.set_session()
+            async with session.head(self.fs.encode_url(url), allow_redirects=True) as response:
+                if response.status in (405, 501):  # no HEAD here: ask for one byte
+                    async with session.get(self.fs.encode_url(url), headers={"Range": "bytes=0-0"}) as ranged:
+                        return _http_object(ranged, ranged.headers.get("Content-Range", "").rpartition("/")[2])
+                return _http_object(response, response.headers.get("Content-Length"))
+
+        return sync(self.fs.loop, head)
+
+    def _s3_info(self, path: str) -> ObjectInfo:
+        """HeadObject through s3fs's client: s3fs's ``info`` turns a 503 into an errno without its status."""
+        from fsspec.asyn import sync
+
+        bucket, key, _ = self.fs.split_path(path)
+
+        async def head() -> ObjectInfo:
+            await self.fs.set_session()
+            client = await self.fs.get_s3(bucket)
+            response = await client.head_object(Bucket=bucket, Key=key)
+            return ObjectInfo(size=int(response["ContentLength"]), etag=response.get("ETag"))
+
+        return sync(self.fs.loop, head)
 
     def _s3_read(self, path: str, start: int, length: int, expect: ObjectInfo | None) -> bytes:
         """One GET with ``If-Match`` through s3fs's aiobotocore client (s3fs's ``cat_file`` cannot send it)."""
@@ -591,6 +629,22 @@ class _FsspecStore(Store):
             pass
 
 
+def _http_object(response, size: str | None) -> ObjectInfo:
+    """An HTTP answer to a HEAD or a one-byte GET as :class:`ObjectInfo`, or the error it means."""
+    if response.status == 404:
+        raise FileNotFoundError(redact(str(response.url)))
+    if response.status >= 400:
+        response.raise_for_status()  # an aiohttp error with its status: classified by the caller
+    if size is None or not size.isdigit():
+        raise RemoteError(
+            f"{redact(str(response.url))} does not say its size (no Content-Length); gpuload needs a server that does"
+        )
+    stamp = response.headers.get("ETag")
+    if stamp is None and response.headers.get("Last-Modified"):
+        stamp = f"modified:{response.headers['Last-Modified']}"
+    return ObjectInfo(size=int(size), etag=stamp)
+
+
 def _strong_etag(etag: str | None) -> bool:
     """Whether ``etag`` can go in an ``If-Match`` header: a server's strong ETag (a weak one, ``W/"..."``,
     never matches there, and the stamps made of modification times are ours).
@@ -600,6 +654,9 @@ def _strong_etag(etag: str | None) -> bool:
         (True, False, False, False)
     """
     return bool(etag) and not etag.startswith(("W/", "mtime:", "modified:"))
+
+
+_TRANSIENT_ERRNOS = {errno.EBUSY, errno.EAGAIN, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE}
 
 
 def _version_stamp(info: dict) -> str | None:

@@ -22,7 +22,9 @@ from .remote import ObjectInfo, Store
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "RemoteFile"]
 
-DEFAULT_BLOCK_SIZE = 4 * 2**20  # the fastest of 1, 4, 16 MiB in experiments/remote_reads.py, and 4x fewer requests than 1 MiB
+DEFAULT_BLOCK_SIZE = (
+    4 * 2**20
+)  # the fastest of 1, 4, 16 MiB in experiments/remote_reads.py, and 4x fewer requests than 1 MiB
 DEFAULT_WORKERS = 16
 
 
