@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from experiments._common import ROOT, write_result
+from experiments._common import ROOT, add_device_argument, write_result
 
 sys.path.insert(0, str(ROOT / "tests"))
 from servers import RangeHTTPServer, S3Server, fake_aws_environment  # noqa: E402
@@ -51,7 +51,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--budget-mib", type=int, default=256, help="bytes fetched per contender and repeat (default: 256)"
     )
+    parser.add_argument("--plot-only", action="store_true", help="(no plot: the README's table is the result)")
+    add_device_argument(parser)  # accepted for experiments.run; nothing here runs on a GPU
     args = parser.parse_args(argv)
+    if args.plot_only:
+        return
+    saved = dict(os.environ)
+    try:
+        _measure(args)
+    finally:  # the fake AWS variables stay out of the experiments that run after this one
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _measure(args) -> None:
     repeats = 1 if args.quick else args.repeats
     budget = 8 * MiB if args.quick else args.budget_mib * MiB
     object_bytes = 32 * MiB if args.quick else 128 * MiB
