@@ -219,6 +219,7 @@ class TestFaults:
         try:
             assert process.stdout.readline() == "writing\n"
             assert any(".tmp-" in name for name in files_on_disk(cache))
+            assert cache.get(space, 3, 100) is None  # a block being written is never read half-written
             assert cache.usage() == 200  # the dead writer's reservation is counted
             process.send_signal(signal.SIGKILL)
             process.wait(10)
