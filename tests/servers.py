@@ -247,7 +247,7 @@ def _range_handler(owner: RangeHTTPServer):
                 self.send_header(name, value)
             self.send_header("Content-Length", str(len(data) if length is None else length))
             self.end_headers()
-            if body:
+            if body and self.command != "HEAD":  # a HEAD answer has no body, whatever its status
                 self.wfile.write(data)
 
     return Handler
