@@ -292,8 +292,9 @@ class BlockCache:
                     f"{CACHE_VERSION}; pass another cache folder or delete this one"
                 )
             return
-        # What a BlockCache creating this folder at the same moment writes (ranks start together).
-        ours = {"locks", "objects", "usage"}
+        # What a BlockCache creating this folder at the same moment writes (ranks start together),
+        # the marker included: it may have landed since it was looked for above.
+        ours = {MARKER, "locks", "objects", "usage"}
         entries = sorted(
             entry.name
             for entry in self.path.iterdir()
