@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DistributedSampler
 
-from gpuload.loading.order import distributed_rank, epoch_order
+from gpuload.loading.order import block_sequence, deal_pieces, distributed_rank, epoch_order, global_order
 
 
 class _Sized:
@@ -135,4 +135,102 @@ class TestStart:
         assert len(served) == length + padding_before + (-(length - position) % new_world_size)
         assert padding_before <= -length % world_size
         if new_world_size == world_size:  # whatever the new batch size: batches only cut the same sequence
+            assert [shard[:consumed] + rest for shard, rest in zip(uninterrupted, resumed)] == uninterrupted
+
+
+def image_blocks(length: int, per_block: int, uneven: bool) -> torch.Tensor:
+    """The block each image starts in: ``per_block`` images a block, or (``uneven``) sizes that vary,
+    some blocks with no image starting in them (an image larger than a block)."""
+    if not uneven:
+        return torch.arange(length) // per_block
+    sizes = (torch.arange(length) * 7919 % 13 + 1) * per_block  # bytes in units of 1/13 of a block
+    return (torch.cumsum(sizes, 0) - sizes) // 13
+
+
+class TestBlockOrder:
+    """The block-aware order: blocks permuted, windows of K blocks shuffled together, pieces per rank."""
+
+    def test_windows_follow_one_another(self):
+        blocks = image_blocks(200, 10, uneven=False)
+        order = block_sequence(blocks, epoch=0, seed=3, window=4)
+        assert sorted(order.tolist()) == list(range(200))
+        runs = [set(blocks[order[i : i + 40]].tolist()) for i in range(0, 200, 40)]  # 4 blocks of 10 images
+        assert all(len(run) == 4 for run in runs) and set().union(*runs) == set(range(20))
+        assert order.tolist() != sorted(order.tolist())  # shuffled inside the windows
+
+    def test_pure_function_of_seed_and_epoch(self):
+        blocks = image_blocks(100, 7, uneven=True)
+        first = block_sequence(blocks, epoch=2, seed=5, window=3)
+        assert torch.equal(first, block_sequence(blocks, epoch=2, seed=5, window=3))
+        assert not torch.equal(first, block_sequence(blocks, epoch=3, seed=5, window=3))
+        assert not torch.equal(first, block_sequence(blocks, epoch=2, seed=6, window=3))
+
+    def test_pieces_are_contiguous_and_dealt_round_robin(self):
+        sequence = torch.arange(10) * 10
+        dealt = deal_pieces(sequence, 3)  # pieces of 4: [0..30], [40..70], [80, 90, 0, 10]
+        assert [dealt[r::3].tolist() for r in range(3)] == [[0, 10, 20, 30], [40, 50, 60, 70], [80, 90, 0, 10]]
+
+    def test_each_rank_streams_its_own_blocks(self):
+        blocks = image_blocks(400, 20, uneven=False)  # 20 blocks
+        shards = [
+            epoch_order(400, epoch=0, seed=1, shuffle=True, rank=r, world_size=4, blocks=blocks, window=2)
+            for r in range(4)
+        ]
+        touched = [set(blocks[shard].tolist()) for shard in shards]
+        # 100 images: 5 blocks' worth, 2.5 windows of 2 blocks, so at most 3 windows (6 blocks) of 20
+        assert all(len(blocks_of_rank) <= 6 for blocks_of_rank in touched)
+        assert set().union(*touched) == set(range(20)) and sum(map(len, touched)) <= 20 + 2 * 3
+
+    def test_without_blocks_or_shuffle_it_is_the_exact_order(self):
+        blocks = image_blocks(30, 4, uneven=False)
+        assert torch.equal(
+            epoch_order(30, epoch=1, seed=2, shuffle=False, blocks=blocks, window=3), torch.arange(30)
+        )
+        assert torch.equal(global_order(30, epoch=1, seed=2, shuffle=True), torch.randperm(30, generator=torch.Generator().manual_seed(3)))
+
+    def test_bad_window(self):
+        with pytest.raises(ValueError, match="window must be a positive int of blocks, got 0"):
+            block_sequence(torch.arange(3), epoch=0, seed=0, window=0)
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        length=st.integers(0, 60),
+        per_block=st.integers(1, 9),
+        uneven=st.booleans(),
+        window=st.integers(1, 5),
+        world_size=st.integers(1, 5),
+        batch_size=st.integers(1, 8),
+        stop=st.integers(0, 70),
+        new_world_size=st.integers(1, 5),
+        seed=st.integers(0, 2**40),
+        epoch=st.integers(0, 100),
+    )
+    def test_interrupted_and_resumed_serves_every_sample_once(
+        self, length, per_block, uneven, window, world_size, batch_size, stop, new_world_size, seed, epoch
+    ):
+        """Every index once per epoch across ranks plus at most ``W - 1`` padding, the same count on every
+        rank, exact on the same world size, every index once after an elastic resume on another."""
+        blocks = image_blocks(length, per_block, uneven)
+
+        def shards(start: int, world: int) -> list[list[int]]:
+            return [
+                epoch_order(
+                    length, epoch=epoch, seed=seed, shuffle=True, rank=r, world_size=world, start=start,
+                    blocks=blocks, window=window, order_world_size=world_size,
+                ).tolist()
+                for r in range(world)
+            ]  # fmt: skip
+
+        uninterrupted = shards(0, world_size)
+        assert len({len(shard) for shard in uninterrupted}) == 1  # equal batch counts on every rank
+        everything = sum(uninterrupted, [])
+        assert set(everything) == set(range(length)) and len(everything) - length == -length % world_size
+        assert len(everything) - length <= world_size - 1
+        consumed = min(stop * batch_size, len(uninterrupted[0]))
+        position = consumed * world_size  # the padding is inside the dealt order: the position counts it
+        resumed = shards(position, new_world_size)
+        served = [index for shard in uninterrupted for index in shard[:consumed]] + sum(resumed, [])
+        assert set(served) == set(range(length))
+        assert len(served) == len(everything) + (-(len(everything) - position) % new_world_size)
+        if new_world_size == world_size:
             assert [shard[:consumed] + rest for shard, rest in zip(uninterrupted, resumed)] == uninterrupted
