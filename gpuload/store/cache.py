@@ -183,6 +183,13 @@ class BlockCache:
         finally:
             os.close(fd)
 
+    def has(self, space: Namespace, index: int, block_length: int) -> bool:
+        """Whether block ``index`` of ``space`` is cached whole (``block_length`` bytes), without reading it."""
+        try:
+            return (space.folder / str(index)).stat().st_size == block_length
+        except FileNotFoundError:
+            return False
+
     @contextmanager
     def writing(self, space: Namespace, index: int) -> Iterator[None]:
         """Hold the stripe lock of block ``index``: the one writer of that block on the node.

@@ -237,7 +237,15 @@ class Store:
                 f"{self.object_url(name)}: bytes {start}-{start + length - 1} lie beyond its {expect.size:,} bytes"
             )
         what = f"GET {self.object_url(name)} bytes {start}-{start + length - 1}"
-        return self._retrying(lambda: self._checked_read(name, start, length, expect), what)
+        try:
+            return self._retrying(lambda: self._checked_read(name, start, length, expect), what)
+        except ObjectChangedError:
+            seen = f"ETag {expect.etag}" if expect is not None and expect.etag else "the version seen"
+            raise ObjectChangedError(
+                f"{self.object_url(name)} changed since it was opened ({seen} then): its bytes would mix two "
+                "versions, so the reads stop; open the dataset again to read the new version (a running job: "
+                "restart it from its checkpoint), and push changed data to a new URL"
+            ) from None
 
     def read_all(self, name: str, expect: ObjectInfo | None = None) -> bytes:
         """The whole object ``name`` (for the manifest and the index arrays)."""

@@ -154,6 +154,26 @@ class RemoteFile:
             with self.cache.writing(self._space, index):
                 self.cache.drop(self._space, index)
 
+    def prefetch(self, blocks: Sequence[int]) -> int:
+        """Fetch the blocks ``blocks`` that the cache lacks into it (in parallel, neighbours merged),
+        returning nothing but how many were fetched: the loader's read-ahead. Without a cache, nothing.
+
+        Raises:
+            ObjectChangedError, RemoteError: see :meth:`read_many`.
+        """
+        if self.cache is None:
+            return 0
+        last = (self.size - 1) // self.block_size
+        missing = sorted(
+            {
+                index
+                for index in blocks
+                if 0 <= index <= last and not self.cache.has(self._space, index, self._block_length(index))
+            }
+        )
+        self._fetch_blocks(missing, None, None)
+        return len(missing)
+
     def _read(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         if self.cache is None:
             return self._read_direct(ranges)
@@ -176,34 +196,48 @@ class RemoteFile:
                 pieces.append(piece)
                 offset = stop
             parts.append(pieces)
-        for blocks in self._fetch_blocks(sorted(wanted)):
-            for index, data in blocks.items():
-                for position, part, begin, length in wanted.get(index, ()):
-                    parts[position][part] = data[begin : begin + length]
+        self._fetch_blocks(sorted(wanted), wanted, parts)
         return [b"".join(pieces) for pieces in parts]
 
-    def _fetch_blocks(self, indices: list[int]):
-        """Yield ``{index: block bytes}`` for runs of consecutive blocks, fetched in parallel and cached."""
+    def _fetch_blocks(
+        self,
+        indices: list[int],
+        wanted: dict[int, list[tuple[int, int, int, int]]] | None,
+        parts: list[list[bytes | None]] | None,
+    ) -> None:
+        """Fetch runs of consecutive blocks in parallel into the cache; each run's worker cuts the pieces
+        ``wanted`` of its blocks into ``parts`` and lets the blocks go, so memory holds at most the runs
+        in flight (``workers`` x ``blocks_per_request`` blocks), whatever the number of blocks asked for."""
         runs: list[list[int]] = []
         for index in indices:
             if runs and index == runs[-1][-1] + 1 and len(runs[-1]) < self.blocks_per_request:
                 runs[-1].append(index)
             else:
                 runs.append([index])
-        if len(runs) == 1:
-            yield self._fetch_run(runs[0])
+        if len(runs) <= 1:
+            for run in runs:
+                self._fetch_run(run, wanted, parts)
             return
-        futures = [self._executor().submit(self._fetch_run, run) for run in runs]
+        futures = [self._executor().submit(self._fetch_run, run, wanted, parts) for run in runs]
         try:
             for future in as_completed(futures):
-                yield future.result()
+                future.result()
         finally:
             for future in futures:
                 future.cancel()
 
-    def _fetch_run(self, run: list[int]) -> dict[int, bytes]:
+    def _fetch_run(
+        self,
+        run: list[int],
+        wanted: dict[int, list[tuple[int, int, int, int]]] | None,
+        parts: list[list[bytes | None]] | None,
+    ) -> None:
         cache, space = self.cache, self._space
-        found: dict[int, bytes] = {}
+
+        def deliver(index: int, data: bytes) -> None:
+            for position, part, begin, length in (wanted or {}).get(index, ()):
+                parts[position][part] = data[begin : begin + length]
+
         with ExitStack() as locks:
             stripes = {}
             for index in run:  # stripes locked in one order: two runs never wait on each other in a cycle
@@ -212,21 +246,26 @@ class RemoteFile:
                 locks.enter_context(cache.writing(space, index))
             missing = []
             for index in run:  # another process may have fetched it while this one waited
-                data = cache.get(space, index, self._block_length(index))
-                if data is None:
-                    missing.append(index)
+                length = self._block_length(index)
+                if wanted is None:
+                    found = cache.has(space, index, length)
                 else:
-                    found[index] = data
+                    data = cache.get(space, index, length)
+                    found = data is not None
+                    if found:
+                        deliver(index, data)
+                if found:
                     self._count(block_hits=1)
+                else:
+                    missing.append(index)
             for first, last in _spans(missing):
                 start = first * self.block_size
                 data = self._get(start, min(self.size, (last + 1) * self.block_size) - start)
                 for index in range(first, last + 1):
                     block = data[(index - first) * self.block_size : (index - first + 1) * self.block_size]
                     cache.put(space, index, block)
-                    found[index] = block
+                    deliver(index, block)
                 self._count(blocks_fetched=last - first + 1)
-        return found
 
     def _read_direct(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         """Without a cache: the ranges, neighbours closer than a block merged into one request."""
