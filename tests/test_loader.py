@@ -445,7 +445,9 @@ class TestIterators:
         assert loader.state_dict() == state(1, 4)
 
 
-def state(epoch, position, *, batch_size=4, world_size=1, length=23, seed=1) -> dict[str, int]:
+def state(
+    epoch, position, *, batch_size=4, world_size=1, length=23, seed=1, block_shuffle=0, order_world_size=None
+) -> dict[str, int]:
     return {
         "epoch": epoch,
         "global_position": position,
@@ -453,6 +455,8 @@ def state(epoch, position, *, batch_size=4, world_size=1, length=23, seed=1) -> 
         "world_size": world_size,
         "dataset_length": length,
         "seed": seed,
+        "block_shuffle": block_shuffle,
+        "order_world_size": world_size if order_world_size is None else order_world_size,
     }
 
 

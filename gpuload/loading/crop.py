@@ -50,6 +50,7 @@ __all__ = [
     "RandomResizedCropDecode",
     "counter_uniforms",
     "crop_raw",
+    "crop_remote_raw",
     "decode_batch",
     "decode_crops",
     "scaled_window",
@@ -341,10 +342,12 @@ def decode_crops(
     shapes = dataset.data.shapes[indices]
     boxes, flips = decode.draw(shapes, indices, seed=seed, epoch=epoch)
     scratch = Scratch()
+    blobs = dataset.read_images(indices.tolist())  # at a URL: the batch's reads in parallel
     for row, (index, shape) in enumerate(zip(indices.tolist(), shapes.tolist())):
         box = None if boxes is None else boxes[row].tolist()
         flip = None if flips is None else bool(flips[row])
-        decode.decode(dataset.read_jpeg(index), shape, box, flip, partial(dataset.describe, index), out[row], scratch)
+        decode.decode(blobs[row], shape, box, flip, partial(dataset.describe, index), out[row], scratch)
+        blobs[row] = None  # what is decoded can go
 
 
 def crop_raw(
@@ -377,6 +380,29 @@ def crop_raw(
     flips = flips.tolist() if flips is not None else [None] * count
     for row, index in enumerate(indices.tolist()):
         decode.crop(images[index].permute(1, 2, 0), boxes[row], flips[row], out[row])
+
+
+def crop_remote_raw(
+    dataset: MemmapImageDataset,
+    indices: torch.Tensor,
+    out: torch.Tensor,
+    decode: RandomResizedCropDecode | CenterCropDecode,
+    *,
+    seed: int,
+    epoch: int,
+) -> None:
+    """:func:`crop_raw` for a raw dataset at a URL: each image read whole (its checksum checked, through
+    the node's block cache), then cropped as ``decode`` says into ``out``: the same boxes and flips."""
+    count = len(indices)
+    height, width = dataset.image_shape[1:]
+    shapes = torch.tensor((height, width), dtype=torch.int64).expand(count, 2)
+    boxes, flips = decode.draw(shapes, indices, seed=seed, epoch=epoch)
+    boxes = boxes.tolist() if boxes is not None else [None] * count
+    flips = flips.tolist() if flips is not None else [None] * count
+    blobs = dataset.read_images(indices.tolist())
+    for row in range(count):
+        decode.crop(dataset.raw_pixels(blobs[row]).permute(1, 2, 0), boxes[row], flips[row], out[row])
+        blobs[row] = None
 
 
 # The float working set of one resampling step of decode_batch: the images of a chunk (same size)
@@ -421,7 +447,7 @@ def decode_batch(
     """
     shapes = dataset.data.shapes[indices]
     names = [partial(dataset.describe, index) for index in indices.tolist()]
-    blobs = [dataset.read_jpeg(index) for index in indices.tolist()]
+    blobs = dataset.read_images(indices.tolist())
     for blob, shape, name in zip(blobs, shapes.tolist(), names):
         _check_header(blob, shape, name)  # before sizing anything by shapes
     order = sorted(range(len(blobs)), key=lambda row: (*shapes[row].tolist(), row))  # by size, stable

@@ -23,18 +23,25 @@ import torch.distributed as dist
 from ..errors import UsageError
 from ..machine import default_workers, limit_torch_threads
 from ..store.dataset import ImageData, MemmapImageDataset, storage_order
-from .crop import CenterCropDecode, RandomResizedCropDecode, crop_raw, decode_batch, decode_crops
-from .order import distributed_rank, epoch_order
+from .crop import CenterCropDecode, RandomResizedCropDecode, crop_raw, crop_remote_raw, decode_batch, decode_crops
+from .order import distributed_rank, epoch_order, global_order
+from .prefetch import DEFAULT_AHEAD_BLOCKS, BlockPrefetcher
 
 __all__ = ["DataLoader"]
 
 # As torch's DataLoader: what shapes the batches is fixed once made (here also the buffers' device and count).
 _FIXED = frozenset(
-    {"dataset", "batch_size", "sampler", "drop_last", "device", "prefetch", "threads", "transform", "decode"}
-)
+    {
+        "dataset", "batch_size", "sampler", "drop_last", "device", "prefetch", "threads", "transform", "decode",
+        "block_shuffle",
+    }
+)  # fmt: skip
 _EXIT_JOIN_S = 10  # at exit, how long to wait for each producer's last gather
 _POLL_S = 0.1  # how often a waiting producer looks at the stop flag, in case no notification reached it
 _STATE_KEYS = ("epoch", "global_position", "batch_size", "world_size", "dataset_length", "seed")
+# Added with the block-aware order; a state saved before them is an exact shuffle dealt over its world size.
+_ORDER_KEYS = ("block_shuffle", "order_world_size")
+DEFAULT_BLOCK_WINDOW = 32  # blocks shuffled together: 128 MiB of 4 MiB blocks
 
 
 class DataLoader:
@@ -64,6 +71,15 @@ class DataLoader:
     padded to the same length on every rank. ``state_dict``/``load_state_dict`` resume in the
     middle of an epoch: each rank exactly where it stopped, or, on another world size, with the
     rest of the epoch resharded over the new ranks.
+
+    A dataset at a URL (``MemmapImageDataset("s3://...", cache=...)``) is read through the node's
+    block cache, and a shuffled epoch follows a **block-aware order** by default (``block_shuffle``):
+    the cache's blocks permuted, the images of each window of ``block_shuffle`` blocks shuffled
+    together, each rank given one contiguous piece of that sequence (its own blocks), every rank the
+    same number of batches, all a pure function of (seed, epoch), with the same exact and elastic
+    resume; a background thread fetches the blocks of the coming batches into the cache, in the
+    epoch's order, at most 32 blocks (or one window) ahead. ``block_shuffle=0`` keeps the exact
+    uniform shuffle (each image a ranged read, or its block's).
 
     Args:
         dataset: a :class:`MemmapImageDataset`, or an :class:`ImageData` with ``images`` and ``labels``.
@@ -103,6 +119,12 @@ class DataLoader:
             dataset needs one (its images have their own sizes) and decodes only what the crop
             needs; a raw dataset reads only the crop's rows: on a CPU the cheapest place to crop,
             and only the crop crosses to the device.
+        block_shuffle: with ``shuffle``, the window of the block-aware order in blocks of the image
+            file (4 MiB, the cache's): ``0`` shuffles every image uniformly (the stock semantics),
+            ``K`` permutes the blocks and shuffles the images of each ``K`` consecutive blocks together
+            (see :func:`gpuload.loading.order.block_sequence`). ``None`` (default): 32 for a dataset at a
+            URL read through a cache, else 0. Images stored by class (ImageFolder order) fill a window
+            with about ``K`` blocks' worth of classes: raise ``K`` for more mixing.
 
     Raises:
         TypeError: an argument of the wrong type (``batch_size=4.0``, ``shuffle=None``...).
@@ -138,8 +160,10 @@ class DataLoader:
         threads: int | None = None,
         transform: Callable[..., torch.Tensor] | None = None,
         decode: RandomResizedCropDecode | CenterCropDecode | None = None,
+        block_shuffle: int | None = None,
     ) -> None:
         jpeg = isinstance(dataset, MemmapImageDataset) and dataset.storage == "jpeg"
+        remote = isinstance(dataset, MemmapImageDataset) and dataset.remote
         gpu_decode = decode is not None and getattr(decode, "gpu", False)
         if threads is None:  # a thread per core where each crops its batch; two to gather or feed nvJPEG
             threads = default_workers() if decode is not None and not gpu_decode else 2
@@ -162,10 +186,18 @@ class DataLoader:
             raise TypeError(f"sampler must be an iterable of indices, got {type(sampler).__name__}: {sampler!r}")
         if sampler is not None and shuffle:
             raise ValueError("sampler option is mutually exclusive with shuffle")
+        if block_shuffle is not None:
+            _check_int("block_shuffle", block_shuffle)
+            if block_shuffle < 0:
+                raise ValueError(f"block_shuffle must be 0 (exact shuffle) or a positive number of blocks, got {block_shuffle}")
+            if block_shuffle and not shuffle:
+                raise ValueError(
+                    f"block_shuffle={block_shuffle} orders a shuffled epoch; pass shuffle=True, or leave block_shuffle out"
+                )
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable, got {type(transform).__name__}: {transform!r}")
         data = dataset.data if isinstance(dataset, MemmapImageDataset) else dataset
-        if not (jpeg or hasattr(data, "images")) or not hasattr(data, "labels"):
+        if not (jpeg or remote or hasattr(data, "images")) or not hasattr(data, "labels"):
             raise TypeError(f"DataLoader needs a MemmapImageDataset or an ImageData, got {type(dataset).__name__}")
         if decode is not None and not isinstance(decode, (RandomResizedCropDecode, CenterCropDecode)):
             raise UsageError(
@@ -186,14 +218,22 @@ class DataLoader:
         self.decode = decode
         # Plain tensors over the same memory, in the order of the file's bytes (a raw dataset's
         # channels-last [N, H, W, 3]): gathers move bytes as they lie and skip tensordict's dispatch.
-        images, self._stored_channels_last = (None, False) if jpeg else storage_order(data.images)
+        if remote and not jpeg:  # pixels in storage: read by ranges into the batch's buffer
+            images, self._stored_channels_last = None, dataset.manifest.layout == "channels_last"
+        else:
+            images, self._stored_channels_last = (None, False) if jpeg else storage_order(data.images)
         self._images = images
-        self._image_view = None if jpeg else torch.Tensor.as_subclass(data.images, torch.Tensor)
+        self._image_view = None if jpeg or remote else torch.Tensor.as_subclass(data.images, torch.Tensor)
         self._labels = torch.Tensor.as_subclass(data.labels, torch.Tensor)
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.sampler = sampler
         self.drop_last = drop_last
+        if block_shuffle is None:
+            block_shuffle = DEFAULT_BLOCK_WINDOW if shuffle and remote and dataset.cache is not None else 0
+        self.block_shuffle = block_shuffle
+        self._blocks: torch.Tensor | None = None  # each image's block, when block_shuffle asks for it
+        self._order_world_size: int | None = None  # the world size that started a loaded state's epoch
         # The seed decides the order and the random draws of transforms and decoded crops; when it decides
         # nothing (an unshuffled loader, as for validation on rank 0 only), no collective is made.
         random = shuffle or transform is not None or isinstance(decode, RandomResizedCropDecode)
@@ -206,12 +246,16 @@ class DataLoader:
         self.transform = transform
         self.epoch = 0
         self._start = 0  # where the next iteration starts in self.epoch: a loaded state's global position
-        self._position = _Position(0, 0, batch_size, distributed_rank()[1])  # what state_dict reports
+        world_size = distributed_rank()[1]
+        self._position = _Position(0, 0, batch_size, world_size, order_world_size=world_size)  # what state_dict reports
         # + 2 buffers: on the CPU the batch being used and the one before it (still bound to the
         # loop variable while the next is fetched) are views of their buffers.
         # Batches are channels-last in memory, as raw datasets store pixels and as decoders write
         # them (so are FFCV's); a raw dataset of format version 1 or 2 keeps its channel-first order.
-        shape = self._image_view.shape[1:] if decode is None else torch.Size((3, *decode.size))
+        if decode is not None:
+            shape = torch.Size((3, *decode.size))
+        else:
+            shape = torch.Size(dataset.image_shape) if remote and not jpeg else self._image_view.shape[1:]
         channels_last = decode is not None or self._stored_channels_last
         # One batch ahead per cropping thread; nvJPEG batches are made on the device, so their ring
         # holds pinned labels only (no host image buffer a GPU decode would never use).
@@ -234,8 +278,12 @@ class DataLoader:
         """
         if epoch != self.epoch:
             self._start = 0
+            self._order_world_size = None
         self.epoch = epoch
-        self._position = _Position(epoch, self._start, self.batch_size, distributed_rank()[1])
+        world_size = distributed_rank()[1]
+        self._position = _Position(
+            epoch, self._start, self.batch_size, world_size, order_world_size=self._order_world_size or world_size
+        )
 
     def _batches(self, samples: int) -> int:
         return samples // self.batch_size if self.drop_last else math.ceil(samples / self.batch_size)
@@ -253,9 +301,10 @@ class DataLoader:
 
         ``global_position`` counts the entries of the epoch's order that all ranks together
         consumed: after ``b`` batches of ``batch_size`` on each of ``world_size`` ranks,
-        ``b * batch_size * world_size``, at most ``dataset_length``. After a finished epoch the
-        state is the next epoch at 0; after ``set_epoch`` or ``load_state_dict``, where the next
-        iteration will start.
+        ``b * batch_size * world_size``, at most the length of the epoch's order (``dataset_length``;
+        with ``block_shuffle``, rounded up to a multiple of ``order_world_size``, the world size that
+        started the epoch and cut its order into pieces). After a finished epoch the state is the next
+        epoch at 0; after ``set_epoch`` or ``load_state_dict``, where the next iteration will start.
         """
         position = self._position
         epoch, at = (position.epoch + 1, 0) if position.finished else (position.epoch, position.global_position)
@@ -266,6 +315,8 @@ class DataLoader:
             "world_size": position.world_size,
             "dataset_length": len(self._labels),
             "seed": self.seed,
+            "block_shuffle": self.block_shuffle,
+            "order_world_size": position.order_world_size,
         }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
@@ -277,10 +328,12 @@ class DataLoader:
         (elastic resume, see :func:`~gpuload.loading.order.epoch_order`). What was consumed is never
         read again. A ``set_epoch`` to another epoch discards the resume.
 
+        A state saved before ``block_shuffle`` existed loads as an exact shuffle (``block_shuffle=0``).
+
         Raises:
             ValueError: ``state`` lacks a key of :meth:`state_dict`, is for a dataset of another
-                length, or was saved on another world size while this loader has a ``sampler``
-                (whose order cannot be resharded).
+                length, was saved on another world size while this loader has a ``sampler``
+                (whose order cannot be resharded), or with another ``block_shuffle`` (another order).
         """
         missing = [key for key in _STATE_KEYS if key not in state]
         if missing:
@@ -296,10 +349,40 @@ class DataLoader:
                 f"state_dict was saved with world size {state['world_size']}, this run has world size {world_size}; "
                 f"a user-given sampler cannot be resharded: resume on {state['world_size']} processes"
             )
-        if self.sampler is None and not 0 <= position <= length:
-            raise ValueError(f"global_position {position} is not in [0, {length}]")
+        window = int(state.get("block_shuffle", 0))
+        order_world_size = int(state.get("order_world_size", state["world_size"]))
+        if window != self.block_shuffle:
+            raise ValueError(
+                f"state_dict was saved with block_shuffle={window}, this loader has block_shuffle={self.block_shuffle}: "
+                f"another order; pass block_shuffle={window} to resume it"
+            )
+        end = self._order_length(order_world_size)
+        if self.sampler is None and not 0 <= position <= end:
+            raise ValueError(f"global_position {position} is not in [0, {end}]")
         self.seed, self.epoch, self._start = int(state["seed"]), int(state["epoch"]), position
-        self._position = _Position(self.epoch, position, int(state["batch_size"]), int(state["world_size"]))
+        self._order_world_size = order_world_size
+        self._position = _Position(
+            self.epoch, position, int(state["batch_size"]), int(state["world_size"]), order_world_size=order_world_size
+        )
+
+    def _order_length(self, order_world_size: int) -> int:
+        """Entries in an epoch's global order: the dataset, or its block-aware order's pieces with their padding."""
+        length = len(self._labels)
+        if self.shuffle and self.block_shuffle and self.sampler is None:
+            return math.ceil(length / order_world_size) * order_world_size
+        return length
+
+    def image_blocks(self) -> torch.Tensor:
+        """int64 ``[N]``: the block each image starts in, which the block-aware order groups by."""
+        if self._blocks is None:
+            if isinstance(self.dataset, MemmapImageDataset):
+                self._blocks = self.dataset.image_blocks()
+            else:  # an ImageData: images one after the other in 4 MiB blocks
+                from ..store.remote_file import DEFAULT_BLOCK_SIZE
+
+                size = self._image_view[0].numel()
+                self._blocks = torch.arange(len(self._labels), dtype=torch.int64) * size // DEFAULT_BLOCK_SIZE
+        return self._blocks
 
     # -- iteration ---------------------------------------------------------------------
 
@@ -311,7 +394,9 @@ class DataLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         rank, world_size = distributed_rank()
         epoch, start = self.epoch, self._start
-        self.epoch, self._start = epoch + 1, 0
+        order_world_size = self._order_world_size or world_size  # the world size that started the epoch
+        self.epoch, self._start, self._order_world_size = epoch + 1, 0, None
+        blocks = self.image_blocks() if self.shuffle and self.block_shuffle and self.sampler is None else None
         order = epoch_order(
             len(self._labels),
             epoch=epoch,
@@ -321,6 +406,9 @@ class DataLoader:
             world_size=world_size,
             start=start,
             sampler=self.sampler,
+            blocks=blocks,
+            window=self.block_shuffle,
+            order_world_size=order_world_size,
         )
         if self.sampler is not None:
             _check_indices(order, len(self._labels))
@@ -328,21 +416,37 @@ class DataLoader:
         if self.drop_last and batches and len(batches[-1]) < self.batch_size:
             batches.pop()
         # The end of the epoch's global order: the dataset, or the sampler's indices on all ranks.
-        end = len(self._labels) if self.sampler is None else start + len(order) * world_size
-        self._position = _Position(epoch, start, self.batch_size, world_size, end=end)
+        end = self._order_length(order_world_size) if self.sampler is None else start + len(order) * world_size
+        self._position = _Position(
+            epoch, start, self.batch_size, world_size, end=end, order_world_size=order_world_size
+        )
         transform = None
         if self.transform is not None:
             transform = _BatchTransform(self.transform, (self.seed, epoch, rank, start, self.batch_size * world_size))
         device = current_device(self.device)  # a loader made before torch.cuda.set_device follows it
-        if self.decode is None:
-            gather: _Gather = partial(_index_select, self._images, self._stored_channels_last)
+        remote_raw = self._images is None and self._image_view is None and self.dataset.storage == "raw"
+        if self.decode is None and remote_raw:
+            gather: _Gather = partial(_read_raw, self.dataset, self._stored_channels_last)
+        elif self.decode is None:
+            gather = partial(_index_select, self._images, self._stored_channels_last)
+        elif remote_raw:
+            gather = partial(crop_remote_raw, self.dataset, decode=self.decode, seed=self.seed, epoch=epoch)
         elif self._images is not None:
             gather = partial(crop_raw, self._image_view, decode=self.decode, seed=self.seed, epoch=epoch)
         elif self.decode.gpu:
             gather = partial(_decode_on_device, self.dataset, self.decode, self.seed, epoch, device)
         else:
             gather = partial(decode_crops, self.dataset, decode=self.decode, seed=self.seed, epoch=epoch)
-        return _EpochIterator(self, self._ring_pool(device), batches, self._position, gather, transform)
+        prefetcher = None
+        if isinstance(self.dataset, MemmapImageDataset) and self.dataset.remote and self.dataset.cache is not None:
+            prefetcher = BlockPrefetcher(
+                self.dataset.image_file,
+                self.dataset._starts,
+                self.dataset._lengths,
+                batches,
+                ahead=max(DEFAULT_AHEAD_BLOCKS, self.block_shuffle),
+            )
+        return _EpochIterator(self, self._ring_pool(device), batches, self._position, gather, transform, prefetcher)
 
     def __repr__(self) -> str:
         return (
@@ -361,6 +465,7 @@ class _Position:
     world_size: int
     end: int = 0  # the global position that ends the epoch (set while iterating)
     finished: bool = False
+    order_world_size: int = 1  # the world size that started the epoch (and cut a block-aware order)
 
     def advance(self, samples: int) -> None:
         """Count a batch of ``samples`` served on every rank."""
@@ -377,6 +482,14 @@ def _index_select(images: torch.Tensor, channels_last: bool, indices: torch.Tens
     """A raw dataset's batch: one gather straight from the memory-mapped pixels, in the order they lie
     in (``images`` is ``[N, H, W, 3]`` when ``channels_last``, and ``out`` then a channels-last view)."""
     torch.index_select(images, 0, indices, out=out.permute(0, 2, 3, 1) if channels_last else out)
+
+
+def _read_raw(dataset: MemmapImageDataset, channels_last: bool, indices: torch.Tensor, out: torch.Tensor) -> None:
+    """A raw dataset's batch at a URL: each image's stored bytes (read in parallel through the block
+    cache, checksums checked) copied into the host buffer in the order they lie."""
+    stored = (out.permute(0, 2, 3, 1) if channels_last else out).numpy()
+    for row, data in enumerate(dataset.read_images(indices.tolist())):
+        stored[row] = np.frombuffer(data, dtype=np.uint8).reshape(stored.shape[1:])
 
 
 def _decode_on_device(
@@ -728,9 +841,11 @@ class _Pipeline:
         producers: int,
         give_back: Callable[[_Ring], None],
         transform: _BatchTransform | None,
+        prefetcher: BlockPrefetcher | None = None,
     ) -> None:
         self.ring, self.gather, self.labels, self.batches, self.ahead = ring, gather, labels, batches, ahead
         self.transform = transform
+        self.prefetcher = prefetcher  # fetches the coming batches' blocks into the node's cache
         self.give_back = give_back  # called by the last producer to exit
         # Buffers the user may still hold (the last batch of the previous epoch is still bound
         # to the loop variable) go last: by their turn the user has let go of them.
@@ -751,6 +866,8 @@ class _Pipeline:
     def start(self) -> None:
         with _RUNNING_LOCK:
             _RUNNING.add(self)
+        if self.prefetcher is not None:
+            self.prefetcher.start()
         for thread in self.threads:
             thread.start()
 
@@ -759,6 +876,8 @@ class _Pipeline:
         for thread in self.threads:
             if thread is not current:
                 thread.join(timeout)
+        if self.prefetcher is not None:
+            self.prefetcher.join(timeout)
 
     def _produce(self, stream: torch.cuda.Stream | None) -> None:
         limit_torch_threads(default_workers() // len(self.threads))  # the producers share the cores
@@ -816,6 +935,8 @@ class _Pipeline:
             self.condition.notify_all()
 
     def stop(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.stop()
         with self.condition:
             self.stopped = True
             self.condition.notify_all()
@@ -824,6 +945,8 @@ class _Pipeline:
         """Stop without waiting for anything: the garbage collector's path, in whatever thread it runs
         (maybe a producer holding the condition, or while another waits on it). The producers see
         the flag when notified now, if the condition is free, or else at their next poll."""
+        if self.prefetcher is not None:
+            self.prefetcher.stop()
         self.stopped = True
         if self.condition.acquire(blocking=False):
             try:
@@ -843,6 +966,7 @@ class _EpochIterator:
         position: _Position,
         gather: _Gather,
         transform: _BatchTransform | None,
+        prefetcher: BlockPrefetcher | None = None,
     ) -> None:
         self.position = position
         self.served = 0
@@ -857,6 +981,7 @@ class _EpochIterator:
             min(loader.threads, max(1, self.total)),
             rings.give_back,
             transform,
+            prefetcher,
         )
         self._held: deque[_Slot] = deque()  # CPU: slots of the last two batches yielded
         self._pipeline.start()
@@ -892,6 +1017,8 @@ class _EpochIterator:
             _record_on(stream, images, labels)
             self._pipeline.release(slot)  # refilled only after its event: the copy is done
         self.served += 1
+        if self._pipeline.prefetcher is not None:
+            self._pipeline.prefetcher.served(self.served)
         self.position.advance(len(labels))
         self.position.finished = self.served == self.total  # a checkpoint now resumes at the next epoch
         return images, labels

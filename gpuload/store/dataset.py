@@ -9,6 +9,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from functools import cached_property, partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simplejpeg
@@ -16,8 +17,12 @@ import torch
 import xxhash
 from tensordict import tensorclass
 
-from ..errors import DatasetError
+from ..errors import DatasetError, UsageError
 from .manifest import Manifest
+from .remote import is_url
+
+if TYPE_CHECKING:
+    from .cache import BlockCache
 
 __all__ = [
     "GatheredSamples",
@@ -25,6 +30,7 @@ __all__ = [
     "JpegData",
     "JpegSamples",
     "MemmapImageDataset",
+    "RemoteRawData",
     "decode_jpeg_bytes",
     "storage_order",
 ]
@@ -67,6 +73,17 @@ class JpegData:
     starts: torch.Tensor
     lengths: torch.Tensor
     shapes: torch.Tensor
+    labels: torch.Tensor
+
+
+@tensorclass
+class RemoteRawData:
+    """What a raw dataset at a URL holds in memory: its labels (its pixels stay in storage, read on demand).
+
+    Attributes:
+        labels: int64 ``[N]``.
+    """
+
     labels: torch.Tensor
 
 
@@ -121,16 +138,35 @@ class MemmapImageDataset(torch.utils.data.Dataset):
       checksum checked, and ``ds[i]`` decodes them exactly (libjpeg-turbo's accurate DCT) at the
       image's own size. :class:`gpuload.DataLoader` crops them at decode time.
 
-    Pickling it (for DataLoader workers) sends the path, not the data. The files must not change
-    while a process reads them: a raw file truncated under a running reader ends that process
-    with ``SIGBUS`` (the kernel's answer to reading a page that no longer exists).
+    **At a URL** (``s3://``, ``gs://``, ``az://``, ``https://``, ``file://``: a dataset that
+    :func:`gpuload.push_memmap` wrote): the manifest, the objects' versions (ETags) and the index
+    (labels; jpeg: offsets and sizes, 24 bytes an image) are read whole at open, the image bytes on
+    demand by byte ranges, through the node's block cache when ``cache`` is given (see
+    :class:`gpuload.BlockCache`: 4 MiB blocks, downloaded once per node, shared by its processes).
+    Every image read is checked against its build checksum: a cached block that fails it is dropped
+    and fetched again, once. Every request carries the ETag seen at open: an object replaced under
+    a running job stops it with :class:`gpuload.ObjectChangedError`, never mixing versions. A raw
+    dataset's ``data`` then holds its labels only (``data.images`` stays in storage). ``path`` is the
+    redacted URL.
+
+    Pickling it (for DataLoader workers) sends the path (or URL and cache settings), not the data.
+    The files must not change while a process reads them: a raw file truncated under a running
+    reader ends that process with ``SIGBUS`` (the kernel's answer to reading a page that no longer exists).
 
     Args:
-        path: the folder that :func:`gpuload.build_memmap` wrote.
+        path: the folder that :func:`gpuload.build_memmap` wrote, or the URL that
+            :func:`gpuload.push_memmap` wrote to.
+        cache: (URL only) the node's cache folder, or a :class:`gpuload.BlockCache`; ``None``: no
+            cache, each image one ranged read.
+        cache_size: (URL only, with a folder ``cache``) the most bytes the cache keeps, e.g. ``"200GB"``.
+        storage_options: (URL only) options for the store (see :func:`gpuload.open_store`).
+        block_size: (URL only) bytes per cached block.
 
     Raises:
-        DatasetError: the folder is not a complete gpuload dataset, or its files disagree
+        DatasetError: the folder (URL) is not a complete gpuload dataset, or its files disagree
             with its manifest (truncated, resized or missing files, a damaged manifest).
+        UsageError: cache options for a local folder, or a cache folder without a ``cache_size``.
+        RemoteError: a request to the store failed after its retries.
 
     Example:
         >>> import tempfile
@@ -142,7 +178,25 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         (torch.uint8, 3, True, 'raw')
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        cache: str | os.PathLike | BlockCache | None = None,
+        cache_size: int | str | None = None,
+        storage_options: dict | None = None,
+        block_size: int | None = None,
+    ) -> None:
+        self.remote: bool = is_url(path)
+        self._file = None
+        if self.remote:
+            self._open_remote(str(path), cache, cache_size, storage_options, block_size)
+            return
+        if cache is not None or cache_size is not None or storage_options is not None or block_size is not None:
+            raise UsageError(
+                f"cache, cache_size, storage_options and block_size are for datasets at a URL; {path} is a local "
+                "folder, read through the page cache: leave them out"
+            )
         self.path = Path(path).absolute()
         self.manifest: Manifest = Manifest.read(self.path)
         self.storage: str = self.manifest.storage
@@ -158,6 +212,124 @@ class MemmapImageDataset(torch.utils.data.Dataset):
             self._starts, self._lengths = self.data.starts.numpy(), self.data.lengths.numpy()  # views, fast to index
             self._checksums = np.array([int(checksum, 16) for checksum in self.manifest.checksums], dtype=np.uint64)
         _check_labels(self.path, self.data.labels.numpy(), self.manifest)
+
+    def _open_remote(
+        self,
+        url: str,
+        cache: str | os.PathLike | BlockCache | None,
+        cache_size: int | str | None,
+        storage_options: dict | None,
+        block_size: int | None,
+    ) -> None:
+        from .cache import BlockCache
+        from .remote import open_store
+        from .remote_dataset import open_remote
+        from .remote_file import DEFAULT_BLOCK_SIZE
+
+        if cache is None and cache_size is not None:
+            raise UsageError(f"cache_size={cache_size!r} was given without a cache folder; pass cache='/local/disk/gpuload-cache'")
+        if cache is not None and not isinstance(cache, BlockCache):
+            if cache_size is None:
+                raise UsageError(
+                    f"cache={str(cache)!r} needs cache_size, the most bytes it may keep on that disk, e.g. "
+                    "cache_size='200GB'"
+                )
+            cache = BlockCache(cache, cache_size)
+        self._url, self._options, self.cache = url, storage_options, cache
+        self.block_size = DEFAULT_BLOCK_SIZE if block_size is None else block_size
+        index = open_remote(open_store(url, storage_options=storage_options))
+        self.path = index.store.display
+        self.manifest = index.manifest
+        self.storage = self.manifest.storage
+        self.classes = list(self.manifest.classes)
+        labels = torch.from_numpy(index.labels.copy())
+        self._starts, self._lengths = index.starts.copy(), index.lengths.copy()
+        self._checksums = index.checksums()
+        self._file = index.image_file(cache=cache, block_size=self.block_size)
+        if self.storage == "raw":
+            self.image_shape = tuple(self.manifest.image_shape)
+            self.data = RemoteRawData(labels=labels, batch_size=[len(labels)]).lock_()
+        else:
+            self.image_shape = None
+            self.data = JpegData(
+                starts=torch.from_numpy(self._starts),
+                lengths=torch.from_numpy(self._lengths),
+                shapes=torch.from_numpy(index.shapes.copy()),
+                labels=labels,
+                batch_size=[len(labels)],
+            ).lock_()
+
+    @property
+    def image_file(self):
+        """The :class:`gpuload.RemoteFile` of a dataset at a URL (its reads, cache and ``stats``); ``None`` for a folder."""
+        return self._file
+
+    def image_blocks(self, block_size: int | None = None) -> torch.Tensor:
+        """int64 ``[N]``: the block of the image file (``block_size`` bytes, default the cache's 4 MiB
+        blocks) each image starts in: what the loader's block-aware order groups images by."""
+        from .remote_file import DEFAULT_BLOCK_SIZE
+
+        block_size = block_size or (self.block_size if self.remote else DEFAULT_BLOCK_SIZE)
+        if self.storage == "jpeg":
+            return torch.as_tensor(np.asarray(self._starts) // block_size, dtype=torch.int64)
+        size = int(np.prod(self.manifest.image_shape))
+        return torch.arange(len(self), dtype=torch.int64) * size // block_size
+
+    def image_ranges(self, indices: Sequence[int]) -> list[tuple[int, int]]:
+        """``(start, length)`` in the image file of each image ``indices`` (a dataset at a URL)."""
+        return [(int(self._starts[index]), int(self._lengths[index])) for index in indices]
+
+    def read_images(self, indices: Sequence[int]) -> list[bytes]:
+        """The stored bytes of the images ``indices`` (JPEGs, or a raw dataset's pixels as they lie),
+        each checked against its build checksum; a dataset at a URL reads them in parallel and drops
+        and reads again, once, the cached blocks of an image that fails it.
+
+        Raises:
+            DatasetError: an image's bytes differ from what was built (also after downloading them
+                again), naming the image and its source.
+            ObjectChangedError: the image object was replaced since the dataset was opened.
+            RemoteError: a request failed after its retries.
+        """
+        if not self.remote:
+            if self.storage == "jpeg":
+                return [self.read_jpeg(index) for index in indices]
+            stored, _ = storage_order(self.data.images)
+            return [stored[int(index)].numpy().tobytes() for index in indices]
+        indices = [int(index) for index in indices]
+        ranges = self.image_ranges(indices)
+        found = self._file.read_many(ranges)
+        bad = [row for row, data in enumerate(found) if xxhash.xxh3_64_intdigest(data) != self._checksums[indices[row]]]
+        if bad:
+            for row in bad:  # a block damaged in the cache (a power cut): fetched again, once
+                self._file.invalidate(*ranges[row])
+            for row, data in zip(bad, self._file.read_many([ranges[row] for row in bad])):
+                if xxhash.xxh3_64_intdigest(data) != self._checksums[indices[row]]:
+                    start, length = ranges[row]
+                    raise DatasetError(
+                        f"{self.describe(indices[row])} does not match its build checksum, also when downloaded "
+                        f"again: {self._file.url} is damaged at bytes {start}-{start + length - 1}; run gpuload "
+                        "verify on the URL, then push the dataset again"
+                    )
+                found[row] = data
+        return found
+
+    def raw_pixels(self, data: bytes) -> torch.Tensor:
+        """A raw image's stored bytes as ``[3, H, W]`` (channels-last memory where the dataset stores it so)."""
+        channels, height, width = self.image_shape
+        if self.manifest.layout == "channels_last":
+            return torch.from_numpy(np.frombuffer(data, np.uint8).reshape(height, width, channels).copy()).permute(2, 0, 1)
+        return torch.from_numpy(np.frombuffer(data, np.uint8).reshape(channels, height, width).copy())
+
+    def close(self) -> None:
+        """Stop the request threads of a dataset at a URL (a folder has none); it reopens them when read again."""
+        if self._file is not None:
+            self._file.close()
+
+    def __enter__(self) -> MemmapImageDataset:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     @property
     def class_to_idx(self) -> dict[str, int]:
@@ -185,6 +357,8 @@ class MemmapImageDataset(torch.utils.data.Dataset):
             DatasetError: the bytes on disk differ from what was built (disk damage), naming the
                 image and its source.
         """
+        if self.remote:
+            return self.read_images([index])[0]
         start, length = int(self._starts[index]), int(self._lengths[index])
         try:
             data = self._jpegs.read(start, length)
@@ -227,9 +401,11 @@ class MemmapImageDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         if not -len(self) <= index < len(self):
             raise IndexError(f"index {index} is out of range for a dataset of {len(self)} images")
+        index = index % len(self)
+        if self.storage == "raw" and self.remote:
+            return self.raw_pixels(self.read_images([index])[0]), int(self.data.labels[index])
         if self.storage == "raw":
             return self.data.images[index].clone(), int(self.data.labels[index])
-        index = index % len(self)
         pixels = decode_jpeg_bytes(self.read_jpeg(index), partial(self.describe, index))
         return torch.from_numpy(pixels).permute(2, 0, 1).contiguous(), int(self.data.labels[index])
 
@@ -238,6 +414,10 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         used by ``torch.utils.data.DataLoader``."""
         if self.storage == "jpeg":
             return JpegSamples([self[index] for index in indices], self.path, self._one_size)
+        if self.remote:
+            images = torch.stack([self.raw_pixels(data) for data in self.read_images(indices)])
+            labels = self.data.labels[torch.as_tensor(indices, dtype=torch.long)]
+            return GatheredSamples(ImageData(images=images, labels=labels, batch_size=[len(indices)]))
         indices = torch.as_tensor(indices, dtype=torch.long)
         stored, channels_last = storage_order(self.data.images)
         images = torch.index_select(stored, 0, indices)  # in the file's order: no transposition
@@ -246,10 +426,18 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         return GatheredSamples(ImageData(images=images, labels=labels, batch_size=[len(indices)]))
 
     def __getstate__(self) -> dict:
+        if self.remote:
+            return {
+                "path": self._url,
+                "cache": self.cache,
+                "storage_options": self._options,
+                "block_size": self.block_size,
+            }
         return {"path": self.path}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"])
+        path = state.pop("path")
+        self.__init__(path, **state)
 
     def __repr__(self) -> str:
         size = "x".join(map(str, self.image_shape[1:])) if self.image_shape else "each its own"
