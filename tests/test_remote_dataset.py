@@ -1,12 +1,25 @@
-"""gpuload.store.remote_dataset: a pushed dataset opened from moto's S3 and from the Range HTTP server."""
+"""gpuload.store.remote_dataset and a dataset at a URL (``MemmapImageDataset(url, cache=...)``) under the
+loader: a pushed dataset opened from moto's S3 and from the Range HTTP server, its faults, and ranks of two
+simulated nodes under torchrun."""
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import xxhash
 from conftest import FAST_RETRY
+from servers import FaultProxy
 
+from gpuload import CenterCropDecode, DataLoader, RandomResizedCropDecode
 from gpuload.cli import main
-from gpuload.errors import DatasetError, UsageError
+from gpuload.errors import DatasetError, ObjectChangedError, UsageError
+from gpuload.loading.order import epoch_order
 from gpuload.store.dataset import MemmapImageDataset
 from gpuload.store.push import push_memmap
 from gpuload.store.remote import open_store
@@ -118,3 +131,233 @@ class TestCommandLine:
     def test_sources_need_the_local_dataset(self, capsys, s3):
         assert main(["verify", s3.url("x"), "--sources", "3"]) == 2
         assert "run it on the local dataset, not a URL" in capsys.readouterr().err
+
+
+# -- the dataset and the loader at a URL (phase 2) -------------------------------------------------------------
+ROOT = Path(__file__).resolve().parent.parent
+BLOCK = 8_192  # small blocks: the tests' datasets (a few hundred KB) span several
+
+
+def open_at(url: str, cache: Path | None, **options) -> MemmapImageDataset:
+    if cache is None:
+        return MemmapImageDataset(url, **options)
+    return MemmapImageDataset(url, cache=cache, cache_size="50MB", block_size=BLOCK, **options)
+
+
+def batches(loader) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(images.clone(), labels.clone()) for images, labels in loader]
+
+
+def same(first, second) -> bool:
+    return len(first) == len(second) and all(
+        torch.equal(a_images, b_images) and torch.equal(a_labels, b_labels)
+        for (a_images, a_labels), (b_images, b_labels) in zip(first, second)
+    )
+
+
+def decoder(storage: str):
+    return RandomResizedCropDecode(24) if storage == "jpeg" else None
+
+
+@pytest.fixture
+def at_url(pushed, tmp_path):
+    """``(local dataset, URL dataset with a cache, URL)``; the URL dataset's threads stopped at the end."""
+    local, url = pushed
+    with open_at(url, tmp_path / "cache") as dataset:
+        yield local, dataset, url
+
+
+class TestDatasetAtUrl:
+    def test_it_serves_what_the_local_dataset_serves(self, at_url):
+        local, dataset, url = at_url
+        here = MemmapImageDataset(local)
+        assert (dataset.path, dataset.storage, dataset.classes, len(dataset)) == (url, here.storage, here.classes, len(here))
+        assert torch.equal(dataset.data.labels, here.data.labels)
+        for index in (0, 7, len(here) - 1):
+            (image, label), (expected, expected_label) = dataset[index], here[index]
+            assert torch.equal(image, expected) and label == expected_label
+        for mine, theirs in zip(dataset.__getitems__([3, 1]), here.__getitems__([3, 1])):
+            assert torch.equal(mine[0], theirs[0]) and mine[1] == theirs[1]
+        assert pickle.loads(pickle.dumps(dataset))[5][1] == here[5][1]
+
+    def test_the_exact_shuffle_is_the_local_loaders(self, at_url):
+        local, dataset, _ = at_url
+        options = dict(batch_size=3, shuffle=True, seed=2, device="cpu", decode=decoder(dataset.storage), block_shuffle=0)
+        assert same(batches(DataLoader(dataset, **options)), batches(DataLoader(MemmapImageDataset(local), **options)))
+
+    def test_the_block_order_is_the_default_and_reads_each_block_once(self, s3, at_url):
+        local, dataset, _ = at_url
+        loader = DataLoader(dataset, batch_size=3, shuffle=True, seed=2, device="cpu", decode=decoder(dataset.storage))
+        assert loader.block_shuffle == 32 and loader.state_dict()["block_shuffle"] == 32
+        s3.proxy.clear()
+        served = batches(loader)
+        assert sorted(torch.cat([labels for _, labels in served]).tolist()) == sorted(dataset.targets)
+        size = dataset.image_file.size
+        fetched = [block for request in s3.proxy.gets(dataset.image_file.name) for block in blocks_of(request)]
+        assert sorted(fetched) == list(range(-(-size // BLOCK)))  # each block once: the object's size, downloaded once
+        s3.proxy.clear()
+        assert len(batches(loader)) == len(served) and s3.proxy.gets() == []  # a warm epoch downloads nothing
+
+    def test_training_resumes_exactly(self, at_url):
+        local, dataset, url = at_url
+        options = dict(batch_size=3, shuffle=True, seed=4, device="cpu", decode=decoder(dataset.storage))
+        loader = DataLoader(dataset, **options)
+        loader.set_epoch(1)
+        uninterrupted = batches(loader)
+        loader.set_epoch(1)
+        first = [batch for _, batch in zip(range(2), loader)]
+        state = loader.state_dict()
+        with open_at(url, dataset.cache.path) as again:
+            resumed = DataLoader(again, **options)
+            resumed.load_state_dict(state)
+            assert same([(i.clone(), l.clone()) for i, l in first] + batches(resumed), uninterrupted)
+
+    def test_without_a_cache_each_image_is_a_ranged_read(self, s3, pushed):
+        local, url = pushed
+        with open_at(url, None) as dataset:
+            loader = DataLoader(dataset, batch_size=4, shuffle=True, seed=0, device="cpu", decode=decoder(dataset.storage))
+            assert loader.block_shuffle == 0 and dataset.cache is None
+            expected = DataLoader(MemmapImageDataset(local), batch_size=4, shuffle=True, seed=0, device="cpu", decode=decoder(dataset.storage))
+            assert same(batches(loader), batches(expected))
+
+    def test_over_https_with_a_signed_url(self, jpeg_dataset, http, http_root, tmp_path):
+        push_memmap(jpeg_dataset, (http_root / "photos.jpeg").as_uri(), progress=False)
+        url = f"{http.proxy.url}/photos.jpeg?X-Amz-Signature=SECRET"
+        with open_at(url, tmp_path / "cache") as dataset:
+            assert "SECRET" not in dataset.path + repr(dataset) + dataset.describe(0)
+            loader = DataLoader(dataset, batch_size=5, shuffle=True, seed=1, device="cpu", decode=CenterCropDecode(24))
+            expected = DataLoader(
+                MemmapImageDataset(jpeg_dataset), batch_size=5, shuffle=True, seed=1, device="cpu",
+                decode=CenterCropDecode(24), block_shuffle=loader.block_shuffle,
+            )  # fmt: skip
+            mine, theirs = batches(loader), batches(expected)
+            assert sorted(torch.cat([labels for _, labels in mine]).tolist()) == sorted(torch.cat([labels for _, labels in theirs]).tolist())
+            assert all(request.path.endswith("X-Amz-Signature=SECRET") for request in http.proxy.gets("data.memmap"))
+
+    def test_bad_arguments(self, pushed, jpeg_dataset, tmp_path):
+        _, url = pushed
+        with pytest.raises(UsageError, match=r"needs cache_size, the most bytes it may keep on that disk, e.g. cache_size='200GB'"):
+            MemmapImageDataset(url, cache=tmp_path / "cache")
+        with pytest.raises(UsageError, match="cache_size='1GB' was given without a cache folder"):
+            MemmapImageDataset(url, cache_size="1GB")
+        with pytest.raises(UsageError, match="are for datasets at a URL; .* is a local folder"):
+            MemmapImageDataset(jpeg_dataset, cache=tmp_path / "cache", cache_size="1GB")
+        assert not (tmp_path / "cache").exists()
+
+
+def blocks_of(request) -> list[int]:
+    """The blocks a recorded GET's ``Range`` covers."""
+    first, last = (int(side) for side in request.headers["Range"].removeprefix("bytes=").split("-"))
+    return list(range(first // BLOCK, last // BLOCK + 1))
+
+
+class TestFaults:
+    """Each fault of object storage, end to end through the dataset and the loader."""
+
+    def test_an_object_replaced_during_an_epoch_stops_it_naming_the_object(self, pushed, s3):
+        local, url = pushed
+        name = "data.memmap" if (local / "data.memmap").exists() else "images.memmap"
+        with open_at(url, None) as dataset:  # no cache, no read-ahead: the second batch reads after the change
+            loader = DataLoader(dataset, batch_size=4, device="cpu", decode=decoder(dataset.storage), prefetch=1, threads=1)
+            iterator = iter(loader)
+            next(iterator)
+            data = bytearray((local / name).read_bytes())
+            data[-1] ^= 0xFF  # the same size, another ETag
+            s3.client().put_object(Bucket=s3.bucket, Key=f"{local.name}/{name}", Body=bytes(data))
+            with pytest.raises(ObjectChangedError) as caught:
+                list(iterator)
+            assert str(caught.value).startswith(f"{url}/{name} changed since it was opened (ETag ")
+            assert "open the dataset again to read the new version" in str(caught.value)
+
+    def test_an_object_replaced_before_its_blocks_are_cached_stops_the_read_ahead_and_the_readers(self, pushed, s3, tmp_path):
+        local, url = pushed
+        name = "data.memmap" if (local / "data.memmap").exists() else "images.memmap"
+        with open_at(url, tmp_path / "cache") as dataset:
+            data = bytearray((local / name).read_bytes())
+            data[0] ^= 0xFF
+            s3.client().put_object(Bucket=s3.bucket, Key=f"{local.name}/{name}", Body=bytes(data))
+            loader = DataLoader(dataset, batch_size=4, shuffle=True, seed=0, device="cpu", decode=decoder(dataset.storage))
+            with pytest.raises(ObjectChangedError, match=f"{name} changed since it was opened"):
+                batches(loader)
+            assert not [path for path in (tmp_path / "cache").glob("objects/*/[0-9]*")]  # nothing of the new version kept
+
+    def test_a_damaged_cached_block_is_dropped_and_fetched_again_once(self, at_url, s3):
+        local, dataset, _ = at_url
+        options = dict(batch_size=4, shuffle=True, seed=1, device="cpu", decode=decoder(dataset.storage))
+        expected = batches(DataLoader(dataset, **options))  # fills the cache
+        block = sorted(dataset.cache.path.glob("objects/*/1"))[0]
+        block.write_bytes(bytes(block.stat().st_size))  # zeros of the same size (a power cut): only checksums tell
+        s3.proxy.clear()
+        assert same(batches(DataLoader(dataset, **options)), expected)
+        fetched = [block for request in s3.proxy.gets() for block in blocks_of(request)]
+        # that block, once, with its neighbours where an image that failed lies across two blocks
+        assert 1 in fetched and len(fetched) == len(set(fetched)) and set(fetched) <= {0, 1, 2}
+        assert block.read_bytes() != bytes(block.stat().st_size)  # replaced in the cache
+
+    def test_bytes_damaged_at_the_source_are_an_error_naming_the_image(self, pushed, s3, tmp_path):
+        local, url = pushed
+        name = "data.memmap" if (local / "data.memmap").exists() else "images.memmap"
+        s3.client().delete_object(Bucket=s3.bucket, Key=f"{local.name}/manifest.json")
+        data = bytearray((local / name).read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        s3.client().put_object(Bucket=s3.bucket, Key=f"{local.name}/{name}", Body=bytes(data))
+        s3.client().upload_file(str(local / "manifest.json"), s3.bucket, f"{local.name}/manifest.json")
+        with open_at(url, tmp_path / "cache") as dataset:
+            loader = DataLoader(dataset, batch_size=4, device="cpu", decode=decoder(dataset.storage))
+            with pytest.raises(DatasetError, match=r"image \d+ \(.*\) does not match its build checksum, also when downloaded again: .* is damaged at bytes \d+-\d+; run gpuload verify on the URL, then push the dataset again"):
+                batches(loader)
+
+    @pytest.mark.parametrize("fault", ["503", "reset", "short"])
+    def test_transient_failures_are_retried_under_the_loader(self, at_url, s3, fault):
+        local, dataset, _ = at_url
+        options = dict(batch_size=4, shuffle=True, seed=1, device="cpu", decode=decoder(dataset.storage), block_shuffle=0)
+        s3.proxy.fail(fault, times=2)
+        assert same(batches(DataLoader(dataset, **options)), batches(DataLoader(MemmapImageDataset(local), **options)))
+        assert any(request.headers.get("Range") for request in s3.proxy.gets()[2:])  # faulted, then retried
+
+
+def test_two_nodes_of_two_ranks_with_torchrun(s3, s3_server, built_dataset, tmp_path):
+    """4 ranks on 2 simulated nodes (2 cache folders, a proxy each) read a raw dataset from moto in the
+    block-aware order: every image once per epoch, each block downloaded at most once per node, and an
+    elastic resume on 2 ranks serves exactly the rest of the epoch."""
+    url = s3.url("photos.memmap")
+    push_memmap(built_dataset, url, store=open_store(url, retry=FAST_RETRY), progress=False)
+    script = str(Path(__file__).with_name("distributed_remote.py"))
+    with FaultProxy(s3_server.endpoint) as second:
+        nodes = [s3.proxy, second]
+        s3.proxy.clear()
+        for processes, mode in ((4, "run"), (2, "resume")):
+            command = [
+                sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
+                script, url, str(built_dataset), str(tmp_path / "caches"), ",".join(node.url for node in nodes), mode,
+                str(tmp_path),
+            ]  # fmt: skip
+            result = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            assert result.returncode == 0, result.stderr[-3000:]
+        downloads = [[block for request in node.gets("images.memmap") for block in blocks_of_size(request, 32_768)] for node in nodes]
+    run = [json.loads((tmp_path / f"run{rank}.json").read_text())["served"] for rank in range(4)]
+    rest = [json.loads((tmp_path / f"resume{rank}.json").read_text())["served"] for rank in range(2)]
+    state = json.loads((tmp_path / "state.json").read_text())
+    blocks = MemmapImageDataset(built_dataset).image_blocks(32_768)
+
+    def expected(epoch: int, rank: int, world: int, start: int = 0) -> list[int]:
+        return epoch_order(
+            20, epoch=epoch, seed=3, shuffle=True, rank=rank, world_size=world, start=start, blocks=blocks, window=1,
+            order_world_size=4,
+        ).tolist()  # fmt: skip
+
+    assert [served["epoch0"]["indices"] for served in run] == [expected(0, rank, 4) for rank in range(4)]
+    assert sorted(sum((served["epoch0"]["indices"] for served in run), [])) == list(range(20))
+    assert {served["epoch0"]["length"] for served in run} == {3}  # 5 images a rank, batches of 2
+    assert (state["global_position"], state["order_world_size"], state["world_size"]) == (16, 4, 4)
+    assert [served["epoch1_rest"]["indices"] for served in rest] == [expected(1, rank, 2, start=16) for rank in range(2)]
+    epoch1 = sum((served["epoch1_start"]["indices"] for served in run), []) + sum((s["epoch1_rest"]["indices"] for s in rest), [])
+    assert sorted(epoch1) == list(range(20))  # every image once, across the stop and the resume on 2 ranks
+    for node in downloads:  # a node's cache serves its ranks: a block downloaded at most once per node
+        assert len(node) == len(set(node)) and node
+    assert set(downloads[0]) | set(downloads[1]) == set(range(-(-20 * 9_216 // 32_768)))
+
+
+def blocks_of_size(request, size: int) -> list[int]:
+    first, last = (int(side) for side in request.headers["Range"].removeprefix("bytes=").split("-"))
+    return list(range(first // size, last // size + 1))
