@@ -64,7 +64,7 @@ def no_leaked_threads():
     """A test leaves none of the threads our servers and readers start (a server's loop, its handlers,
     a RemoteFile's requests); the session's moto server and the libraries' own loops are not ours."""
     yield
-    ours = ("(serve_forever)", "(process_request_thread)", "gpuload-remote")
+    ours = ("(serve_forever)", "(process_request_thread)", "gpuload-remote", "gpuload-prefetch")
     deadline = time.monotonic() + 5
     while left := [t.name for t in threading.enumerate() if t.is_alive() and any(m in t.name for m in ours)]:
         if time.monotonic() > deadline:

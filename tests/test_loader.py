@@ -1155,3 +1155,99 @@ class TestCuda:
         order = epoch_order(len(data), epoch=0, seed=3, shuffle=True)
         reference = checksums(data.images.flip(-1).cuda(), data.labels.cuda()).cpu()
         assert torch.equal(torch.cat(sums, dim=1).cpu(), reference[:, order])
+
+
+class TestBlockShuffle:
+    """``block_shuffle=K``: the block-aware order (see test_order.py::TestBlockOrder) through the loader."""
+
+    def loader(self, length, *, per_block=3, window=2, **options) -> DataLoader:
+        options = {"batch_size": 2, "shuffle": True, "seed": 5, "device": "cpu", "threads": 1, "prefetch": 1, **options}
+        loader = DataLoader(indexed_data(length), block_shuffle=window, **options)
+        loader._blocks = torch.arange(length) // per_block  # tiny images: pretend a block holds per_block of them
+        return loader
+
+    def test_local_datasets_shuffle_exactly_by_default(self):
+        loader = DataLoader(indexed_data(10), batch_size=2, shuffle=True, seed=5, device="cpu")
+        assert loader.block_shuffle == 0
+        assert served_indices(loader) == epoch_order(10, epoch=0, seed=5, shuffle=True).tolist()
+
+    def test_it_serves_the_block_order(self):
+        with as_rank(1, 3):
+            loader = self.loader(23)
+            expected = epoch_order(
+                23, epoch=0, seed=5, shuffle=True, rank=1, world_size=3, blocks=torch.arange(23) // 3, window=2
+            )
+            assert served_indices(loader) == expected.tolist() and len(loader) == 4
+
+    @pytest.mark.parametrize(
+        ("options", "error", "match"),
+        [
+            ({"block_shuffle": -1}, ValueError, "block_shuffle must be 0 .exact shuffle. or a positive number of blocks, got -1"),
+            ({"block_shuffle": 2, "shuffle": False}, ValueError, "block_shuffle=2 orders a shuffled epoch; pass shuffle=True"),
+            ({"block_shuffle": 1.5}, TypeError, "block_shuffle must be an int, got float: 1.5"),
+        ],
+    )
+    def test_bad_arguments(self, options, error, match):
+        with pytest.raises(error, match=match):
+            DataLoader(indexed_data(4), **{"shuffle": True, **options})
+
+    def test_a_state_from_before_block_shuffle_loads_as_an_exact_shuffle(self):
+        loader = DataLoader(indexed_data(23), batch_size=4, shuffle=True, seed=1, device="cpu")
+        old = {key: value for key, value in state(0, 8).items() if key not in ("block_shuffle", "order_world_size")}
+        loader.load_state_dict(old)
+        assert served_indices(loader) == epoch_order(23, epoch=0, seed=1, shuffle=True).tolist()[8:]
+
+    def test_a_state_of_another_order_is_refused(self):
+        loader = self.loader(23, window=2)
+        with pytest.raises(ValueError, match="saved with block_shuffle=0, this loader has block_shuffle=2: another order"):
+            loader.load_state_dict(state(0, 8, seed=5))
+
+    def test_the_position_may_count_the_padding_inside_the_order(self):
+        with as_rank(0, 2):
+            loader = self.loader(23)
+            loader.load_state_dict(state(0, 24, seed=5, world_size=2, block_shuffle=2))  # 12 a rank: 24 entries
+            assert served_indices(loader) == [] and loader.state_dict()["epoch"] == 1
+            with pytest.raises(ValueError, match=r"global_position 25 is not in \[0, 24\]"):
+                loader.load_state_dict(state(0, 25, seed=5, world_size=2, block_shuffle=2))
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        length=st.integers(1, 30),
+        per_block=st.integers(1, 5),
+        window=st.integers(1, 3),
+        world_size=st.integers(1, 4),
+        batch_size=st.integers(1, 5),
+        new_world_size=st.integers(1, 4),
+        new_batch_size=st.integers(1, 5),
+        data=st.data(),
+    )
+    def test_interrupted_and_resumed_serves_every_sample_once(
+        self, length, per_block, window, world_size, batch_size, new_world_size, new_batch_size, data
+    ):
+        per_rank = math.ceil(length / world_size)
+        stop = data.draw(st.integers(0, math.ceil(per_rank / batch_size)), label="stop")
+
+        def run(rank: int, world: int, batch: int, resume: dict | None, stop: int | None):
+            with as_rank(rank, world):
+                loader = self.loader(length, per_block=per_block, window=window, batch_size=batch)
+                if resume is not None:
+                    loader.load_state_dict(resume)
+                loader.set_epoch(2)
+                batches = loader if stop is None else (batch for _, batch in zip(range(stop), loader))
+                return labels_of(batches), loader.state_dict()
+
+        first = [run(rank, world_size, batch_size, None, stop) for rank in range(world_size)]
+        saved = first[0][1]
+        assert all(other == saved for _, other in first)
+        assert saved["order_world_size"] == world_size
+        uninterrupted = [run(rank, world_size, batch_size, None, None)[0] for rank in range(world_size)]
+        assert len({len(sum(batches, [])) for batches in uninterrupted}) == 1  # the same count on every rank
+        if saved["epoch"] == 3:
+            resumed = [[] for _ in range(world_size)]
+        else:
+            resumed = [run(rank, new_world_size, new_batch_size, saved, None)[0] for rank in range(new_world_size)]
+        served = sum((sum(batches, []) for batches, _ in first), []) + sum(sum(resumed, []), [])
+        assert set(served) == set(range(length))
+        assert len(served) <= length + (world_size - 1) + (new_world_size - 1)  # the padding, at most
+        if saved["epoch"] == 3 or (new_world_size, new_batch_size) == (world_size, batch_size):
+            assert [batches + rest for (batches, _), rest in zip(first, resumed)] == uninterrupted

@@ -9,6 +9,7 @@ from collections import deque
 import numpy as np
 import torch
 
+from ..errors import ObjectChangedError, RemoteError
 from ..store.remote_file import RemoteFile
 
 __all__ = ["DEFAULT_AHEAD_BLOCKS", "BlockPrefetcher"]
@@ -24,8 +25,9 @@ class BlockPrefetcher:
     block once (a block already cached, by this process or another of the node, is not fetched).
 
     It only warms the cache: the loader's threads read every image themselves (checksums checked),
-    so an error here stops the read-ahead and nothing else; the reader that needs the block meets
-    the same error and reports it. Memory: the requests in flight (see :class:`RemoteFile`); disk:
+    so an error here never reaches the user from this thread: a request that failed after its
+    retries leaves its blocks to the readers, a changed object (or anything else) stops the
+    read-ahead; the reader that needs the block meets the same error and reports it. Memory: the requests in flight (see :class:`RemoteFile`); disk:
     the cache's limit.
 
     Example:
@@ -116,7 +118,11 @@ class BlockPrefetcher:
                     group += new
                     number += 1
                 held += len(group)
-                if group:
+                try:
                     self.file.prefetch(group)
+                except ObjectChangedError:
+                    raise
+                except RemoteError as error:  # failed after its retries: the readers fetch those blocks themselves
+                    self.error = error
         except BaseException as error:  # the readers meet it themselves, with their context
             self.error = error
