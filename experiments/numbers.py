@@ -193,6 +193,29 @@ def _decoders(result: dict, into: dict[str, str]) -> None:
         into[f"decoders.{row['decoder']}.{row['threads']}"] = count(row["images_per_second"]["median"])
 
 
+def _remote_loading(result: dict, into: dict[str, str]) -> None:
+    rows = {row["contender"]: row for row in result["rows"]}
+    for name, row in rows.items():
+        into[f"remote_loading.{name}"] = count(row["images_per_second"]["median"])
+        into[f"remote_loading.{name}.spread"] = spread(row["images_per_second"])
+        into[f"remote_loading.{name}.steady"] = count(row["steady_images_per_second"]["median"])
+        into[f"remote_loading.{name}.first_batch"] = f"{row['first_batch_s']['median']:.2f} s"
+        into[f"remote_loading.{name}.downloaded"] = f"{row['downloaded_over_dataset']:.2f}x"
+        into[f"remote_loading.{name}.cpu"] = f"{row['cpu_s_per_1000']['median']:.2f} s"
+    for name, bar in result["bars"].items():
+        value = f"{bar['value']:.2f} s" if name == "first_batch_s" else times(bar["value"])
+        into[f"remote_loading.bar.{name}"] = value
+    for ours, theirs in (("gpuload_cold", "litdata_cold"), ("gpuload_cold", "webdataset"), ("gpuload_cold", "mosaic_cold")):
+        if ours in rows and theirs in rows:
+            for kind in ("images_per_second", "steady_images_per_second"):
+                ratio = rows[ours][kind]["median"] / rows[theirs][kind]["median"]
+                into[f"remote_loading.{ours}_x_{theirs}{'.steady' if kind.startswith('steady') else ''}"] = times(ratio)
+    into["remote_loading.images"] = count(result["images"])
+    into["remote_loading.latency"] = f"{result['latency_ms']:.0f} ms"
+    into["remote_loading.repeats"] = str(result["repeats"])
+    into["remote_loading.dataset"] = megabytes(result["bytes"]["photos"])
+
+
 SECTIONS: dict[str, Callable[[dict, dict[str, str]], None]] = {
     "jpeg_store": _jpeg_store,
     "build_memmap": _build_memmap,
@@ -201,6 +224,7 @@ SECTIONS: dict[str, Callable[[dict, dict[str, str]], None]] = {
     "gpu_preprocess": _gpu_preprocess,
     "decode_costs": _decode_costs,
     "decoders": _decoders,
+    "remote_loading": _remote_loading,
 }
 
 
@@ -294,11 +318,39 @@ def _build_table(results: dict[str, dict]) -> str:
     return _markdown(["", "images/s", "peak unreclaimable memory"], rows, "lrr")
 
 
+def _remote_table(results: dict[str, dict]) -> str:
+    result = results["remote_loading"]
+    order = (
+        "gpuload_cold", "gpuload_warm", "gpuload_exact_cold", "gpuload_exact_warm", "gpuload_local", "litdata_cold",
+        "litdata_warm", "webdataset", "mosaic_cold", "mosaic_warm",
+    )  # fmt: skip
+    rows = {row["contender"]: row for row in result["rows"]}
+    table = [
+        [
+            rows[name]["label"],
+            f"{count(rows[name]['images_per_second']['median'])} ({spread(rows[name]['images_per_second'])})",
+            count(rows[name]["steady_images_per_second"]["median"]),
+            f"{rows[name]['first_batch_s']['median']:.2f}",
+            f"{rows[name]['downloaded_over_dataset']:.2f}",
+            megabytes(rows[name]["disk_bytes"]) if rows[name]["disk_bytes"] else "0",
+            f"{rows[name]['cpu_s_per_1000']['median']:.2f}",
+        ]
+        for name in order
+        if name in rows
+    ]
+    header = [
+        "contender (2 threads or workers)", "images/s, epoch", "after the first batch", "first batch, s",
+        "downloaded / dataset", "local disk", "CPU s / 1,000 images",
+    ]  # fmt: skip
+    return _markdown(header, table, "lrrrrrr")
+
+
 TABLES: dict[str, Callable[[dict[str, dict]], str]] = {
     "which_format": _which_format,
     "bench_cpu": lambda results: _bench_table(results, "bench_cpu"),
     "bench_jpeg_cpu": lambda results: _bench_table(results, "bench_jpeg_cpu"),
     "build_memmap": _build_table,
+    "remote_loading": _remote_table,
 }
 
 

@@ -15,6 +15,9 @@ on the CPU). The talk's generator prefers a GPU result to the CPU one of the sam
 under ``GPULOAD_ASSETS`` and, when that is not set, into a new temporary folder, never into the
 repository's ``assets/``.
 
+``remote_loading`` runs its gpuload contenders only with ``--quick`` (LitData, WebDataset and MosaicML
+Streaming are not in ``.[test]``); its full run needs them (see its docstring).
+
 The build benchmark (``experiments.build_memmap``) and the decoder comparison (``experiments.decoders``)
 are not part of it: they need thousands of photos and a quiet machine, and no GPU; run them on their own.
 """
@@ -38,6 +41,7 @@ EXPERIMENTS = (
     "train_augment",
     "jpeg_store",
     "remote_reads",
+    "remote_loading",
     "bench",
 )
 

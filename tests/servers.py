@@ -176,7 +176,7 @@ class RangeHTTPServer(_Served):
 
     The ETag is the file's size and modification time (as nginx makes it); a GET whose ``If-Match``
     names another ETag gets 412. Requests are recorded in :attr:`requests`; :attr:`latency` seconds are
-    added before each answer. Its HEAD and GET answers are also what S3 clients expect of a path-style
+    added before each answer, and the body bytes sent are counted in :attr:`bytes_sent`. Its HEAD and GET answers are also what S3 clients expect of a path-style
     ``/bucket/key`` endpoint (size, ETag, Last-Modified, ranges), so an S3 client pointed at it reads
     ``root/bucket/key``: a server cheap enough not to limit a comparison of clients (moto copies the
     whole object for every ranged GET).
@@ -187,6 +187,8 @@ class RangeHTTPServer(_Served):
         self.root = Path(root)
         self.requests: list[Request] = []
         self.latency = 0.0
+        self.bytes_sent = 0  # body bytes answered (what clients downloaded), for benchmarks
+        self._count_lock = threading.Lock()
 
     def __enter__(self) -> RangeHTTPServer:
         self._start(_range_handler(self))
@@ -249,6 +251,8 @@ def _range_handler(owner: RangeHTTPServer):
             self.end_headers()
             if body and self.command != "HEAD":  # a HEAD answer has no body, whatever its status
                 self.wfile.write(data)
+                with owner._count_lock:
+                    owner.bytes_sent += len(data)
 
     return Handler
 
