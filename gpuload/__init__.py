@@ -34,6 +34,7 @@ _LAZY = {
     "ImageData": ".store.dataset",
     "JpegData": ".store.dataset",
     "MemmapImageDataset": ".store.dataset",
+    "RemoteRawData": ".store.dataset",
     "decode_image": ".store.decode",
     "verify_memmap": ".store.verify",
     "push_memmap": ".store.push",
@@ -82,6 +83,7 @@ __all__ = [
     "RandomResizedCropDecode",
     "RemoteError",
     "RemoteFile",
+    "RemoteRawData",
     "Retry",
     "UsageError",
     "build_memmap",
@@ -120,7 +122,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from .store.build import build_memmap
     from .store.cache import BlockCache
     from .store.compress import CompressReport, compress_folder, find_ffmpeg
-    from .store.dataset import GatheredSamples, ImageData, JpegData, MemmapImageDataset
+    from .store.dataset import GatheredSamples, ImageData, JpegData, MemmapImageDataset, RemoteRawData
     from .store.decode import decode_image
     from .store.push import push_memmap
     from .store.remote import Retry, open_store
