@@ -6,6 +6,7 @@ import gc
 import math
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,10 +36,14 @@ BENCH_LABELS = {
     "gpuload": "gpuload.DataLoader",
     "collate": "torch DataLoader + gpuload.Collate",
     "image_folder": "torch DataLoader + ImageFolder (JPEGs)",
-    "gpuload_augment": "gpuload.DataLoader + RandomResizedCrop",
-    "image_folder_augment": "ImageFolder + v2 RandomResizedCrop, workers",
+    "gpuload_augment": "gpuload.DataLoader, RandomResizedCrop after the copy",
+    "gpuload_crop": "gpuload.DataLoader, crop in the loader's threads",
+    "image_folder_augment": "ImageFolder + decode_jpeg + v2 RandomResizedCrop, workers",
+    "stored_jpegs_augment": "stored JPEGs + decode_jpeg + v2 RandomResizedCrop, workers",
     "limit_decode": "reference: libjpeg-turbo whole decode, all threads",
-    "gpuload_decode": "gpuload.DataLoader, RandomResizedCropDecode",
+    "gpuload_decode": "gpuload.DataLoader, RandomResizedCropDecode (fast DCT)",
+    "gpuload_decode_exact": "gpuload.DataLoader, RandomResizedCropDecode (accurate DCT)",
+    "gpuload_decode_gpu": "gpuload.DataLoader, RandomResizedCropDecode(gpu=True): nvJPEG",
 }
 
 
@@ -68,13 +73,19 @@ def run_bench(
       images: it is slow), with persistent workers, as a training loop keeps them.
 
     With ``augment`` (an output side, e.g. 224), the same with a per-sample random resized crop to
-    ``augment`` and a flip: ``gpuload_augment`` (:class:`gpuload.RandomResizedCrop` as the loader's
-    ``transform``, on ``device``) and ``image_folder_augment`` (torchvision v2 per sample in the
-    stock loader's worker processes, ``pin_memory`` on CUDA: what a user would pick instead).
+    ``augment`` and a flip: ``gpuload_crop`` (``decode=RandomResizedCropDecode(augment)``: the loader's
+    threads crop each image from the memmap), ``gpuload_augment`` (:class:`gpuload.RandomResizedCrop`
+    as the loader's ``transform``, on ``device`` after the copy of whole images) and
+    ``image_folder_augment`` (the sources decoded by torchvision's ``decode_jpeg``, v2 transforms per
+    sample in the stock loader's worker processes, ``pin_memory`` on CUDA: what a user would pick instead).
 
     A jpeg dataset is cropped at decode time: ``gpuload_decode`` (:class:`gpuload.DataLoader` with
-    ``decode=RandomResizedCropDecode(augment or 224)``) against ``image_folder_augment`` and
-    ``limit_decode``, libjpeg-turbo decoding every stored JPEG whole on all cores.
+    ``decode=RandomResizedCropDecode(augment or 224)``, libjpeg-turbo's fast DCT) and
+    ``gpuload_decode_exact`` (accurate DCT, as the stock loader decodes) against
+    ``image_folder_augment`` and ``limit_decode``, libjpeg-turbo decoding every stored JPEG whole on all cores.
+    Where the build re-encoded images (``--max-side``, progressive sources...), the sources are not
+    the JPEGs that gpuload decodes: the stock loader then decodes the stored JPEGs instead
+    (``stored_jpegs_augment``), like for like; the report's ``stock_loader_reads`` says which.
     """
     for name, value in (("batch_size", batch_size), ("epochs", epochs), ("folder_batches", folder_batches)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -89,21 +100,31 @@ def run_bench(
     if dataset.image_shape is None:  # jpeg: batches of crops
         augment = augment or 224
         image_shape = (3, augment, augment)
-        decode = RandomResizedCropDecode(augment)
-        loader = DataLoader(dataset, batch_size, shuffle=True, drop_last=True, device=device, decode=decode)
-        contenders: dict[str, tuple[Callable[[], int], int]] = {
-            "limit_decode": (_DecodeLimit(dataset), epochs),
-            "gpuload_decode": (partial(_drain, loader), epochs),
-        }
+        contenders: dict[str, tuple[Callable[[], int], int]] = {"limit_decode": (_DecodeLimit(dataset), epochs)}
+        decodes = {"gpuload_decode": {"fast": True}, "gpuload_decode_exact": {"fast": False}}
+        if device.type == "cuda" and _gpu_decode_loads(device):
+            decodes["gpuload_decode_gpu"] = {"gpu": True}
+        for name, options in decodes.items():
+            decode = RandomResizedCropDecode(augment, **options)
+            loader = DataLoader(dataset, batch_size, shuffle=True, drop_last=True, device=device, decode=decode)
+            contenders[name] = (partial(_drain, loader), epochs)
     else:
         image_shape = tuple(dataset.image_shape)
         contenders = _raw_contenders(dataset, batch_size, device, epochs, augment)
     image_bytes = math.prod(image_shape)
+    crop_bytes = 3 * augment * augment if augment is not None else image_bytes  # what a cropping contender serves
     sources = [Path(source) for source, _ in dataset.samples]
+    # A jpeg build that re-encoded images (--max-side...) stores other JPEGs than its sources.
+    stored = dataset.image_shape is None and bool(dataset.manifest.jpeg["reencoded"])
+    if stored:
+        contenders["stored_jpegs_augment"] = (
+            _Folder(dataset, batch_size, folder_batches, device, augment=augment, stored=True),
+            epochs,
+        )
     if all(source.is_file() for source in sources[:: max(1, len(sources) // 16)]):
         if dataset.image_shape is not None:
             contenders["image_folder"] = (_Folder(dataset, batch_size, folder_batches, device), epochs)
-        if augment is not None:
+        if augment is not None and not stored:
             contenders["image_folder_augment"] = (
                 _Folder(dataset, batch_size, folder_batches, device, augment=augment),
                 epochs,
@@ -124,12 +145,13 @@ def run_bench(
                 seconds, images = _timed(run, device)
                 runs.append(images / seconds)
                 bar.update()
+            served = crop_bytes if name.endswith(("_augment", "_crop")) else image_bytes
             results[name] = {
                 "images_per_second": statistics.median(runs),
                 "min": min(runs),
                 "max": max(runs),
                 "runs": runs,
-                "gigabytes_per_second": statistics.median(runs) * image_bytes / 1e9,
+                "gigabytes_per_second": statistics.median(runs) * served / 1e9,
             }
             run = contenders[name] = None  # the stock loader's persistent workers stop here
             gc.collect()
@@ -142,6 +164,8 @@ def run_bench(
         "batches_per_epoch": batches,
         "device": str(device),
         "sources_present": bool(sources),
+        "stock_loader_reads": "the stored JPEGs" if stored else "the sources",
+        "reencoded": dataset.manifest.jpeg.get("reencoded", {}),
         "machine": describe_machine(),
         "machine_line": machine_line(),
         "results": results,
@@ -171,10 +195,25 @@ def _raw_contenders(
     if device.type == "cuda":
         contenders["limit_h2d"] = (lambda: _h2d_limit(dataset, batch_size, device), epochs)
     if augment is not None:
+        decode = RandomResizedCropDecode(augment)
+        loader = DataLoader(dataset, batch_size, shuffle=True, drop_last=True, device=device, decode=decode)
+        contenders["gpuload_crop"] = (partial(_drain, loader), epochs)
         crop = RandomResizedCrop(augment, flip=True)
         loader = DataLoader(dataset, batch_size, shuffle=True, drop_last=True, device=device, transform=crop)
         contenders["gpuload_augment"] = (partial(_drain, loader), epochs)
     return contenders
+
+
+def _gpu_decode_loads(device: torch.device) -> bool:
+    """Whether ``gpu=True`` decoding (TorchCodec's nvJPEG) loads here; said on stderr when not."""
+    from .loading.loader import _check_gpu_decode
+
+    try:
+        _check_gpu_decode(device)
+    except UsageError as error:
+        print(f"gpuload bench: the nvJPEG contender is left out: {error}", file=sys.stderr)
+        return False
+    return True
 
 
 def gather_limit(report: dict) -> float:
@@ -188,29 +227,54 @@ def gather_limit(report: dict) -> float:
 
 
 def format_bench(report: dict) -> str:
-    """The report of :func:`run_bench` as a table with each contender's fraction of the limit."""
+    """The report of :func:`run_bench` as a table: each contender's rate, its share of the machine's
+    limit (contenders serving whole images) and its speed-up over the stock loader doing the same work."""
     c, h, w = report["image_shape"]
     limit = gather_limit(report)
+    rates = {name: result["images_per_second"] for name, result in report["results"].items()}
     lines = [
         f"gpuload bench on {report['machine_line']}",
         f"{report['images']} {'jpeg images decoded to' if report.get('format') == 'jpeg' else 'images of'} "
         f"{c}x{h}x{w} uint8, batch {report['batch_size']}, shuffled, "
         f"device {report['device']}, page cache warm",
-        f"{'contender':<44} {'images/s':>10} {'GB/s':>7} {'of limit':>9}",
+        f"{'contender':<58} {'images/s':>10} {'GB/s':>7} {'of limit':>9} {'x stock':>8}",
     ]
     for name, result in report["results"].items():
         rate = result["images_per_second"]
+        share = f"{rate / limit:.0%}" if name in _WHOLE and report.get("format") != "jpeg" else ""
+        stock = next((other for other in _STOCK.get(name, ()) if other in rates), None)
+        speedup = f"{rate / rates[stock]:.2f}x" if stock in rates and stock != name else ""
         lines.append(
-            f"{BENCH_LABELS[name]:<44} {rate:>10,.0f} {result['gigabytes_per_second']:>7.2f} {rate / limit:>9.0%}"
+            f"{BENCH_LABELS[name]:<58} {rate:>10,.0f} {result['gigabytes_per_second']:>7.2f} {share:>9} {speedup:>8}"
         )
     if "limit_h2d" in report["results"] and "gpuload" in report["results"]:
         h2d = report["results"]["limit_h2d"]["images_per_second"]
         lines.append(
             f"gpuload.DataLoader reaches {report['results']['gpuload']['images_per_second'] / h2d:.0%} of the host-to-device limit"
         )
-    if not report["sources_present"]:
+    if report.get("stock_loader_reads") == "the stored JPEGs":
+        reencoded = ", ".join(f"{count} {reason}" for reason, count in report["reencoded"].items())
+        lines.append(
+            f"(the stock loader decodes the stored JPEGs, as gpuload does, not the sources: the build re-encoded "
+            f"images ({reencoded}))"
+        )
+    elif not report["sources_present"]:
         lines.append("(ImageFolder skipped: the source JPEGs are not there any more)")
     return "\n".join(lines)
+
+
+# Contenders serving whole images (their share of the gather limit means something), and the stock
+# loader doing the same work as each (same images, same crop and flip).
+_WHOLE = {"limit_gather", "limit_gather_split", "limit_h2d", "gpuload", "collate", "image_folder"}
+_STOCK = {
+    "gpuload": ("image_folder",),
+    "collate": ("image_folder",),
+    "gpuload_crop": ("image_folder_augment",),
+    "gpuload_augment": ("image_folder_augment",),
+    "gpuload_decode": ("image_folder_augment", "stored_jpegs_augment"),
+    "gpuload_decode_exact": ("image_folder_augment", "stored_jpegs_augment"),
+    "gpuload_decode_gpu": ("image_folder_augment", "stored_jpegs_augment"),
+}
 
 
 def _timed(run: Callable[[], int], device: torch.device) -> tuple[float, int]:
@@ -295,7 +359,8 @@ class _Folder:
     """ImageFolder over the first ``batches`` batches of sources, in the stock loader's worker
     processes (all cores, persistent, ``pin_memory`` on CUDA), batches copied to ``device``:
     decoded to the dataset's size, or, with ``augment``, randomly cropped to ``augment`` and
-    flipped, per sample. A call is one whole shuffled epoch of that subset (nothing is left in
+    flipped, per sample. ``stored``: a jpeg dataset's stored JPEGs instead of the sources
+    (:class:`_StoredJpegs`). A call is one whole shuffled epoch of that subset (nothing is left in
     flight for the next)."""
 
     def __init__(
@@ -305,6 +370,7 @@ class _Folder:
         batches: int,
         device: torch.device,
         augment: int | None = None,
+        stored: bool = False,
     ) -> None:
         from torchvision.datasets import ImageFolder
         from torchvision.transforms import v2
@@ -314,12 +380,14 @@ class _Folder:
                 dataset.manifest.source, loader=_SourceDecoder(tuple(dataset.image_shape[1:]), dataset.manifest.resize)
             )
         else:
-            transform = v2.Compose(
-                [v2.PILToTensor(), v2.RandomResizedCrop(augment, antialias=True), v2.RandomHorizontalFlip()]
-            )
-            folder = ImageFolder(dataset.manifest.source, transform=transform)
-        built = {str(Path(dataset.manifest.source) / relative) for relative, _ in dataset.manifest.samples}
-        folder.samples = folder.imgs = [sample for sample in folder.samples if sample[0] in built]  # not the skipped
+            transform = v2.Compose([v2.RandomResizedCrop(augment, antialias=True), v2.RandomHorizontalFlip()])
+            if stored:
+                folder = _StoredJpegs(dataset, transform)
+            else:
+                folder = ImageFolder(dataset.manifest.source, loader=_TorchvisionDecoder(), transform=transform)
+        if not stored:
+            built = {str(Path(dataset.manifest.source) / relative) for relative, _ in dataset.manifest.samples}
+            folder.samples = folder.imgs = [sample for sample in folder.samples if sample[0] in built]  # not skipped
         self.device = device
         self.loader = torch.utils.data.DataLoader(
             torch.utils.data.Subset(folder, range(min(len(folder), batches * batch_size))),
@@ -332,6 +400,36 @@ class _Folder:
 
     def __call__(self) -> int:
         return _drain((batch.to(self.device, non_blocking=True), labels) for batch, labels in self.loader)
+
+
+class _StoredJpegs(torch.utils.data.Dataset):
+    """The stored JPEGs of a jpeg dataset as the stock loader would read them: each image's bytes,
+    decoded by :class:`_TorchvisionDecoder` and transformed, with its label."""
+
+    def __init__(self, dataset: MemmapImageDataset, transform: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.dataset, self.transform = dataset, transform
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        data = torch.frombuffer(bytearray(self.dataset.read_jpeg(index)), dtype=torch.uint8)
+        return self.transform(_TorchvisionDecoder()(data)), int(self.dataset.data.labels[index])
+
+
+class _TorchvisionDecoder:
+    """ImageFolder's ``loader`` for the stock contender: torchvision's own decoder (``decode_jpeg`` for a
+    JPEG, libjpeg-turbo like gpuload's; the fastest stock way), RGB, EXIF orientation applied; of a
+    file, or of its bytes."""
+
+    def __call__(self, path: str | torch.Tensor) -> torch.Tensor:
+        import warnings
+
+        from torchvision.io import ImageReadMode, decode_image
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torchvision 0.29 deprecates its decoders for TorchCodec's
+            return decode_image(path, mode=ImageReadMode.RGB, apply_exif_orientation=True)
 
 
 class _SourceDecoder:

@@ -11,6 +11,7 @@ errors never import torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import os
@@ -106,15 +107,17 @@ def _add_compress(subparsers) -> None:
     parser.add_argument(
         "--strict", action="store_true", help="stop at the first file that fails, with exit code 1 (default: skip it)"
     )
+    _add_max_pixels(parser)
     parser.set_defaults(run=_run_compress)
 
 
 def _run_compress(args) -> int:
     from .store.compress import compress_folder
 
-    report = compress_folder(
-        args.src, args.dst, quality=args.quality, workers=args.workers, strict=args.strict, progress=True
-    )
+    with _pixel_limit(args):
+        report = compress_folder(
+            args.src, args.dst, quality=args.quality, workers=args.workers, strict=args.strict, progress=True
+        )
     for path, error in report.failed:
         print(f"failed: {path}: {error}")
     print(report.summary())
@@ -154,6 +157,7 @@ def _add_build(subparsers) -> None:
         help="do not wait for the disk before renaming the dataset into place (a power cut soon after can "
         "leave zeroed images, which verify reports)",
     )
+    _add_max_pixels(parser)
     parser.set_defaults(run=_run_build)
 
 
@@ -173,11 +177,12 @@ def _run_build(args) -> int:
             )
         classes = reference.classes
     started = time.perf_counter()
-    out = build_memmap(
-        args.src, args.out, format=args.format, size=args.size, resize=args.resize, max_side=args.max_side,
-        quality=args.quality, classes=classes, workers=args.workers, strict=args.strict,
-        overwrite=args.overwrite, sync=args.sync,
-    )  # fmt: skip
+    with _pixel_limit(args):
+        out = build_memmap(
+            args.src, args.out, format=args.format, size=args.size, resize=args.resize, max_side=args.max_side,
+            quality=args.quality, classes=classes, workers=args.workers, strict=args.strict,
+            overwrite=args.overwrite, sync=args.sync,
+        )  # fmt: skip
     seconds = time.perf_counter() - started
     dataset = MemmapImageDataset(out)
     nbytes = sum(dataset.manifest.files.values())
@@ -242,7 +247,29 @@ def _add_verify(subparsers) -> None:
         metavar="N",
         help="also re-decode N random sources (all of them without N) and compare",
     )
+    _add_max_pixels(parser, "; for --sources of a dataset whose manifest does not record the build's limit")
     parser.set_defaults(run=_run_verify)
+
+
+def _add_max_pixels(parser, where: str = "") -> None:
+    parser.add_argument(
+        "--max-pixels", type=_pixels, default=None, metavar="N",
+        help="decode images of up to N pixels (Pillow's decompression-bomb guard, PIL.Image.MAX_IMAGE_PIXELS: "
+        f"89,478,485 unless changed); raise it for trusted files{where}",
+    )  # fmt: skip
+
+
+def _pixel_limit(args) -> contextlib.AbstractContextManager:
+    """Pillow's pixel limit set to ``--max-pixels`` for the run, where it is given."""
+    from .store.decode import pixel_limit
+
+    return contextlib.nullcontext() if args.max_pixels is None else pixel_limit(args.max_pixels)
+
+
+def _pixels(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of pixels, got {text!r}")
+    return int(text)
 
 
 def _count(text: str) -> int | str:
@@ -254,7 +281,8 @@ def _count(text: str) -> int | str:
 def _run_verify(args) -> int:
     from .store.verify import verify_memmap
 
-    problems = verify_memmap(args.dataset, sources=args.sources)
+    with _pixel_limit(args):
+        problems = verify_memmap(args.dataset, sources=args.sources)
     for problem in problems:
         print(f"problem: {problem}")
     print(f"{args.dataset}: {'OK' if not problems else f'{len(problems)} problems'}")

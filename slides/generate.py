@@ -128,15 +128,15 @@ SNIPPETS = {
         "gpuload/loading/loader.py",
         "_PinnedSlot.fill",
         start="with torch.cuda.device(self.device)",
-        end="self.event.record(self.stream)",
-        steps=(("torch.cuda.stream",), ("non_blocking",), ("Event()", ".record(")),
+        end="self.event.record(stream)",
+        steps=(("torch.cuda.stream",), ("non_blocking",), ("Event(", ".record(")),
     ),
     "code_consume": Snippet(
         "gpuload/loading/loader.py",
         "_EpochIterator.__next__",
         start="if event is None:",
         end="self._pipeline.release(slot)",
-        steps=(("wait_event",), ("record_stream",), ("release",)),
+        steps=(("_stream_waits",), ("_record_on",), ("release",)),
     ),
     "code_three_loaders": Snippet(
         "experiments/memmap_vs_folder.py",
@@ -156,8 +156,8 @@ SNIPPETS = {
         "experiments/gpu_preprocess.py",
         "contenders",
         start="augment = gpuload.RandomResizedCrop(",
-        end='"gpuload_compiled"',
-        steps=(("nn.Sequential",), ("torch.compile",)),
+        end="ours = nn.Sequential(",
+        steps=(("nn.Sequential",),),
     ),
 }
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
+import socket
+import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +25,34 @@ SIZE = (48, 64)  # (height, width) of the small test photos
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
+    if os.environ.get("GPULOAD_REQUIRE_CUDA"):  # experiments/gpu_check.py: a skipped CUDA test would hide
+        raise pytest.UsageError("GPULOAD_REQUIRE_CUDA is set and torch sees no CUDA GPU here")
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+# The deletion check of the stream protocol (experiments/gpu_check.py, and a `cuda` test): with
+# GPULOAD_DELETE_STEP naming one step of gpuload.loading.loader's protocol, that step does nothing
+# in this test session, and the `cuda` tests that guard it must fail.
+PROTOCOL_STEPS = ("_host_waits", "_stream_waits", "_record_on")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def delete_a_protocol_step():
+    step = os.environ.get("GPULOAD_DELETE_STEP")
+    if not step:
+        yield
+        return
+    if step not in PROTOCOL_STEPS:
+        raise pytest.UsageError(f"GPULOAD_DELETE_STEP must be one of {', '.join(PROTOCOL_STEPS)}, got {step!r}")
+    from gpuload.loading import loader
+
+    real = getattr(loader, step)
+    setattr(loader, step, lambda *args: None)
+    yield
+    setattr(loader, step, real)
 
 
 @pytest.fixture(autouse=True)
@@ -75,6 +103,9 @@ BAD_FILES = {
     "notes.jpg": "not an image",
     "garbage.png": "not an image",
     "corrupt.png": "truncated or corrupt",  # garbled compressed pixels, no EXIF: Pillow kept half a picture
+    # stray bytes between header segments: libjpeg skips them and warns, Pillow and ffmpeg say nothing
+    "extraneous.jpg": "Corrupt JPEG data: 3 extraneous bytes before marker 0xdb",
+    "corrupt_mpo.jpg": "truncated or corrupt JPEG",  # a multi-picture JPEG, its first picture garbled: Pillow shows it
 }
 
 
@@ -82,15 +113,24 @@ def write_bad_file(folder: Path, name: str) -> Path:
     """Write one of ``BAD_FILES`` into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
-    if name in ("truncated.jpg", "truncated_eoi.jpg", "corrupt.jpg"):
-        photo().save(path, quality=95)
+    if name in ("truncated.jpg", "truncated_eoi.jpg", "corrupt.jpg", "corrupt_mpo.jpg"):
+        if name == "corrupt_mpo.jpg":
+            photo().save(path, "MPO", save_all=True, append_images=[photo()], quality=95)
+        else:
+            photo().save(path, quality=95)
         data = bytearray(path.read_bytes())
-        if name == "corrupt.jpg":
-            for position in range(len(data) // 2, len(data) // 2 + 40, 3):
+        if name.startswith("corrupt"):
+            middle = (data.index(b"\xff\xd9") if name == "corrupt_mpo.jpg" else len(data)) // 2  # of the first picture
+            for position in range(middle, middle + 40, 3):
                 data[position] = 0x5A  # no 0xFF: the markers stay intact, the coded data is wrong
             path.write_bytes(bytes(data))
         else:
             path.write_bytes(bytes(data[: len(data) // 2]) + (b"\xff\xd9" if name == "truncated_eoi.jpg" else b""))
+    elif name == "extraneous.jpg":
+        photo().save(path, quality=95)
+        data = path.read_bytes()
+        tables = data.index(b"\xff\xdb")  # the first quantisation table
+        path.write_bytes(data[:tables] + b"\x00\x12\x34" + data[tables:])
     elif name == "empty.jpg":
         path.touch()
     elif name == "notes.jpg":
@@ -129,6 +169,11 @@ def write_odd_image(path: Path, kind: str, size: tuple[int, int] = SIZE) -> Imag
         gray = np.asarray(base.convert("L"), dtype=np.uint16) * 257  # full 16-bit range
         Image.fromarray(gray).save(path)
         return base.convert("L").convert("RGB")
+    if kind == "mpo":
+        # a multi-picture JPEG (a stereo pair, an Ultra HDR photo and its gain map): shown as its first picture
+        other = photo((size[0] // 2, size[1] // 2)).transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        base.save(path, "MPO", save_all=True, append_images=[other], quality=95)
+        return Image.open(path).convert("RGB")
     if kind == "exif_rotated":
         # stored sideways (width and height swapped), with the EXIF tag that turns it upright
         stored = base.transpose(Image.Transpose.ROTATE_90)
@@ -147,7 +192,55 @@ ODD_KINDS = {
     "rgba": "alpha.png",
     "sixteen_bit": "sixteen.png",
     "exif_rotated": "rotated.jpg",
+    "mpo": "stereo.jpg",
 }
+
+
+NOT_FILES = {"fifo": "a named pipe", "socket": "a socket", "device": "a character device"}
+
+
+@pytest.fixture
+def make_not_a_file():
+    """``make(path, kind)`` puts one of ``NOT_FILES`` at ``path`` (a device: a link to /dev/null).
+
+    Opening a named pipe to read blocks until a writer comes. A watchdog comes as a writer whenever a
+    reader has one of these pipes open, so code that opens one fails its test instead of hanging: it
+    reads an empty file, and this fixture fails the test.
+    """
+    pipes: list[Path] = []
+    opened: list[Path] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.05):
+            for pipe in list(pipes):
+                try:
+                    os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))  # ENXIO unless a reader has it open
+                except OSError:
+                    continue
+                opened.append(pipe)
+
+    def make(path: Path, kind: str) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "fifo":
+            os.mkfifo(path)
+            pipes.append(path)
+        elif kind == "socket":  # bound at a short path (108 bytes at most), then moved
+            short = Path(tempfile.mkdtemp()) / "s"
+            with socket.socket(socket.AF_UNIX) as bound:
+                bound.bind(str(short))
+            os.rename(short, path)
+            short.parent.rmdir()
+        else:
+            os.symlink("/dev/null", path)
+        return path
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    yield make
+    stop.set()
+    watcher.join()
+    assert not opened, f"opened to read (it would have blocked until a writer came): {opened}"
 
 
 @pytest.fixture

@@ -23,15 +23,18 @@ def test_augmentation_contenders(built_dataset):
     report = run_bench(
         built_dataset, batch_size=4, device="cpu", epochs=1, folder_batches=2, augment=16, progress=False
     )
-    assert {"gpuload_augment", "image_folder_augment"} <= set(report["results"])
-    assert all(report["results"][name]["images_per_second"] > 0 for name in ("gpuload_augment", "image_folder_augment"))
-    assert "RandomResizedCrop" in format_bench(report)
+    croppers = ("gpuload_crop", "gpuload_augment", "image_folder_augment")
+    assert set(croppers) <= set(report["results"])
+    assert all(report["results"][name]["images_per_second"] > 0 for name in croppers)
+    table = format_bench(report)
+    assert "RandomResizedCrop after the copy" in table and "crop in the loader's threads" in table
+    assert "decode_jpeg" in table  # the stock contender decodes with torchvision's libjpeg-turbo, not Pillow
 
 
 def test_a_jpeg_dataset_is_measured_cropped_at_decode_time(jpeg_dataset):
     report = run_bench(jpeg_dataset, batch_size=4, device="cpu", epochs=2, folder_batches=2, augment=16, progress=False)
     results = report["results"]
-    assert set(results) == {"limit_decode", "gpuload_decode", "image_folder_augment"}
+    assert set(results) == {"limit_decode", "gpuload_decode", "gpuload_decode_exact", "image_folder_augment"}
     assert report["format"] == "jpeg" and report["image_shape"] == [3, 16, 16]
     assert all(result["min"] > 0 for result in results.values())
     assert results["gpuload_decode"]["gigabytes_per_second"] == pytest.approx(
@@ -39,6 +42,25 @@ def test_a_jpeg_dataset_is_measured_cropped_at_decode_time(jpeg_dataset):
     )
     table = format_bench(report)
     assert "jpeg images decoded to 3x16x16" in table and "RandomResizedCropDecode" in table and "whole decode" in table
+    assert report["stock_loader_reads"] == "the sources" and report["reencoded"] == {}  # stored as they were
+
+
+def test_on_a_store_of_re_encoded_images_the_stock_loader_decodes_the_same_jpegs(photo_folder, tmp_path):
+    """--max-side 24: gpuload decodes 18x24 JPEGs; ImageFolder would decode the 48x64 sources."""
+    from gpuload import build_memmap
+
+    store = build_memmap(photo_folder, tmp_path / "small.jpeg", format="jpeg", max_side=24, progress=False)
+    report = run_bench(store, batch_size=4, device="cpu", epochs=1, folder_batches=2, augment=16, progress=False)
+    assert set(report["results"]) == {"limit_decode", "gpuload_decode", "gpuload_decode_exact", "stored_jpegs_augment"}
+    assert report["results"]["stored_jpegs_augment"]["images_per_second"] > 0
+    assert report["stock_loader_reads"] == "the stored JPEGs" and report["reencoded"] == {"larger_than_max_side": 20}
+    table = format_bench(report)
+    row = next(line for line in table.splitlines() if line.startswith("gpuload.DataLoader, RandomResizedCropDecode"))
+    assert "stored JPEGs + decode_jpeg + v2 RandomResizedCrop, workers" in table and row.endswith("x")  # x stock
+    assert table.splitlines()[-1] == (
+        "(the stock loader decodes the stored JPEGs, as gpuload does, not the sources: the build re-encoded images "
+        "(20 larger_than_max_side))"
+    )
 
 
 def test_the_stock_loaders_workers_stop_after_their_turn(built_dataset, monkeypatch):
@@ -54,7 +76,7 @@ def test_the_stock_loaders_workers_stop_after_their_turn(built_dataset, monkeypa
         lambda run, device: children.append(multiprocessing.active_children()) or timed(run, device),
     )
     run_bench(built_dataset, batch_size=4, device="cpu", epochs=1, folder_batches=2, augment=16, progress=False)
-    assert len(children) == 14 and children[-2] == []  # image_folder_augment starts with image_folder's workers gone
+    assert len(children) == 16 and children[-2] == []  # image_folder_augment starts with image_folder's workers gone
     assert len(children[-1]) == 2  # its own, persistent across its epochs
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import write_bad_file
+from PIL import Image
 
 import gpuload.cli
 import gpuload.store.compress
@@ -31,6 +32,13 @@ class TestBuildMemmap:
         assert code == 0
         assert f"built {photo_copy}.memmap: 20 images of 3x24x32" in out
         assert "1 skipped" in out and "skipped: face/empty.jpg: empty file (0 bytes)" in out
+
+    @pytest.mark.parametrize("format", ["raw", "jpeg"])
+    def test_a_named_pipe_among_the_photos_is_skipped_not_waited_for(self, capsys, photo_copy, make_not_a_file, format):
+        make_not_a_file(photo_copy / "face" / "pipe.jpg", "fifo")
+        code, out, _ = run(capsys, "build-memmap", str(photo_copy), "--format", format, "--workers", "1")
+        assert code == 0 and "1 skipped" in out
+        assert "skipped: face/pipe.jpg: not a regular file (a named pipe): not opened" in out
 
     def test_known_errors_are_one_line_with_exit_code_2(self, capsys, tmp_path):
         code, out, err = run(capsys, "build-memmap", str(tmp_path / "nope"))
@@ -80,6 +88,44 @@ class TestBuildMemmap:
         assert "expected HEIGHTxWIDTH" in capsys.readouterr().err
 
 
+class TestMaxPixels:
+    """Pillow's pixel limit (PIL.Image.MAX_IMAGE_PIXELS) raised from the command line, for the run only."""
+
+    def test_build_memmap(self, capsys, photo_folder, tmp_path, monkeypatch):
+        monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 3000)  # below the photos' 3,072 pixels
+        code, _, err = run(capsys, "build-memmap", str(photo_folder), "--out", str(tmp_path / "a"))
+        assert code == 1 and "--max-pixels N on the command line" in err
+        code, out, _ = run(
+            capsys, "build-memmap", str(photo_folder), "--out", str(tmp_path / "b"), "--max-pixels", "3072"
+        )
+        assert code == 0 and "20 images" in out and "0 skipped" in out
+        assert Image.MAX_IMAGE_PIXELS == 3000
+        assert run(capsys, "verify", str(tmp_path / "b"), "--sources")[0] == 0  # with the build's limit
+
+    def test_compress(self, capsys, photo_folder, tmp_path, monkeypatch):
+        monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 3000)
+        code, out, _ = run(capsys, "compress", str(photo_folder), str(tmp_path / "q"), "--max-pixels", "3072")
+        assert code == 0 and "20 done" in out and Image.MAX_IMAGE_PIXELS == 3000
+
+    def test_verify_of_a_dataset_that_does_not_record_the_limit(self, capsys, photo_folder, tmp_path, monkeypatch):
+        out = tmp_path / "old"
+        assert run(capsys, "build-memmap", str(photo_folder), "--out", str(out), "--size", "24x32")[0] == 0
+        (out / "manifest.json").chmod(0o644)
+        manifest = json.loads((out / "manifest.json").read_text())
+        del manifest["max_image_pixels"]
+        (out / "manifest.json").write_text(json.dumps(manifest))
+        monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 3000)
+        assert run(capsys, "verify", str(out), "--sources")[0] == 1
+        assert run(capsys, "verify", str(out), "--sources", "--max-pixels", "3072")[0] == 0
+
+    @pytest.mark.parametrize("value", ["0", "-5", "many"])
+    def test_a_bad_limit_is_a_usage_error(self, capsys, photo_folder, value):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["build-memmap", str(photo_folder), "--max-pixels", value])
+        assert exit_info.value.code == 2
+        assert "expected a positive number of pixels" in capsys.readouterr().err
+
+
 class TestJpegFormat:
     def test_build_info_and_classes_from(self, capsys, photo_copy, built_dataset, tmp_path):
         code, out, _ = run(capsys, "build-memmap", str(photo_copy), "--out", str(tmp_path / "j"), "--format", "jpeg")
@@ -92,6 +138,19 @@ class TestJpegFormat:
             capsys, "build-memmap", str(photo_copy), "--out", str(tmp_path / "v"), "--classes-from", str(built_dataset)
         )
         assert code == 2 and "has class folders that are not in the given classes: extra" in err
+
+    def test_classes_from_with_a_folder_of_images_and_no_class_folders(
+        self, capsys, photo_folder, built_dataset, tmp_path
+    ):
+        flat = tmp_path / "val"
+        flat.mkdir()
+        (flat / "a.jpg").write_bytes((photo_folder / "face" / "0000.jpg").read_bytes())
+        code, _, err = run(capsys, "build-memmap", str(flat), "--classes-from", str(built_dataset))
+        assert code == 2 and err == (
+            f"gpuload: error: {flat} holds 1 images and no class folder, so it would be one class named 'val', which "
+            "is not in the given classes (background, collar, face, sleeve_left, sleeve_right); pass the folder that "
+            "holds one folder per class, or name this folder after its class\n"
+        )
 
     def test_classes_from_a_dataset_whose_classes_were_edited_is_refused(self, capsys, photo_folder, tmp_path):
         reference = tmp_path / "train"
@@ -122,6 +181,25 @@ class TestJpegFormat:
             capsys, "build-memmap", str(photo_folder), "--out", str(tmp_path / "j"), "--format", "jpeg", "--size", "8x8"
         )
         assert code == 2 and "size applies to format='raw'" in err
+
+    def test_max_side_with_raw_says_it_applies_to_jpeg_only(self, capsys, photo_folder, tmp_path):
+        code, _, err = run(
+            capsys,
+            "build-memmap",
+            str(photo_folder),
+            "--out",
+            str(tmp_path / "r"),
+            "--max-side",
+            "100",
+            "--format",
+            "raw",
+        )
+        assert code == 2 and err == (
+            "gpuload: error: max_side applies only to format='jpeg' (--format jpeg), got max_side=100 with "
+            "format='raw'; a raw build stores every image at one size: give that size (--size HxW) and leave "
+            "max_side out\n"
+        )
+        assert not (tmp_path / "r").exists()
 
     @pytest.mark.parametrize("resize", ["crop", "pad", "stretch"])
     def test_resize_with_jpeg_is_refused_in_one_line(self, capsys, photo_folder, tmp_path, resize):

@@ -1,12 +1,13 @@
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.utils.data
 from conftest import SIZE, photo
 
-from gpuload import Collate, MemmapImageDataset, UsageError, build_memmap
+from gpuload import Collate, DatasetError, MemmapImageDataset, UsageError, build_memmap
 
 
 def test_stock_loader_with_collate_gets_the_gathered_batches(built_dataset):
@@ -58,6 +59,25 @@ class TestJpegDatasets:
         with pytest.raises(UsageError, match="holds images of several sizes"):
             Collate("cpu")(dataset.__getitems__([0]))
 
+    @pytest.mark.parametrize("damaged", [0, 7])
+    def test_a_damaged_size_record_is_called_damage_not_several_sizes(self, jpeg_dataset, tmp_path, damaged):
+        """shapes.memmap records several sizes where the images have one: the gpuload loader and verify
+        call that damage, and so does this path, even where the first batch does not hold that image."""
+        copy = Path(shutil.copytree(jpeg_dataset, tmp_path / "copy"))
+        shapes = copy / "shapes.memmap"
+        shapes.chmod(0o644)
+        values = np.fromfile(shapes, np.int32).reshape(-1, 2)
+        values[damaged, 0] += 1
+        values.tofile(shapes)
+        loader = torch.utils.data.DataLoader(MemmapImageDataset(copy), batch_size=4, collate_fn=Collate("cpu"))
+        with pytest.raises(DatasetError) as caught:
+            next(iter(loader))
+        assert str(caught.value) == (
+            f"{copy}: image {damaged} ({MemmapImageDataset(copy).manifest.samples[damaged][0]}) decodes to "
+            f"{SIZE[0]}x{SIZE[1]} where its recorded size is {SIZE[0] + 1}x{SIZE[1]}: shapes.memmap is damaged; "
+            "run gpuload verify, then rebuild the dataset"
+        )
+
     def test_one_size_is_stacked(self, jpeg_dataset):
         dataset = MemmapImageDataset(jpeg_dataset)
         loader = torch.utils.data.DataLoader(dataset, batch_size=4, collate_fn=Collate("cpu"))
@@ -79,9 +99,19 @@ def test_cuda_in_a_worker_process_is_refused(monkeypatch):
 
 
 @pytest.mark.cuda
-def test_cuda_batches_are_pinned_copies(built_dataset):
+def test_cuda_batches_are_pinned_non_blocking_channels_last_copies(built_dataset, monkeypatch):
+    copies = []
+    real = torch.Tensor.to
+
+    def to(tensor, *args, **kwargs):
+        if tensor.device.type == "cpu":
+            copies.append((tensor.is_pinned(), kwargs.get("non_blocking", False)))
+        return real(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
     dataset = MemmapImageDataset(built_dataset)
     loader = torch.utils.data.DataLoader(dataset, batch_size=8, shuffle=True, collate_fn=Collate("cuda"))
     for images, labels in loader:
-        assert images.is_cuda and labels.is_cuda
+        assert images.is_cuda and labels.is_cuda and images.is_contiguous(memory_format=torch.channels_last)
         assert torch.equal(images.cpu(), dataset.data.images[labels.cpu()])
+    assert copies and all(pinned and non_blocking for pinned, non_blocking in copies)

@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import simplejpeg
-from conftest import ODD_KINDS, photo, write_bad_file, write_odd_image
+from conftest import NOT_FILES, ODD_KINDS, photo, write_bad_file, write_odd_image
 from PIL import Image
 
 import gpuload.store.compress
+import gpuload.store.files
 from gpuload import BusyError, CompressError, CompressReport, UsageError, compress_folder, decode_image, find_ffmpeg
 from gpuload.store.jpeg import row_window
 
@@ -186,7 +187,21 @@ class TestCompress:
         assert report.done == 20
         assert relative_files(tmp_path / "q") == relative_files(photo_folder)
 
-    @pytest.mark.parametrize("name", ["truncated.jpg", "truncated_eoi.jpg", "corrupt.jpg"])
+    def test_what_is_not_a_regular_file_is_reported_never_opened(self, photo_folder, tmp_path, make_not_a_file):
+        src = Path(shutil.copytree(photo_folder, tmp_path / "src"))
+        for kind in NOT_FILES:
+            make_not_a_file(src / "collar" / f"{kind}.jpg", kind)
+        report = compress_folder(src, tmp_path / "dst", progress=False)
+        assert report.done == 20 and dict(report.failed) == {
+            str(
+                src / "collar" / f"{kind}.jpg"
+            ): f"not a regular file ({name}): not opened; images must be regular files"
+            for kind, name in NOT_FILES.items()
+        }
+
+    @pytest.mark.parametrize(
+        "name", ["truncated.jpg", "truncated_eoi.jpg", "corrupt.jpg", "extraneous.jpg", "corrupt_mpo.jpg"]
+    )
     def test_a_damaged_jpeg_is_reported_not_passed_on_with_grey_blocks(self, tmp_path, name):
         path = write_bad_file(tmp_path / "src", name)
         report = compress_folder(tmp_path / "src", tmp_path / "dst", progress=False)
@@ -326,13 +341,37 @@ class TestFullDisk:
 
         monkeypatch.setattr(gpuload.store.compress.os, "fsync", fsync)
         with pytest.raises(
-            OSError, match=r"not enough disk space to write .*\.jpg \([0-9,]+ bytes\): free space there and run again"
+            OSError,
+            match=r"not enough disk space to write .*\.jpg: it needs [0-9,]+ bytes \(0\.00 GB\) and its disk has "
+            r"[0-9,]+ bytes \([0-9.]+ GB\) free; free space there and run again \(what is finished is kept\), or "
+            r"choose another DST$",
         ):
             compress_folder(photo_folder, tmp_path / "q", workers=1, progress=False)
         monkeypatch.setattr(gpuload.store.compress.os, "fsync", real)
         assert not list((tmp_path / "q").rglob(".*.gpuload-tmp"))
         report = compress_folder(photo_folder, tmp_path / "q", progress=False)  # once space is free again
         assert report.done + report.skipped == 20 and report.failed == []
+
+    def test_no_free_inode_is_not_called_a_lack_of_space(self, photo_folder, tmp_path, monkeypatch):
+        real = Path.mkdir
+
+        def mkdir(self, *args, **kwargs):  # the first output folder: a new folder needs an inode
+            if self.name == "background":
+                raise OSError(errno.ENOSPC, "No space left on device", str(self))
+            return real(self, *args, **kwargs)
+
+        class Statvfs:
+            f_bavail, f_frsize, f_files, f_favail = 12_800, 4096, 1000, 0
+
+        monkeypatch.setattr(Path, "mkdir", mkdir)
+        monkeypatch.setattr(gpuload.store.files.os, "statvfs", lambda path: Statvfs())
+        with pytest.raises(OSError) as caught:
+            compress_folder(photo_folder, tmp_path / "q", workers=1, progress=False)
+        assert caught.value.errno == errno.ENOSPC and str(caught.value) == (
+            f"[Errno 28] no free inode left to write {tmp_path / 'q' / 'background' / '0000.jpg'} (its disk has "
+            "52,428,800 bytes (0.05 GB) free, but all its 1,000 inodes are taken: each file or folder takes one, "
+            "whatever its size); delete files there and run again (what is finished is kept), or choose another DST"
+        )
 
 
 class TestLockAndLinks:

@@ -306,6 +306,45 @@ class TestDecodeBatch:
             reference = v2.CenterCrop(64)(v2.Resize(side, antialias=True)(varied_jpegs[index][0]))
             assert float((sample.float() - reference.float()).abs().mean()) <= 0.6
 
+    def test_the_batch_is_channels_last_in_the_batchs_order(self, varied_jpegs, device):
+        decode = CenterCropDecode(32)
+        indices = torch.tensor([5, 0, 11, 3, 0])  # mixed sizes, out of order, a repeat
+        out = decode_batch(varied_jpegs, indices, decode, seed=0, epoch=0, device=torch.device(device))
+        assert out.shape == (5, 3, 32, 32) and out.is_contiguous(memory_format=torch.channels_last)
+        for row, index in enumerate(indices.tolist()):
+            alone = decode_batch(
+                varied_jpegs, torch.tensor([index]), decode, seed=0, epoch=0, device=torch.device(device)
+            )
+            assert torch.equal(out[row], alone[0])
+
+    def test_memory_is_bounded_by_sizes_and_chunks_not_padded_to_the_largest(self, varied_jpegs, device, monkeypatch):
+        """One float tensor per chunk of images of one size, at most the budget (a single image may pass
+        it): never a batch padded to its tallest and widest image."""
+        sizes = []
+        real = gpuload.loading.crop.resample
+
+        def resample(pixels, weights_y, weights_x):
+            sizes.append((tuple(pixels.shape), pixels.numel() * pixels.element_size()))
+            return real(pixels, weights_y, weights_x)
+
+        monkeypatch.setattr(gpuload.loading.crop, "resample", resample)
+        decode = RandomResizedCropDecode(24)
+        indices = torch.arange(12)
+        budget = 3 * 480 * 640 * 4  # one 640x480 image in float32
+        out = decode_batch(
+            varied_jpegs, indices, decode, seed=1, epoch=0, device=torch.device(device), chunk_bytes=budget
+        )
+        images = {tuple(shape) for shape in varied_jpegs.data.shapes.tolist()}
+        assert {shape[2:] for shape, _ in sizes} == images  # each chunk one size of the batch, none padded
+        itemsize = 2 if device == "cuda" else 4
+        largest = max(3 * height * width * itemsize for height, width in images)
+        assert all(nbytes <= max(budget, largest) for _, nbytes in sizes)
+        assert sum(shape[0] for shape, _ in sizes) == 12 and len(sizes) > len(images)  # the budget split a size
+        whole = decode_batch(
+            varied_jpegs, indices, decode, seed=1, epoch=0, device=torch.device(device), chunk_bytes=2**40
+        )
+        assert torch.equal(out, whole)  # chunking changes nothing but memory
+
     def test_the_loader_serves_them_on_cuda_and_refuses_them_elsewhere(self, varied_jpegs, device):
         def loader():
             return DataLoader(varied_jpegs, batch_size=5, shuffle=True, seed=1, device=device,
@@ -317,3 +356,65 @@ class TestDecodeBatch:
             return
         shapes = [(images.shape, images.device.type, labels.device.type) for images, labels in loader()]
         assert shapes[0] == ((5, 3, 24, 24), device, device) and len(shapes) == 3
+
+
+@pytest.mark.cuda
+class TestGpuDecodeOnCuda:
+    """What only a GPU shows: nvJPEG through TorchCodec, in the loader's threads, on their streams."""
+
+    @pytest.fixture(autouse=True)
+    def torchcodec(self):
+        pytest.importorskip("torchcodec.decoders", reason="pip install 'gpuload[cuda]'")
+
+    def test_batches_through_the_loader_match_the_cpu_decode_of_the_same_draws(self, varied_jpegs):
+        decode = RandomResizedCropDecode(32, gpu=True)
+        loader = DataLoader(varied_jpegs, batch_size=5, shuffle=True, seed=1, device="cuda", decode=decode)
+        assert loader.threads == 2 and loader._ahead == loader.prefetch
+        order = epoch_order_of(loader)
+        served = torch.cat([images.cpu() for images, _ in loader])
+        reference = decode_batch(
+            varied_jpegs, order[: len(served)], decode, seed=1, epoch=0, device=torch.device("cpu")
+        )
+        assert served.shape == reference.shape
+        assert float((served.float() - reference.float()).abs().mean()) <= 0.6  # nvJPEG's IDCT, float16
+
+    def test_the_ring_holds_pinned_labels_only(self, varied_jpegs):
+        loader = DataLoader(varied_jpegs, batch_size=4, device="cuda", decode=CenterCropDecode(32, gpu=True))
+        iterator = iter(loader)
+        ring = iterator._pipeline.ring
+        next(iterator)
+        assert all(slot.images is None and slot.labels.is_pinned() for slot in ring.slots)
+
+    def test_no_host_synchronisation_of_ours_in_the_batch_path(self, varied_jpegs):
+        """The draws are made on the CPU from the recorded sizes and sent once, pinned and non-blocking
+        (TorchCodec synchronises its own stream inside its op, which this mode does not see)."""
+        decode = RandomResizedCropDecode(32, gpu=True)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = decode_batch(varied_jpegs, torch.arange(12), decode, seed=0, epoch=0, device=torch.device("cuda"))
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert out.is_contiguous(memory_format=torch.channels_last) and out.shape == (12, 3, 32, 32)
+
+
+def epoch_order_of(loader: DataLoader) -> torch.Tensor:
+    """The indices the loader's next epoch visits on this rank."""
+    from gpuload.loading.order import epoch_order
+
+    return epoch_order(len(loader._labels), epoch=loader.epoch, seed=loader.seed, shuffle=loader.shuffle)
+
+
+class TestChunks:
+    @settings(max_examples=100, deadline=None)
+    @given(
+        sizes=st.lists(st.sampled_from([(2, 3), (5, 5), (40, 30), (7, 1)]), min_size=1, max_size=30),
+        budget=st.integers(1, 20_000),
+    )
+    def test_runs_of_one_size_within_the_budget_covering_every_image(self, sizes, budget):
+        sizes = sorted(sizes)
+        chunks = gpuload.loading.crop._chunks(sizes, budget, 2)
+        assert [start for start, _ in chunks] == [0, *[end for _, end in chunks[:-1]]] and chunks[-1][1] == len(sizes)
+        for start, end in chunks:
+            assert len(set(sizes[start:end])) == 1
+            assert end - start == 1 or (end - start) * 3 * sizes[start][0] * sizes[start][1] * 2 <= budget

@@ -4,7 +4,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import BAD_FILES, ODD_KINDS, SIZE, photo, write_bad_file, write_odd_image
+from conftest import BAD_FILES, NOT_FILES, ODD_KINDS, SIZE, photo, write_bad_file, write_odd_image
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
@@ -20,6 +20,8 @@ from gpuload.store.decode import (
     decode_image,
     decode_into,
     exif_orientation,
+    pixel_limit,
+    read_bytes,
     read_size,
     upright_pixels,
 )
@@ -48,6 +50,21 @@ class TestBadFiles:
         monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", SIZE[0] * SIZE[1] - 1)  # Pillow only warns here
         with pytest.warns(Image.DecompressionBombWarning), pytest.raises(DecodeError, match="MAX_IMAGE_PIXELS"):
             decode_image(path)
+
+    def test_too_many_pixels_says_how_to_raise_the_limit_on_the_command_line_too(self, tmp_path, monkeypatch):
+        path = tmp_path / "big.jpg"
+        photo().save(path)
+        monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 3000)
+        with pytest.warns(Image.DecompressionBombWarning), pytest.raises(DecodeError) as caught:
+            read_size(path)
+        assert str(caught.value) == (
+            f"{path}: 64x48 = 3,072 pixels, more than PIL.Image.MAX_IMAGE_PIXELS = 3,000 (a possible decompression "
+            "bomb); for trusted files, raise the limit: --max-pixels N on the command line, "
+            "PIL.Image.MAX_IMAGE_PIXELS = N in Python"
+        )
+        with pixel_limit(3072):
+            assert read_size(path) == SIZE
+        assert Image.MAX_IMAGE_PIXELS == 3000  # put back
 
     def test_missing_file(self, tmp_path):
         with pytest.raises(DecodeError, match="cannot read"):
@@ -85,7 +102,7 @@ class TestOnlyDamageIsDamage:
             decode_image(write_bad_file(tmp_path, "corrupt.jpg"))
         assert not isinstance(caught.value, ValueError)
 
-    @pytest.mark.parametrize("name", ["truncated_eoi.jpg", "corrupt.jpg"])
+    @pytest.mark.parametrize("name", ["truncated_eoi.jpg", "corrupt.jpg", "extraneous.jpg", "corrupt_mpo.jpg"])
     def test_jpegs_that_pillow_accepts_with_grey_blocks_are_damaged(self, tmp_path, name):
         path = write_bad_file(tmp_path, name)
         Image.open(path).load()  # Pillow decodes it without a word
@@ -318,6 +335,17 @@ class TestEnvironmentErrors:
         with pytest.raises(OSError) as caught:
             decode_image(tmp_path / "a.jpg")
         assert not isinstance(caught.value, DecodeError) and caught.value.errno == code
+
+    @pytest.mark.parametrize("kind", sorted(NOT_FILES))
+    def test_what_is_not_a_regular_file_is_reported_and_never_opened(self, tmp_path, make_not_a_file, kind):
+        """A named pipe would block the open until a writer comes, /dev/zero would be read forever."""
+        path = make_not_a_file(tmp_path / "a.jpg", kind)
+        for read in (read_bytes, read_size, decode_image):
+            with pytest.raises(DecodeError) as caught:
+                read(path)
+            assert str(caught.value) == (
+                f"{path}: not a regular file ({NOT_FILES[kind]}): not opened; images must be regular files"
+            )
 
     @pytest.mark.parametrize("make", ["missing", "folder", "unreadable"])
     def test_files_that_cannot_be_read_are_reported(self, tmp_path, make):

@@ -4,15 +4,13 @@ import os
 import pytest
 
 import gpuload.store.files
-from gpuload.store.files import OutputLock
+from gpuload.store.files import OutputLock, no_room
 
 
-@pytest.mark.parametrize(
-    ("code", "kind"), [(errno.EROFS, OSError), (errno.ENOSPC, OSError), (errno.EACCES, PermissionError)]
-)
+@pytest.mark.parametrize(("code", "kind"), [(errno.EROFS, OSError), (errno.EACCES, PermissionError)])
 def test_a_lock_file_that_cannot_be_created_names_the_output_and_what_to_do(tmp_path, monkeypatch, code, kind):
-    """A read-only disk, one with no free inode, a folder we may not write: the error is about the
-    output the user named, keeps its errno (the command line prints one line), and says what to do."""
+    """A read-only disk, a folder we may not write: the error is about the output the user named,
+    keeps its errno (the command line prints one line), and says what to do."""
 
     def refuse(path, *args):
         raise kind(code, os.strerror(code), str(path))
@@ -34,3 +32,65 @@ def test_an_output_under_a_file_is_not_given_disk_advice(tmp_path):
     with pytest.raises(OSError) as caught, OutputLock(tmp_path / "afile" / "out.memmap"):
         pass
     assert caught.value.filename == str(tmp_path / "afile") and "writable disk" not in str(caught.value)
+
+
+class Statvfs:
+    """What ``os.statvfs`` says of a disk with ``free_blocks`` of 4 KiB and ``free_inodes`` of 1,000."""
+
+    def __init__(self, free_blocks: int, free_inodes: int = 1000) -> None:
+        self.f_bavail, self.f_frsize = free_blocks, 4096
+        self.f_files, self.f_favail = 1000, free_inodes
+
+
+@pytest.mark.parametrize(
+    ("free_inodes", "message"),
+    [
+        (
+            1000,
+            "not enough disk space to write {out}: its lock file {lock} could not be created; free space there or "
+            "choose an output on another disk",
+        ),
+        (
+            0,
+            "no free inode left to write {out}: its lock file {lock} could not be created (its disk has 52,428,800 "
+            "bytes (0.05 GB) free, but all its 1,000 inodes are taken: each file or folder takes one, whatever its "
+            "size); delete files there or choose an output on another disk",
+        ),
+    ],
+)
+def test_a_lock_file_on_a_full_disk_says_whether_bytes_or_inodes_ran_out(tmp_path, monkeypatch, free_inodes, message):
+    def full(path, *args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(gpuload.store.files.os, "open", full)
+    monkeypatch.setattr(gpuload.store.files.os, "statvfs", lambda path: Statvfs(12_800, free_inodes))
+    with pytest.raises(OSError) as caught, OutputLock(tmp_path / "out.memmap"):
+        pass
+    assert caught.value.errno == errno.ENOSPC
+    assert str(caught.value) == "[Errno 28] " + message.format(
+        out=tmp_path / "out.memmap", lock=tmp_path / ".out.memmap.lock"
+    )
+
+
+class TestNoRoom:
+    def test_no_free_inode_while_bytes_remain(self, monkeypatch):
+        monkeypatch.setattr(gpuload.store.files.os, "statvfs", lambda path: Statvfs(12_800, free_inodes=0))
+        assert no_room("/", "to write x", "there or write to another disk", needed="a new file") == (
+            "no free inode left to write x (its disk has 52,428,800 bytes (0.05 GB) free, but all its 1,000 inodes "
+            "are taken: each file or folder takes one, whatever its size); delete files there or write to another disk"
+        )
+
+    def test_a_disk_that_counts_no_inodes_is_short_of_bytes(self, monkeypatch):
+        """btrfs reports 0 inodes of 0: that is no inode count, not a full table."""
+        stats = Statvfs(0, free_inodes=0)
+        stats.f_files = 0
+        monkeypatch.setattr(gpuload.store.files.os, "statvfs", lambda path: stats)
+        assert no_room("/", "to write x", "there", needed="10 bytes") == (
+            "not enough disk space to write x: it needs 10 bytes and its disk has 0 bytes (0.00 GB) free; free space there"
+        )
+
+    def test_the_disk_of_a_path_not_made_yet_is_that_of_its_nearest_folder(self, tmp_path, monkeypatch):
+        asked = []
+        monkeypatch.setattr(gpuload.store.files.os, "statvfs", lambda path: asked.append(path) or Statvfs(1))
+        no_room(tmp_path / "a" / "b", "to write b", "there")
+        assert asked == [tmp_path]

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from gpuload import DatasetError, MemmapImageDataset, UsageError, build_memmap, decode_image
-from gpuload.store.jpeg import arithmetic_coded, frame_size, row_window, scale_is_exact, store_jpeg
+from gpuload.store.jpeg import arithmetic_coded, frame_size, primary_image, row_window, scale_is_exact, store_jpeg
 
 
 def block_means_gap(first: np.ndarray, second: np.ndarray) -> float:
@@ -121,12 +121,60 @@ class TestStoreJpeg:
             simplejpeg.decode_jpeg(stored.data)[150:160],
         )
 
-    @pytest.mark.parametrize("name", ["truncated_eoi.jpg", "corrupt.jpg", "notes.jpg"])
+    @pytest.mark.parametrize(
+        "name", ["truncated_eoi.jpg", "corrupt.jpg", "notes.jpg", "extraneous.jpg", "corrupt_mpo.jpg"]
+    )
     def test_damaged_files_are_decode_errors_as_in_raw_builds(self, tmp_path, name):
         from gpuload import DecodeError
 
         with pytest.raises(DecodeError):
             store_jpeg(write_bad_file(tmp_path, name))
+
+    @pytest.mark.parametrize("before", [b"\xff\xdb", b"\xff\xc4"])  # before the frame header, after it
+    def test_stray_bytes_before_a_header_marker_are_damage_not_another_kind_of_jpeg(self, tmp_path, before):
+        """libjpeg skips them, warning "Corrupt JPEG data: 3 extraneous bytes before marker", so its
+        strict decode refuses the file: damaged, as in raw builds, not re-encoded as an
+        arithmetic-coded JPEG or one that libjpeg-turbo cannot read."""
+        from gpuload import DecodeError
+
+        photo().save(tmp_path / "a.jpg", quality=90)
+        data = (tmp_path / "a.jpg").read_bytes()
+        position = data.index(before)
+        data = data[:position] + b"\x00\x12\x34" + data[position:]
+        (tmp_path / "a.jpg").write_bytes(data)
+        assert frame_size(data) == SIZE and not arithmetic_coded(data)  # the header walk skips them, as libjpeg
+        with pytest.raises(
+            DecodeError,
+            match=rf"truncated or corrupt JPEG \(libjpeg: Corrupt JPEG data: 3 extraneous bytes before marker 0x{before[1]:02x}\)",
+        ):
+            store_jpeg(tmp_path / "a.jpg")
+
+    @pytest.mark.parametrize(("options", "reason"), [({}, None), ({"progressive": True}, "progressive")])
+    def test_a_multi_picture_jpeg_is_its_first_picture(self, tmp_path, options, reason):
+        """An MPO (a stereo pair, an Ultra HDR photo and its gain map) shows as its first picture, a
+        JPEG: stored byte for byte up to its end (the bytes its picture index gives it) where it
+        qualifies, else re-encoded for what it is."""
+        other = photo((24, 32)).transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        photo().save(tmp_path / "a.jpg", "MPO", save_all=True, append_images=[other], quality=90, **options)
+        with Image.open(tmp_path / "a.jpg") as image:
+            assert image.format == "MPO"
+            first = image.mpinfo[0xB002][0]["Size"]  # the primary picture's bytes, by the picture index
+        stored = store_jpeg(tmp_path / "a.jpg")
+        assert stored.reencoded == reason and stored.shape == SIZE
+        if reason is None:
+            assert stored.data == (tmp_path / "a.jpg").read_bytes()[:first]
+        assert block_means_gap(simplejpeg.decode_jpeg(stored.data), np.asarray(photo())) < 3
+
+    def test_the_first_picture_ends_at_its_own_end_marker(self, tmp_path):
+        """Not at the end marker of a thumbnail in its EXIF, nor after the first of its scans."""
+        thumbnail = io.BytesIO()
+        photo((12, 16)).save(thumbnail, "JPEG")
+        exif = Image.Exif()
+        exif[0x010E] = "a" * 40
+        photo().save(tmp_path / "p.jpg", quality=90, progressive=True, exif=exif.tobytes() + thumbnail.getvalue())
+        data = (tmp_path / "p.jpg").read_bytes()
+        assert data.count(b"\xff\xd9") == 2 and primary_image(data + data) == data
+        assert primary_image(data[:-2]) == data[:-2]  # no end: as it is
 
 
 class TestBuild:
@@ -153,11 +201,12 @@ class TestBuild:
     def test_mixed_sources_are_stored_and_counted(self, photo_copy, tmp_path):
         write_odd_image(photo_copy / "face" / "rotated.jpg", "exif_rotated")
         write_odd_image(photo_copy / "face" / "palette.png", "palette")
+        write_odd_image(photo_copy / "face" / "stereo.jpg", "mpo")  # stored: its first picture is a baseline JPEG
         photo((200, 300)).save(photo_copy / "collar" / "big.jpg", quality=90)
         write_bad_file(photo_copy / "collar", "truncated_eoi.jpg")
         out = build_memmap(photo_copy, tmp_path / "out", format="jpeg", max_side=100, quality=80, progress=False)
         dataset = MemmapImageDataset(out)
-        assert len(dataset) == 23 and [entry["path"] for entry in dataset.skipped] == ["collar/truncated_eoi.jpg"]
+        assert len(dataset) == 24 and [entry["path"] for entry in dataset.skipped] == ["collar/truncated_eoi.jpg"]
         assert dataset.manifest.jpeg == {
             "quality": 80,
             "max_side": 100,
@@ -169,7 +218,7 @@ class TestBuild:
         [
             ({"format": "png"}, "format must be one of raw, jpeg"),
             ({"format": "jpeg", "size": (8, 8)}, "size applies to format='raw'"),
-            ({"max_side": 100}, "max_side must be a positive integer, for format='jpeg' only"),
+            ({"max_side": 100}, r"max_side applies only to format='jpeg' \(--format jpeg\), got max_side=100"),
             ({"format": "jpeg", "max_side": 0}, "max_side must be a positive integer"),
             ({"format": "jpeg", "quality": 101}, "quality must be an integer from 1 to 100"),
         ],
@@ -184,7 +233,7 @@ class TestBuild:
 
         shutil.rmtree(photo_copy / "collar")
         classes = MemmapImageDataset(built_dataset).classes
-        with pytest.warns(UserWarning, match="class 'collar' has no image"):
+        with pytest.warns(UserWarning, match="1 of the given classes have no image in .*: collar; their labels"):
             out = build_memmap(photo_copy, tmp_path / "val", format="jpeg", classes=classes, progress=False)
         dataset = MemmapImageDataset(out)
         assert dataset.classes == classes and dataset.manifest.empty_classes == ["collar"]

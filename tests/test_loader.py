@@ -336,13 +336,13 @@ class TestShutdown:
         ready, calls = threading.Event(), []
         publish = loader_module._Pipeline._fill_and_publish
 
-        def finalise_while_holding_the_condition(pipeline, number, slot):
+        def finalise_while_holding_the_condition(pipeline, number, slot, stream):
             if number == 0:  # prefetch=1: the other producer waits on the condition meanwhile
                 ready.wait(5)
                 with pipeline.condition:
                     finalise()  # what the garbage collector would do at an allocation here
                 calls.append("returned")
-            publish(pipeline, number, slot)
+            publish(pipeline, number, slot, stream)
 
         monkeypatch.setattr(loader_module._Pipeline, "_fill_and_publish", finalise_while_holding_the_condition)
         iterator = iter(loader)
@@ -356,11 +356,11 @@ class TestShutdown:
         gathering, release = threading.Event(), threading.Event()
         publish = loader_module._Pipeline._fill_and_publish
 
-        def slow_first_gather(pipeline, number, slot):
+        def slow_first_gather(pipeline, number, slot, stream):
             if not gathering.is_set():
                 gathering.set()
                 release.wait(5)
-            publish(pipeline, number, slot)
+            publish(pipeline, number, slot, stream)
 
         monkeypatch.setattr(loader_module._Pipeline, "_fill_and_publish", slow_first_gather)
         first = iter(loader)
@@ -373,7 +373,7 @@ class TestShutdown:
         release.set()
         assert len(list(second)) == 12
         assert wait_for_no_gather_threads()
-        assert any(pooled is ring for pooled in loader._rings._free)  # back once its producer exited
+        assert any(pooled is ring for pooled in loader._ring_pool(torch.device("cpu"))._free)  # back once it exited
 
     def test_the_interpreter_exits_cleanly_right_after_iterators_are_dropped(self, tmp_path):
         """Daemon producers still inside torch when the interpreter finalises abort the process
@@ -748,12 +748,47 @@ class TestJpegDatasets:
         assert sum(len(labels) for _, labels in loader) == 20
         assert peak[0] == threads
 
-    def test_gpu_decode_without_torchcodec_says_what_to_install(self, monkeypatch):
-        from gpuload import UsageError
+    @pytest.mark.parametrize("failure", ["missing", "too_old", "broken"])
+    def test_gpu_decode_without_a_working_torchcodec_says_what_to_install(self, monkeypatch, failure):
+        """0.8 to 0.15 import but have no decode_jpeg; an install whose FFmpeg is missing raises a
+        RuntimeError at import: each is refused, never a quiet CPU fallback or a traceback."""
+        import types
 
-        monkeypatch.setitem(sys.modules, "torchcodec.decoders", None)  # an import of it fails
-        with pytest.raises(UsageError, match=r"pip install gpuload\[cuda\]"):
+        if failure == "missing":
+            monkeypatch.setitem(sys.modules, "torchcodec.decoders", None)  # an import of it fails
+        elif failure == "too_old":
+            monkeypatch.setitem(sys.modules, "torchcodec.decoders", types.ModuleType("torchcodec.decoders"))
+        else:
+            broken = types.ModuleType("torchcodec.decoders")
+            broken.__getattr__ = lambda name: (_ for _ in ()).throw(RuntimeError("Could not load libtorchcodec"))
+            monkeypatch.setitem(sys.modules, "torchcodec.decoders", broken)
+        with pytest.raises(
+            UsageError, match=r"TorchCodec 0.16 or newer.*pip install 'gpuload\[cuda\]', or use gpu=False"
+        ):
             loader_module._check_gpu_decode(torch.device("cuda"))
+
+    def test_a_loader_made_before_set_device_under_nccl_is_refused_before_the_broadcast(self, monkeypatch):
+        """NCCL broadcasts the seed through the current device: every rank on cuda:0 hangs or fails."""
+        broadcasts = []
+        monkeypatch.setattr(loader_module.dist, "is_initialized", lambda: True)
+        monkeypatch.setattr(loader_module.dist, "get_backend", lambda: "nccl")
+        monkeypatch.setattr(loader_module.dist, "broadcast_object_list", lambda *args, **kwargs: broadcasts.append(1))
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+        monkeypatch.setenv("LOCAL_RANK", "3")
+        with pytest.raises(UsageError, match=r"cuda:0 while LOCAL_RANK is 3: call torch.cuda.set_device\(local_rank\)"):
+            loader_module._draw_seed(None, broadcast=True)
+        assert broadcasts == []
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+        loader_module._draw_seed(None, broadcast=True)
+        assert broadcasts == [1]
+
+    def test_cuda_graphs_are_told_from_the_compiled_transform(self):
+        identity = torch.nn.Identity()
+        assert loader_module.uses_cuda_graphs(torch.compile(identity, mode="reduce-overhead"))
+        assert loader_module.uses_cuda_graphs(torch.compile(identity, mode="max-autotune"))
+        assert not loader_module.uses_cuda_graphs(torch.compile(identity))
+        assert not loader_module.uses_cuda_graphs(identity) and not loader_module.uses_cuda_graphs(abs)
 
     def test_a_resumed_epoch_replays_the_same_crops(self, jpeg_dataset):
         dataset = MemmapImageDataset(jpeg_dataset)
@@ -945,6 +980,8 @@ def test_distributed_shards_with_torchrun(built_dataset, tmp_path):
 # This deletion check has NOT been run: the machine these tests were written on has no GPU.
 SLEEP_CYCLES = 20_000_000  # about 10 ms of GPU time
 EPOCHS = 2
+# The tests that guard the stream protocol (see the deletion check below).
+PROTOCOL_TESTS = ("test_every_batch_is_exact_under_overlap", "test_a_slow_transform_on_the_side_stream_is_waited_for")
 
 
 def checksums(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -966,17 +1003,19 @@ class TestCuda:
 
     @pytest.mark.parametrize("lag", ["fast", "slow", "lagging"])
     def test_every_batch_is_exact_under_overlap(self, data, lag):
-        loader = DataLoader(data, batch_size=64, shuffle=True, seed=3, device="cuda")
-        ring = loader._rings.take()  # the ring that every iteration below takes back from the pool
-        loader._rings.give_back(ring)
-        side_stream = ring.slots[0].stream
+        loader = DataLoader(data, batch_size=64, shuffle=True, seed=3, device="cuda", threads=2)
+        pool = loader._ring_pool(torch.device("cuda", torch.cuda.current_device()))
+        ring = pool.take()  # the ring that every iteration below takes back from the pool
+        pool.give_back(ring)
+        side_streams = [ring.stream(producer) for producer in range(loader.threads)]
 
         def after_each_batch() -> None:
             if lag == "slow":  # the consumer's stream falls behind the host
                 torch.cuda._sleep(SLEEP_CYCLES)
             elif lag == "lagging":  # the copies fall behind the gathers
-                with torch.cuda.stream(side_stream):
-                    torch.cuda._sleep(SLEEP_CYCLES)
+                for stream in side_streams:
+                    with torch.cuda.stream(stream):
+                        torch.cuda._sleep(SLEEP_CYCLES)
 
         consumer = torch.cuda.Stream()
         sums = []
@@ -1010,21 +1049,21 @@ class TestCuda:
         reference = checksums(data.images.flip(-1).cuda(), data.labels.cuda()).cpu()
         assert torch.equal(torch.cat(sums, dim=1).cpu(), reference[:, order])
 
-    def test_the_cuda_sanitizer_reports_no_race(self):
-        """The same scenarios under CSAN. Its dispatch mode is per thread: it sees the consumer's kernels and
-        every event record, wait and synchronisation, not the kernels of the producer threads."""
-        test = "tests/test_loader.py::TestCuda::test_every_batch_is_exact_under_overlap"
+    @pytest.mark.parametrize("step", ["_host_waits", "_stream_waits", "_record_on"])
+    def test_the_overlap_tests_fail_without_each_step_of_the_protocol(self, step):
+        """The deletion check: each step of the stream protocol removed in turn, the tests above must
+        fail (a test that still passed would not guard that step)."""
+        tests = [f"tests/test_loader.py::TestCuda::{name}" for name in PROTOCOL_TESTS]
         result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *tests],
             cwd=Path(__file__).parent.parent,
-            env={**os.environ, "TORCH_CUDA_SANITIZER": "1"},
+            env={**os.environ, "GPULOAD_DELETE_STEP": step},
             capture_output=True,
             text=True,
             timeout=600,
         )
-        output = result.stdout + result.stderr
-        assert result.returncode == 0, output[-3000:]
-        assert "CSAN" not in output
+        assert result.returncode == 1, (result.stdout + result.stderr)[-3000:]  # 1: tests failed (not an error)
+        assert re.search(r"\d+ failed", result.stdout), result.stdout[-3000:]
 
     def test_reserved_memory_does_not_grow_across_epochs(self, built_dataset):
         loader = DataLoader(MemmapImageDataset(built_dataset), batch_size=4, shuffle=True, device="cuda")
@@ -1036,7 +1075,79 @@ class TestCuda:
             reserved.append(torch.cuda.memory_reserved())
         assert reserved[-1] <= reserved[1]
 
-    def test_pinned_host_buffers(self, built_dataset):
-        loader = DataLoader(MemmapImageDataset(built_dataset), batch_size=4, device="cuda")
-        next(iter(loader))
-        assert all(slot.images.is_pinned() and slot.labels.is_pinned() for slot in loader._rings.take().slots)
+    def test_the_ring_that_served_is_pinned_and_copied_non_blocking(self, built_dataset, monkeypatch):
+        copies = []
+        real = torch.Tensor.to
+
+        def to(tensor, *args, **kwargs):
+            if tensor.device.type == "cpu":
+                copies.append((tensor.is_pinned(), kwargs.get("non_blocking", False)))
+            return real(tensor, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, "to", to)
+        loader = DataLoader(MemmapImageDataset(built_dataset), batch_size=4, device="cuda", threads=1)
+        iterator = iter(loader)
+        ring = iterator._pipeline.ring
+        images, labels = next(iterator)
+        assert images.is_cuda and labels.is_cuda and copies and all(pinned and fast for pinned, fast in copies)
+        assert all(slot.images.is_pinned() and slot.labels.is_pinned() for slot in ring.slots)
+
+    def test_each_producer_copies_on_a_stream_of_its_own(self, data, monkeypatch):
+        streams = set()
+        real = loader_module._index_select
+
+        def gather(*args):
+            streams.add(torch.cuda.current_stream().stream_id)
+            return real(*args)
+
+        monkeypatch.setattr(loader_module, "_index_select", gather)
+        loader = DataLoader(data, batch_size=16, device="cuda", threads=2, prefetch=4)
+        list(loader)
+        assert len(streams) == 2 and torch.cuda.default_stream().stream_id not in streams
+
+    def test_batches_of_every_kind_are_channels_last(self, built_dataset, jpeg_dataset):
+        raw, jpeg = MemmapImageDataset(built_dataset), MemmapImageDataset(jpeg_dataset)
+        loaders = [
+            DataLoader(raw, batch_size=4, device="cuda"),
+            DataLoader(raw, batch_size=4, device="cuda", decode=RandomResizedCropDecode(16)),
+            DataLoader(raw, batch_size=4, device="cuda", transform=RandomResizedCrop(16, flip=True)),
+            DataLoader(jpeg, batch_size=4, device="cuda", decode=CenterCropDecode(16)),
+        ]
+        try:
+            loaders.append(DataLoader(jpeg, batch_size=4, device="cuda", decode=CenterCropDecode(16, gpu=True)))
+        except UsageError:  # no TorchCodec: that kind is tested where it is installed
+            pass
+        for loader in loaders:
+            images, _ = next(iter(loader))
+            assert images.is_cuda and images.is_contiguous(memory_format=torch.channels_last), loader
+
+    @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+    def test_a_loader_follows_the_device_current_when_it_iterates(self, data):
+        """Made before torch.cuda.set_device(local_rank), as many training scripts do."""
+        loader = DataLoader(data, batch_size=64, device="cuda")
+        explicit = DataLoader(data, batch_size=64, device="cuda:1")
+        previous = torch.cuda.current_device()
+        try:
+            torch.cuda.set_device(1)
+            images, labels = next(iter(loader))
+            assert images.device == labels.device == torch.device("cuda", 1)
+        finally:
+            torch.cuda.set_device(previous)
+        images, _ = next(iter(explicit))
+        assert images.device == torch.device("cuda", 1)
+        assert torch.equal(images.cpu(), data.images[:64])
+
+    def test_a_transform_compiled_with_cuda_graphs_gives_intact_batches(self, data):
+        """CUDA graphs return static outputs that the next replay overwrites: the loader keeps a copy."""
+        flip = torch.compile(lambda images: images.flip(-1), mode="reduce-overhead")
+        loader = DataLoader(data, batch_size=64, shuffle=True, seed=3, device="cuda", transform=flip, prefetch=4)
+        consumer = torch.cuda.Stream()
+        sums = []
+        with torch.cuda.stream(consumer):
+            for images, labels in loader:
+                torch.cuda._sleep(SLEEP_CYCLES)  # the consumer falls behind: later replays run first
+                sums.append(checksums(images, labels))
+        torch.cuda.synchronize()
+        order = epoch_order(len(data), epoch=0, seed=3, shuffle=True)
+        reference = checksums(data.images.flip(-1).cuda(), data.labels.cuda()).cpu()
+        assert torch.equal(torch.cat(sums, dim=1).cpu(), reference[:, order])

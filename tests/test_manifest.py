@@ -75,6 +75,7 @@ def test_inconsistent_manifests_are_refused(tmp_path, changes, message):
         ("image_shape", [3, 4.0, 5], r"\[3, height, width\] with positive integers"),
         ("image_shape", [3, 0, 5], r"\[3, height, width\] with positive integers"),
         ("resize", "zoom", "one of crop, pad, stretch"),
+        ("max_image_pixels", "a lot", r"a number of pixels \(0: no limit\)"),
         ("skipped", ["cat/bad.jpg"], r'a list of \{"path": ..., "reason": ...\}'),
         ("versions", ["2.14"], "an object of library versions"),
         ("files", {"images.memmap": "120"}, "an object of file sizes"),

@@ -114,7 +114,7 @@ class TestSymlinks:
 class TestGivenClasses:
     def test_labels_follow_the_given_list(self, photo_copy):
         classes = ["sleeve_right", "face", "collar", "background", "sleeve_left", "hat"]
-        with pytest.warns(UserWarning, match="class 'hat' has no image"):
+        with pytest.warns(UserWarning, match=r"^1 of the given classes have no image in .*photos: hat; their labels"):
             index = scan_image_folder(photo_copy, classes=classes)
         assert index.classes == classes and index.empty_classes == ["hat"]
         assert ("face/0000.jpg", 1) in index.samples and ("sleeve_right/0003.jpg", 0) in index.samples
@@ -133,5 +133,23 @@ class TestGivenClasses:
         flat = tmp_path / "face"
         flat.mkdir()
         (flat / "a.jpg").write_bytes((photo_folder / "face" / "0000.jpg").read_bytes())
-        index = scan_image_folder(flat, classes=["collar", "face"])
-        assert index.samples == [("a.jpg", 1)] and index.empty_classes == ["collar"]
+        with pytest.warns(UserWarning) as caught:
+            index = scan_image_folder(flat, classes=["collar", "face", "bag"])
+        assert index.samples == [("a.jpg", 1)] and index.empty_classes == ["bag", "collar"]
+        assert [str(warning.message) for warning in caught] == [
+            f"2 of the given classes have no image in {flat}: bag, collar; their labels are kept"
+        ]
+
+    def test_a_folder_without_class_folders_named_after_no_given_class(self, tmp_path, photo_folder):
+        """Not "class folders that are not in the given classes": it has none."""
+        flat = tmp_path / "val"
+        flat.mkdir()
+        for name in ("a.jpg", "b.jpg"):
+            (flat / name).write_bytes((photo_folder / "face" / "0000.jpg").read_bytes())
+        with pytest.raises(UsageError) as caught:
+            scan_image_folder(flat, classes=["collar", "face"])
+        assert str(caught.value) == (
+            f"{flat} holds 2 images and no class folder, so it would be one class named 'val', which is not in the "
+            "given classes (collar, face); pass the folder that holds one folder per class, or name this folder "
+            "after its class"
+        )

@@ -3,12 +3,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import photo
+from conftest import photo, write_odd_image
 from PIL import Image, ImageOps
 
 import gpuload.store.decode
 import gpuload.store.verify
 from gpuload import MemmapImageDataset, UsageError, build_memmap
+from gpuload.store.decode import pixel_limit
 from gpuload.store.verify import describe_memmap, verify_memmap
 
 
@@ -81,6 +82,48 @@ def test_all_sources(built_dataset, monkeypatch):
     monkeypatch.setattr(gpuload.store.verify, "decode_image", lambda *args: decoded.append(1) or real(*args))
     assert verify_memmap(built_dataset, sources="all", progress=False) == []
     assert len(decoded) == 20
+
+
+@pytest.mark.parametrize("format", ["raw", "jpeg"])
+def test_a_multi_picture_source_verifies_as_it_was_built(photo_copy, tmp_path, format):
+    """An MPO is its first picture for the build (a jpeg build stores that picture's bytes) and for verify."""
+    write_odd_image(photo_copy / "face" / "stereo.jpg", "mpo")
+    out = build_memmap(photo_copy, tmp_path / "out", format=format, progress=False)
+    assert len(MemmapImageDataset(out)) == 21
+    assert verify_memmap(out, sources="all", progress=False) == []
+
+
+@pytest.mark.parametrize("format", ["raw", "jpeg"])
+def test_a_source_that_became_a_named_pipe_is_a_problem_never_opened(photo_copy, tmp_path, make_not_a_file, format):
+    out = build_memmap(photo_copy, tmp_path / "out", format=format, progress=False)
+    (photo_copy / "face" / "0002.jpg").unlink()
+    make_not_a_file(photo_copy / "face" / "0002.jpg", "fifo")
+    assert verify_memmap(out, sources="all", progress=False) == [
+        f"source of image 10 cannot be decoded: {photo_copy / 'face' / '0002.jpg'}: not a regular file "
+        "(a named pipe): not opened; images must be regular files"
+    ]
+
+
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # over the limit of the moment
+@pytest.mark.parametrize("options", [{"size": (24, 32)}, {"format": "jpeg", "max_side": 32}])  # every source decoded
+def test_sources_are_decoded_with_the_pixel_limit_of_the_build(photo_folder, tmp_path, monkeypatch, options):
+    """A build whose limit was raised (PIL.Image.MAX_IMAGE_PIXELS in Python, --max-pixels) recorded it:
+    verify decodes its sources with it, whatever the limit is now; a manifest from before it was
+    recorded uses the limit as it is now."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 3000)  # below the photos' 3,072 pixels
+    with pixel_limit(3072):
+        out = build_memmap(photo_folder, tmp_path / "out", progress=False, **options)
+    assert MemmapImageDataset(out).manifest.max_image_pixels == 3072
+    assert verify_memmap(out, sources="all", progress=False) == []
+    assert Image.MAX_IMAGE_PIXELS == 3000
+    (out / "manifest.json").chmod(0o644)
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["max_image_pixels"]  # as built before the limit was recorded
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    problems = verify_memmap(out, sources="all", progress=False)
+    assert len(problems) == 20 and "more than PIL.Image.MAX_IMAGE_PIXELS = 3,000" in problems[0]
+    with pixel_limit(3072):
+        assert verify_memmap(out, sources="all", progress=False) == []
 
 
 @pytest.mark.parametrize("sources", [-1, "some", 1.5, True])

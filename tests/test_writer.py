@@ -74,6 +74,24 @@ class TestFullDisk:
             "0 bytes (0.00 GB) free; free space there or write to another disk"
         )
 
+    def test_no_free_inode_is_not_called_a_lack_of_space(self, tmp_path, monkeypatch):
+        """ENOSPC at the file's creation on a disk with 50 MB free and no inode left."""
+        real_open = os.open
+        monkeypatch.setattr(
+            gpuload.store.writer.os,
+            "open",
+            lambda path, *args: _failing(errno.ENOSPC)() if str(path).endswith("out.bin") else real_open(path, *args),
+        )
+        monkeypatch.setattr(gpuload.store.writer.os, "statvfs", lambda path: _Statvfs(12_800, free_inodes=0))
+        with pytest.raises(OSError) as caught:
+            BlockWriter(tmp_path / "out.bin", capacity=10, name="dataset/out.bin")
+        assert caught.value.errno == errno.ENOSPC
+        assert str(caught.value) == (
+            "[Errno 28] no free inode left to write dataset/out.bin (its disk has 52,428,800 bytes (0.05 GB) free, "
+            "but all its 1,000 inodes are taken: each file or folder takes one, whatever its size); delete files "
+            "there or write to another disk"
+        )
+
     def test_a_full_disk_found_by_the_write_behind_names_the_file(self, tmp_path, monkeypatch):
         monkeypatch.setattr(gpuload.store.writer, "_WRITE_BEHIND_BYTES", 1)
         monkeypatch.setattr(gpuload.store.writer, "start_writeback", _failing(errno.ENOSPC))
@@ -101,8 +119,9 @@ def _failing(code: int):
 
 
 class _Statvfs:
-    def __init__(self, free_blocks: int) -> None:
+    def __init__(self, free_blocks: int, free_inodes: int = 1000) -> None:
         self.f_bavail, self.f_frsize = free_blocks, 4096
+        self.f_files, self.f_favail = 1000, free_inodes
 
 
 def test_filesystems_without_fallocate_still_work(tmp_path, monkeypatch):

@@ -45,6 +45,8 @@ class Collate:
         Raises:
             UsageError: the samples of a jpeg dataset whose images have several sizes (at its first
                 batch, even where that batch's images share one).
+            DatasetError: (from the dataset, before) its ``shapes.memmap`` records several sizes where
+                the images have one: it is damaged.
         """
         if isinstance(samples, JpegSamples) and not samples.one_size:
             raise UsageError(

@@ -379,6 +379,13 @@ def crop_raw(
         decode.crop(images[index].permute(1, 2, 0), boxes[row], flips[row], out[row])
 
 
+# The float working set of one resampling step of decode_batch: the images of a chunk (same size)
+# in the compute dtype, at most this many bytes (a single image may exceed it: a build refuses images
+# over Pillow's pixel limit, 89.5 MP, so one image is at most about 540 MB in float16).
+GPU_CHUNK_BYTES = 512 * 2**20
+_PARAMS = 10  # per sample: start, step, low, high (rows), the same (columns), flip, its batch row
+
+
 def decode_batch(
     dataset: MemmapImageDataset,
     indices: torch.Tensor,
@@ -387,74 +394,116 @@ def decode_batch(
     seed: int,
     epoch: int,
     device: torch.device,
+    chunk_bytes: int = GPU_CHUNK_BYTES,
 ) -> torch.Tensor:
-    """A batch of a jpeg dataset decoded on ``device`` and cropped all at once; uint8 ``[B, 3, S, S]``.
+    """A batch of a jpeg dataset decoded on ``device`` and cropped there: uint8 ``[B, 3, S, S]``,
+    channels-last, queued on the current stream.
 
-    The calling thread only reads (and checks) the bytes. On CUDA, TorchCodec decodes the whole
-    batch in one nvJPEG call (``pip install gpuload[cuda]``); elsewhere, or without TorchCodec,
-    libjpeg-turbo decodes each image (the fallback, which runs the same crop). The images, padded
-    to the batch's largest, are resampled by two batched matrix products with per-sample
-    interpolation matrices, the resampler of :class:`gpuload.RandomResizedCrop`: each box (or
-    evaluation's resize + centre crop) and flip in one go.
+    The calling thread reads (and checks) the bytes and draws every box and flip from the recorded
+    sizes; the resampling parameters go to the device in one pinned, non-blocking copy. The images are
+    taken by size (one size at a time, sorted by height and width), in chunks of at most
+    ``chunk_bytes`` of float pixels, so memory stays bounded whatever the sizes: on CUDA, TorchCodec
+    decodes each chunk in one nvJPEG call (``pip install 'gpuload[cuda]'``, TorchCodec 0.16 or newer;
+    it synchronises its own stream before returning); on the CPU, libjpeg-turbo decodes each image.
+    Each chunk is resampled by two batched matrix products with per-sample interpolation matrices
+    (built in float32, applied in float16 on CUDA, the resampler of :class:`gpuload.RandomResizedCrop`)
+    and written into the batch, whose rows are put back in the batch's order by one gather.
+
+    Example:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from gpuload import build_memmap, make_sample_folder
+        >>> src = make_sample_folder(Path(tempfile.mkdtemp()) / "p", images_per_class=1, size=(24, 32))
+        >>> dataset = MemmapImageDataset(build_memmap(src, format="jpeg", progress=False))
+        >>> batch = decode_batch(dataset, torch.tensor([2, 0]), CenterCropDecode(16), seed=0, epoch=0, device=torch.device("cpu"))
+        >>> batch.shape, batch.is_contiguous(memory_format=torch.channels_last)
+        (torch.Size([2, 3, 16, 16]), True)
     """
     shapes = dataset.data.shapes[indices]
+    names = [partial(dataset.describe, index) for index in indices.tolist()]
     blobs = [dataset.read_jpeg(index) for index in indices.tolist()]
-    for blob, index, shape in zip(blobs, indices.tolist(), shapes.tolist()):
-        _check_header(blob, shape, partial(dataset.describe, index))  # before sizing anything by shapes
-    images = _decode_all(blobs, indices, dataset, device)
-    height, width = int(shapes[:, 0].max()), int(shapes[:, 1].max())
+    for blob, shape, name in zip(blobs, shapes.tolist(), names):
+        _check_header(blob, shape, name)  # before sizing anything by shapes
+    order = sorted(range(len(blobs)), key=lambda row: (*shapes[row].tolist(), row))  # by size, stable
+    params = _resample_params(decode, shapes, indices, seed, epoch)[order]
+    params[:, 9] = torch.tensor(order, dtype=torch.float32)  # where each sorted row goes in the batch
+    on_device = params.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else params
     compute = torch.float16 if device.type == "cuda" else torch.float32
-    padded = torch.zeros((len(images), 3, height, width), dtype=compute, device=device)
-    for row, image in enumerate(images):
-        padded[row, :, : image.shape[1], : image.shape[2]] = image
-    weights_y, weights_x = _batch_weights(decode, shapes.to(device), indices, seed, epoch, (height, width))
-    return resample(padded, weights_y.to(compute), weights_x.to(compute)).round().clamp(0, 255).to(torch.uint8)
+    (out_height, out_width), count = decode.size, len(blobs)
+    made = torch.empty((count, out_height, out_width, 3), dtype=torch.uint8, device=device)  # sorted rows
+    for start, end in _chunks([tuple(shapes[row].tolist()) for row in order], chunk_bytes, compute.itemsize):
+        height, width = shapes[order[start]].tolist()
+        rows = order[start:end]
+        images = _decode_all([blobs[row] for row in rows], [names[row] for row in rows], device)
+        pixels = torch.stack(images).to(compute)  # [n, 3, H, W]
+        chunk = on_device[start:end]
+        weights_y = interpolation_weights(*chunk[:, 0:4].unbind(1), out_height, height)
+        weights_x = interpolation_weights(*chunk[:, 4:8].unbind(1), out_width, width)
+        weights_x = torch.where(chunk[:, 8, None, None] > 0.5, weights_x.flip(1), weights_x)
+        resampled = resample(pixels, weights_y.to(compute), weights_x.to(compute))
+        made[start:end].copy_(resampled.round_().clamp_(0, 255).permute(0, 2, 3, 1))  # cast, channels-last
+    batch = torch.empty_like(made)
+    batch.index_copy_(0, on_device[:, 9].long(), made)  # back in the batch's order
+    return batch.permute(0, 3, 1, 2)
 
 
-def _decode_all(
-    blobs: list[bytes], indices: torch.Tensor, dataset: MemmapImageDataset, device: torch.device
-) -> list[torch.Tensor]:
+def _chunks(sizes: list[tuple[int, int]], budget: int, itemsize: int) -> list[tuple[int, int]]:
+    """``(start, end)`` of runs of equal sizes (``sizes`` sorted), each at most ``budget`` bytes of
+    ``3 x H x W`` pixels of ``itemsize`` bytes (a run holds at least one image).
+
+    Example:
+        >>> _chunks([(2, 2), (2, 2), (2, 2), (4, 4)], budget=48, itemsize=2)
+        [(0, 2), (2, 3), (3, 4)]
+    """
+    chunks, start = [], 0
+    for end in range(1, len(sizes) + 1):
+        full = (end - start + 1) * 3 * sizes[start][0] * sizes[start][1] * itemsize > budget
+        if end == len(sizes) or sizes[end] != sizes[start] or full:
+            chunks.append((start, end))
+            start = end
+    return chunks
+
+
+def _decode_all(blobs: list[bytes], names: list[Callable[[], str]], device: torch.device) -> list[torch.Tensor]:
+    """The images of ``blobs`` decoded on ``device``: ``[3, H, W]`` uint8 each. On CUDA, one nvJPEG call
+    through TorchCodec (its presence was checked when the loader was made); elsewhere, libjpeg-turbo."""
     if device.type == "cuda":
-        try:
-            from torchcodec.decoders import decode_jpeg
-        except ImportError:
-            pass
-        else:
-            return decode_jpeg(list(blobs), device=device)
-    return [
-        torch.from_numpy(decode_jpeg_bytes(blob, partial(dataset.describe, index))).permute(2, 0, 1).to(device)
-        for blob, index in zip(blobs, indices.tolist())
-    ]
+        from torchcodec.decoders import decode_jpeg
+
+        return decode_jpeg(blobs, device=device)
+    return [torch.from_numpy(decode_jpeg_bytes(blob, name)).permute(2, 0, 1) for blob, name in zip(blobs, names)]
 
 
-def _batch_weights(
+def _resample_params(
     decode: RandomResizedCropDecode | CenterCropDecode,
     shapes: torch.Tensor,
     indices: torch.Tensor,
     seed: int,
     epoch: int,
-    padded: tuple[int, int],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sample interpolation matrices over the padded batch, taps only inside each image's pixels."""
+) -> torch.Tensor:
+    """float32 ``[B, 10]`` on the CPU, drawn from the recorded sizes: for each sample, the arguments of
+    :func:`~gpuload.transforms.augment.interpolation_weights` along its rows then its columns (start,
+    step, low, high), its flip (1 or 0), and a column for the caller."""
     height, width = shapes[:, 0].double(), shapes[:, 1].double()
-    (out_height, out_width), device = decode.size, shapes.device
+    out_height, out_width = decode.size
+    params = torch.zeros((len(shapes), _PARAMS), dtype=torch.float64)
     if isinstance(decode, RandomResizedCropDecode):
-        boxes, flips = decode.draw(shapes.cpu(), indices, seed=seed, epoch=epoch)
-        top, left, box_height, box_width = boxes.to(device).double().unbind(1)
-        weights_y = interpolation_weights(top, box_height / out_height, top, top + box_height, out_height, padded[0])
-        weights_x = interpolation_weights(left, box_width / out_width, left, left + box_width, out_width, padded[1])
-        return weights_y, torch.where(flips.to(device)[:, None, None], weights_x.flip(1), weights_x)
-    short = round(min(decode.size) / decode.ratio)  # torchvision's Resize(short), then CenterCrop(size)
-    landscape = height <= width
-    resized_height = torch.where(landscape, torch.full_like(height, short), torch.floor(short * height / width))
-    resized_width = torch.where(landscape, torch.floor(short * width / height), torch.full_like(width, short))
-    zero = torch.zeros_like(height)
-    step_y, step_x = height / resized_height, width / resized_width
-    top, left = _centre_offsets(resized_height, out_height) * step_y, _centre_offsets(resized_width, out_width) * step_x
-    return (
-        interpolation_weights(top, step_y, zero, height, out_height, padded[0]),
-        interpolation_weights(left, step_x, zero, width, out_width, padded[1]),
-    )
+        boxes, flips = decode.draw(shapes, indices, seed=seed, epoch=epoch)
+        top, left, box_height, box_width = boxes.double().unbind(1)
+        columns = (top, box_height / out_height, top, top + box_height, left, box_width / out_width, left, left + box_width)
+        params[:, 8] = flips.double()
+    else:
+        short = round(min(decode.size) / decode.ratio)  # torchvision's Resize(short), then CenterCrop(size)
+        landscape = height <= width
+        resized_height = torch.where(landscape, torch.full_like(height, short), torch.floor(short * height / width))
+        resized_width = torch.where(landscape, torch.floor(short * width / height), torch.full_like(width, short))
+        step_y, step_x = height / resized_height, width / resized_width
+        top = _centre_offsets(resized_height, out_height) * step_y
+        left = _centre_offsets(resized_width, out_width) * step_x
+        zero = torch.zeros_like(height)
+        columns = (top, step_y, zero, height, left, step_x, zero, width)
+    params[:, :8] = torch.stack(columns, dim=1)
+    return params.float()
 
 
 def _centre_offsets(sides: torch.Tensor, out: int) -> torch.Tensor:

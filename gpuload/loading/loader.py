@@ -6,6 +6,7 @@ import atexit
 import hashlib
 import inspect
 import math
+import os
 import sys
 import threading
 import weakref
@@ -139,8 +140,9 @@ class DataLoader:
         decode: RandomResizedCropDecode | CenterCropDecode | None = None,
     ) -> None:
         jpeg = isinstance(dataset, MemmapImageDataset) and dataset.storage == "jpeg"
-        if threads is None:
-            threads = default_workers() if decode is not None else 2
+        gpu_decode = decode is not None and getattr(decode, "gpu", False)
+        if threads is None:  # a thread per core where each crops its batch; two to gather or feed nvJPEG
+            threads = default_workers() if decode is not None and not gpu_decode else 2
         for name, value in (("batch_size", batch_size), ("prefetch", prefetch), ("threads", threads)):
             _check_int(name, value)
             if value < 1:
@@ -211,8 +213,11 @@ class DataLoader:
         # them (so are FFCV's); a raw dataset of format version 1 or 2 keeps its channel-first order.
         shape = self._image_view.shape[1:] if decode is None else torch.Size((3, *decode.size))
         channels_last = decode is not None or self._stored_channels_last
-        self._ahead = prefetch if decode is None else max(prefetch, threads)  # one batch per cropping thread
-        self._rings = _RingPool(partial(_Ring, shape, batch_size, self._ahead + 2, self.device, channels_last))
+        # One batch ahead per cropping thread; nvJPEG batches are made on the device, so their ring
+        # holds pinned labels only (no host image buffer a GPU decode would never use).
+        self._ahead = max(prefetch, threads) if decode is not None and not gpu_decode else prefetch
+        self._ring_shape = (shape, batch_size, self._ahead + 2, channels_last, not gpu_decode)
+        self._rings: dict[torch.device, _RingPool] = {}  # per device: "cuda" resolves at each iteration
         self._initialized = True
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -298,6 +303,11 @@ class DataLoader:
 
     # -- iteration ---------------------------------------------------------------------
 
+    def _ring_pool(self, device: torch.device) -> _RingPool:
+        if device not in self._rings:
+            self._rings[device] = _RingPool(partial(_Ring, *self._ring_shape[:3], device, *self._ring_shape[3:]))
+        return self._rings[device]
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         rank, world_size = distributed_rank()
         epoch, start = self.epoch, self._start
@@ -323,15 +333,16 @@ class DataLoader:
         transform = None
         if self.transform is not None:
             transform = _BatchTransform(self.transform, (self.seed, epoch, rank, start, self.batch_size * world_size))
+        device = current_device(self.device)  # a loader made before torch.cuda.set_device follows it
         if self.decode is None:
             gather: _Gather = partial(_index_select, self._images, self._stored_channels_last)
         elif self._images is not None:
             gather = partial(crop_raw, self._image_view, decode=self.decode, seed=self.seed, epoch=epoch)
         elif self.decode.gpu:
-            gather = partial(_decode_on_device, self.dataset, self.decode, self.seed, epoch, self.device)
+            gather = partial(_decode_on_device, self.dataset, self.decode, self.seed, epoch, device)
         else:
             gather = partial(decode_crops, self.dataset, decode=self.decode, seed=self.seed, epoch=epoch)
-        return _EpochIterator(self, batches, self._position, gather, transform)
+        return _EpochIterator(self, self._ring_pool(device), batches, self._position, gather, transform)
 
     def __repr__(self) -> str:
         return (
@@ -357,8 +368,9 @@ class _Position:
 
 
 # The images of a batch (its dataset indices): written into the uint8 host buffer [B, 3, H, W]
-# (returns None), or made on the loader's device (returns that tensor: jpeg decoded on the GPU).
-_Gather = Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None]
+# (returns None), or made on the loader's device (returns that tensor: jpeg decoded on the GPU,
+# whose host buffer is None).
+_Gather = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor | None]
 
 
 def _index_select(images: torch.Tensor, channels_last: bool, indices: torch.Tensor, out: torch.Tensor) -> None:
@@ -374,9 +386,9 @@ def _decode_on_device(
     epoch: int,
     device: torch.device,
     indices: torch.Tensor,
-    out: torch.Tensor,
+    out: None,
 ) -> torch.Tensor:
-    """A jpeg batch decoded and cropped on the loader's device (``decode.gpu``); ``out`` is not used."""
+    """A jpeg batch decoded and cropped on the loader's device (``decode.gpu``), on the current stream."""
     return decode_batch(dataset, indices, decode, seed=seed, epoch=epoch, device=device)
 
 
@@ -385,8 +397,23 @@ def _draw_seed(generator: torch.Generator | None, *, broadcast: bool) -> int:
     rank 0's on every rank, so that the ranks shard one permutation however each was seeded."""
     seed = [int(torch.randint(0, 2**62, (), generator=generator))]
     if broadcast and dist.is_available() and dist.is_initialized():
+        _check_rank_device()
         dist.broadcast_object_list(seed, src=0)
     return seed[0]
+
+
+def _check_rank_device() -> None:
+    """NCCL broadcasts through the current CUDA device: a loader made before ``torch.cuda.set_device``
+    would send every rank's seed through cuda:0 (NCCL refuses two ranks on one GPU, or hangs)."""
+    local_rank = os.environ.get("LOCAL_RANK")
+    if dist.get_backend() != "nccl" or local_rank is None or not local_rank.isdigit():
+        return
+    if torch.cuda.current_device() != int(local_rank) % max(1, torch.cuda.device_count()):
+        raise UsageError(
+            f"this rank's current CUDA device is cuda:{torch.cuda.current_device()} while LOCAL_RANK is "
+            f"{local_rank}: call torch.cuda.set_device(local_rank) before constructing gpuload.DataLoader "
+            "(its seed is broadcast with NCCL through the current device)"
+        )
 
 
 def _check_indices(order: torch.Tensor, length: int) -> None:
@@ -405,7 +432,8 @@ def _check_int(name: str, value: object) -> None:
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``device`` with its CUDA index filled in; CUDA when available and ``device`` is ``None``.
+    """``device`` checked; CUDA when available and ``device`` is ``None``. ``"cuda"`` without an index
+    stays so: it means the current device when a batch is made (see :func:`current_device`).
 
     Raises:
         UsageError: not a device torch knows, not CPU or CUDA, or CUDA where there is none.
@@ -429,7 +457,22 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         return device
     if not torch.cuda.is_available():
         raise UsageError(f"device {str(device)!r} was asked for but CUDA is not available here; use device='cpu'")
-    return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise UsageError(f"device {str(device)!r} was asked for and this machine has {torch.cuda.device_count()} GPUs")
+    return device
+
+
+def current_device(device: torch.device) -> torch.device:
+    """``device`` with its CUDA index filled in from the current device (the rank's, once
+    ``torch.cuda.set_device(local_rank)`` ran).
+
+    Example:
+        >>> current_device(torch.device("cpu"))
+        device(type='cpu')
+    """
+    if device.type != "cuda" or device.index is not None:
+        return device
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _check_gpu_decode(device: torch.device) -> None:
@@ -437,10 +480,14 @@ def _check_gpu_decode(device: torch.device) -> None:
     where it would quietly run a slower path."""
     if device.type != "cuda":
         raise UsageError(f"gpu=True decodes on a CUDA device, and this loader's device is {device.type}: use gpu=False")
-    try:
-        import torchcodec.decoders  # noqa: F401
-    except ImportError:
-        raise UsageError("gpu=True decodes with TorchCodec's nvJPEG: pip install gpuload[cuda]") from None
+    try:  # decode_jpeg first appears in TorchCodec 0.16; importing it also loads TorchCodec's FFmpeg libraries
+        from torchcodec.decoders import decode_jpeg  # noqa: F401
+    except Exception as error:  # ImportError, or the RuntimeError/OSError of a TorchCodec that cannot load
+        raise UsageError(
+            f"gpu=True decodes with TorchCodec's nvJPEG (torchcodec.decoders.decode_jpeg, TorchCodec 0.16 or newer), "
+            f"which does not load here ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}): "
+            "pip install 'gpuload[cuda]', or use gpu=False"
+        ) from None
 
 
 class _HostSlot:
@@ -470,7 +517,12 @@ class _HostSlot:
         return self._references() != self._unheld
 
     def fill(
-        self, gather: _Gather, labels: torch.Tensor, indices: torch.Tensor, transform: Callable | None
+        self,
+        gather: _Gather,
+        labels: torch.Tensor,
+        indices: torch.Tensor,
+        transform: Callable | None,
+        stream: None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, None]:
         if self.held():
             self._allocate()  # the user kept a batch: it keeps that memory
@@ -485,63 +537,107 @@ class _HostSlot:
 
 
 class _PinnedSlot:
-    """A pinned buffer of a CUDA ring, copied to the device on the ring's side stream, with the
-    event of its last copy: it is refilled only once that copy is done."""
+    """A pinned buffer of a CUDA ring, copied to the device on the stream of the producer that filled
+    it, with the event of its last copy: it is refilled only once that copy is done. A ring for
+    batches decoded on the device holds pinned labels only (``images`` is ``None``)."""
 
     def __init__(
-        self, shape: torch.Size, batch_size: int, channels_last: bool, device: torch.device, stream: torch.cuda.Stream
+        self, shape: torch.Size, batch_size: int, channels_last: bool, device: torch.device, images: bool
     ) -> None:
         channels, *plane = shape
-        if channels_last:
+        self.images: torch.Tensor | None = None
+        if images and channels_last:
             self.images = torch.empty((batch_size, *plane, channels), dtype=torch.uint8, pin_memory=True)
             self.images = self.images.permute(0, 3, 1, 2)
-        else:
+        elif images:
             self.images = torch.empty((batch_size, *shape), dtype=torch.uint8, pin_memory=True)
         self.labels = torch.empty((batch_size,), dtype=torch.int64, pin_memory=True)
-        self.device, self.stream = device, stream
+        self.device = device
         self.event: torch.cuda.Event | None = None
 
     def held(self) -> bool:
         return False  # the user gets device copies, never this buffer
 
     def fill(
-        self, gather: _Gather, labels: torch.Tensor, indices: torch.Tensor, transform: Callable | None
+        self,
+        gather: _Gather,
+        labels: torch.Tensor,
+        indices: torch.Tensor,
+        transform: Callable | None,
+        stream: torch.cuda.Stream,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]:
         if self.event is not None:
-            self.event.synchronize()  # the last copy out of this buffer has read it
+            _host_waits(self.event)  # the last copy out of this buffer has read it
         count = len(indices)
-        host_images, host_labels = self.images[:count], self.labels[:count]
+        host_images = None if self.images is None else self.images[:count]
+        host_labels = self.labels[:count]
         torch.index_select(labels, 0, indices, out=host_labels)
-        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-            made = gather(indices, host_images)  # a batch decoded on the device is queued on the side stream
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
+            made = gather(indices, host_images)  # a batch decoded on the device is queued on this stream
             images = host_images.to(self.device, non_blocking=True) if made is None else made
             labels = host_labels.to(self.device, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record(self.stream)  # the copy out of the pinned buffer, for its next fill
+            self.event = torch.cuda.Event(blocking=True)  # the host waits on it: block, do not spin
+            self.event.record(stream)  # the copy out of the pinned buffer, for its next fill
             if transform is not None:
-                images = transform(images)  # queued on the side stream: the consumer waits for it too
+                images = transform(images)  # queued on the same stream: the consumer waits for it too
                 done = torch.cuda.Event()
-                done.record(self.stream)
+                done.record(stream)
                 return images, labels, done
         return images, labels, self.event
+
+
+# The three steps of the stream protocol, each a function of its own (the deletion check of the
+# `cuda` tests replaces each with nothing and expects them to fail).
+
+
+def _host_waits(event: torch.cuda.Event) -> None:
+    """A producer waits until the copy out of a pinned buffer is done before refilling it."""
+    event.synchronize()
+
+
+def _stream_waits(stream: torch.cuda.Stream, event: torch.cuda.Event) -> None:
+    """The consumer's stream waits for a batch's copy (and transform) before anything it queues."""
+    stream.wait_event(event)
+
+
+def _record_on(stream: torch.cuda.Stream, *tensors: torch.Tensor) -> None:
+    """The caching allocator keeps a batch's memory until the consumer's stream is done with it."""
+    for tensor in tensors:
+        tensor.record_stream(stream)
 
 
 _Slot = _HostSlot | _PinnedSlot
 
 
 class _Ring:
-    """The host buffers of one iteration (and, on CUDA, the side stream of their copies)."""
+    """The host buffers of one iteration and, on CUDA, a stream per producer thread for their copies
+    (one stream for all would make each batch wait for the other producers' work queued before it)."""
 
     def __init__(
-        self, shape: torch.Size, batch_size: int, slots: int, device: torch.device, channels_last: bool
+        self,
+        shape: torch.Size,
+        batch_size: int,
+        slots: int,
+        device: torch.device,
+        channels_last: bool,
+        host_images: bool = True,
     ) -> None:
+        self.device = device
+        self._streams: list[torch.cuda.Stream] = []
         if device.type == "cuda":
-            stream = torch.cuda.Stream(device)
             self.slots: list[_Slot] = [
-                _PinnedSlot(shape, batch_size, channels_last, device, stream) for _ in range(slots)
+                _PinnedSlot(shape, batch_size, channels_last, device, host_images) for _ in range(slots)
             ]
         else:
             self.slots = [_HostSlot(shape, batch_size, channels_last) for _ in range(slots)]
+
+    def stream(self, producer: int) -> torch.cuda.Stream | None:
+        """The side stream of producer ``producer`` (made once, kept with the ring); ``None`` on the CPU."""
+        if self.device.type != "cuda":
+            return None
+        while len(self._streams) <= producer:
+            self._streams.append(torch.cuda.Stream(self.device))
+        return self._streams[producer]
 
 
 class _RingPool:
@@ -573,6 +669,9 @@ class _BatchTransform:
     def __init__(self, function: Callable[..., torch.Tensor], key: tuple[int, int, int, int, int]) -> None:
         self.function = function
         self.seed, self.epoch, self.rank, self.start, self.step = key
+        # CUDA graphs (torch.compile's "reduce-overhead" and "max-autotune") return static buffers that
+        # the next replay overwrites, while the consumer may still be reading the batch before: keep a copy.
+        self.copy_output = uses_cuda_graphs(function)
         signed = getattr(function, "_orig_mod", function)  # what torch.compile wrapped
         signed = signed.forward if isinstance(signed, torch.nn.Module) else signed  # a module's __call__ hides it
         try:
@@ -583,11 +682,25 @@ class _BatchTransform:
     def __call__(self, images: torch.Tensor, *, number: int) -> torch.Tensor:
         with torch.no_grad():
             if not self.takes_generator:
-                return self.function(images)
-            position = self.start + number * self.step  # where this batch starts in the epoch's order
-            digest = hashlib.blake2b(repr((self.seed, self.epoch, self.rank, position)).encode(), digest_size=8)
-            generator = torch.Generator(device=images.device).manual_seed(int.from_bytes(digest.digest(), "big") >> 1)
-            return self.function(images, generator=generator)
+                out = self.function(images)
+            else:
+                position = self.start + number * self.step  # where this batch starts in the epoch's order
+                digest = hashlib.blake2b(repr((self.seed, self.epoch, self.rank, position)).encode(), digest_size=8)
+                seed = int.from_bytes(digest.digest(), "big") >> 1
+                out = self.function(images, generator=torch.Generator(device=images.device).manual_seed(seed))
+            return out.clone() if self.copy_output and out.is_cuda else out
+
+
+def uses_cuda_graphs(function: Callable) -> bool:
+    """Whether ``function`` was made by ``torch.compile`` with CUDA graphs (``mode="reduce-overhead"``,
+    ``"max-autotune"``, or ``options={"triton.cudagraphs": True}``).
+
+    Example:
+        >>> uses_cuda_graphs(torch.compile(torch.nn.Identity(), mode="reduce-overhead")), uses_cuda_graphs(abs)
+        (True, False)
+    """
+    config = getattr(function, "get_compiler_config", None)
+    return bool(callable(config) and (config() or {}).get("triton.cudagraphs"))
 
 
 class _Failed:
@@ -627,8 +740,11 @@ class _Pipeline:
         self.next_batch = 0
         self.in_flight = 0  # claimed by a producer, not yet taken by the consumer
         self.stopped = False
+        # Streams are made here, in the consumer's thread: a producer never creates CUDA state.
+        streams = [ring.stream(i) for i in range(producers)]
         self.threads = [
-            threading.Thread(target=self._produce, name=f"gpuload-gather-{i}", daemon=True) for i in range(producers)
+            threading.Thread(target=self._produce, args=(stream,), name=f"gpuload-gather-{i}", daemon=True)
+            for i, stream in enumerate(streams)
         ]
         self.running = producers
 
@@ -644,11 +760,11 @@ class _Pipeline:
             if thread is not current:
                 thread.join(timeout)
 
-    def _produce(self) -> None:
+    def _produce(self, stream: torch.cuda.Stream | None) -> None:
         limit_torch_threads(default_workers() // len(self.threads))  # the producers share the cores
         try:
             while (claim := self._claim()) is not None:
-                self._fill_and_publish(*claim)
+                self._fill_and_publish(*claim, stream)
         finally:
             self._exit()
 
@@ -661,12 +777,12 @@ class _Pipeline:
                 _RUNNING.discard(self)
             self.give_back(self.ring)
 
-    def _fill_and_publish(self, number: int, slot: _Slot) -> None:
+    def _fill_and_publish(self, number: int, slot: _Slot, stream: torch.cuda.Stream | None) -> None:
         # A function of its own so that no local keeps a view of the batch once it is published:
         # on the CPU a view left behind would make its slot look held by the user.
         try:
             transform = None if self.transform is None else partial(self.transform, number=number)
-            item = (slot, *slot.fill(self.gather, self.labels, self.batches[number], transform))
+            item = (slot, *slot.fill(self.gather, self.labels, self.batches[number], transform, stream))
         except BaseException as error:  # raised in the consumer when it reaches this batch
             item = _Failed(error)
         with self.condition:
@@ -722,6 +838,7 @@ class _EpochIterator:
     def __init__(
         self,
         loader: DataLoader,
+        rings: _RingPool,
         batches: list[torch.Tensor],
         position: _Position,
         gather: _Gather,
@@ -732,13 +849,13 @@ class _EpochIterator:
         self.total = len(batches)
         self.closed = False
         self._pipeline = _Pipeline(
-            loader._rings.take(),
+            rings.take(),
             gather,
             loader._labels,
             batches,
             loader._ahead,
             min(loader.threads, max(1, self.total)),
-            loader._rings.give_back,
+            rings.give_back,
             transform,
         )
         self._held: deque[_Slot] = deque()  # CPU: slots of the last two batches yielded
@@ -771,9 +888,8 @@ class _EpochIterator:
             self._held.append(slot)  # the CPU batch is a view of the slot
         else:
             stream = torch.cuda.current_stream(images.device)
-            stream.wait_event(event)
-            images.record_stream(stream)
-            labels.record_stream(stream)
+            _stream_waits(stream, event)
+            _record_on(stream, images, labels)
             self._pipeline.release(slot)  # refilled only after its event: the copy is done
         self.served += 1
         self.position.advance(len(labels))

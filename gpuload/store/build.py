@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import xxhash
+from PIL import Image
 from tensordict import MemoryMappedTensor, TensorDict
 from tqdm.auto import tqdm
 
@@ -30,6 +32,7 @@ from .files import (
     fsync_file,
     fsync_folder,
     full_disk_says,
+    no_room,
     rename_exchange,
     rename_noreplace,
     resolve,
@@ -126,8 +129,13 @@ def build_memmap(
     size = check_target(size, resize)
     if format == "jpeg" and size is not None:
         raise UsageError("size applies to format='raw'; a jpeg dataset keeps each image's size (see max_side)")
-    if max_side is not None and (format != "jpeg" or not _positive_int(max_side)):
-        raise UsageError(f"max_side must be a positive integer, for format='jpeg' only, got {max_side!r}")
+    if max_side is not None and format != "jpeg":
+        raise UsageError(
+            f"max_side applies only to format='jpeg' (--format jpeg), got max_side={max_side!r} with format='raw'; "
+            "a raw build stores every image at one size: give that size (--size HxW) and leave max_side out"
+        )
+    if max_side is not None and not _positive_int(max_side):
+        raise UsageError(f"max_side must be a positive integer, got {max_side!r}")
     if quality is not None and format != "jpeg":
         raise UsageError(
             f"quality applies only to format='jpeg' (--format jpeg), got quality={quality!r} with format='raw'; "
@@ -152,8 +160,9 @@ def build_memmap(
             tmp = out.with_name(f".{out.name}.tmp-{secrets.token_hex(4)}")
             _check_free_space(out.parent, index, size, max_side)
             with full_disk_says(
-                f"not enough disk space to build {out}: no room for a new folder beside it; "
-                "free space there or write to another disk"
+                lambda: no_room(
+                    out.parent, f"to build {out}: no room for a new folder beside it", "there or write to another disk"
+                )
             ):
                 tmp.mkdir()
             try:
@@ -167,9 +176,19 @@ def build_memmap(
                     expected = _source_bytes(index) if max_side is None else 0  # scaled down: smaller, unknown
                     store = _JpegStore(tmp, out, pool, max_side, quality, workers, sync, expected)
                 kept, checksums = _write(store, index, todo, skipped, strict, progress)
+                emptied = sorted(set(_empty_classes(index, kept)) - set(index.empty_classes))
+                if emptied:
+                    warnings.warn(
+                        f"{len(emptied)} classes have no image left in {out}, all of their files skipped: "
+                        f"{', '.join(emptied)}; their labels are kept",
+                        stacklevel=2,
+                    )
                 with full_disk_says(
-                    f"not enough disk space to finish {out}: its images are written, and its labels, metadata "
-                    "and manifest did not fit; free space there or write to another disk"
+                    lambda: no_room(
+                        out.parent,
+                        f"to finish {out}: its images are written, and its labels, metadata and manifest did not fit",
+                        "there or write to another disk",
+                    )
                 ):
                     _finish(tmp, src, index, store, kept, checksums, skipped, sync)
                 _move_into_place(tmp, out, sync)
@@ -305,7 +324,13 @@ def _check_free_space(
 
 
 def _source_bytes(index: ImageFolderIndex) -> int:
-    return sum(os.path.getsize(index.root / path) for path, _ in index.samples)
+    """The sources' bytes; one whose size cannot be read (a broken link) counts none: its decode fails,
+    and the build skips and lists it."""
+    total = 0
+    for path, _ in index.samples:
+        with contextlib.suppress(OSError):
+            total += os.path.getsize(index.root / path)
+    return total
 
 
 class _Store:
@@ -508,7 +533,8 @@ def _finish(
         versions=_versions(),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         storage="raw" if "images" in store.arrays else "jpeg",
-        empty_classes=index.empty_classes,
+        max_image_pixels=Image.MAX_IMAGE_PIXELS or 0,
+        empty_classes=_empty_classes(index, kept),
         files=files,
         **store.manifest_fields(),
     ).write(tmp)
@@ -518,6 +544,12 @@ def _finish(
             fsync_file(tmp / name)
     if sync:
         fsync_folder(tmp)
+
+
+def _empty_classes(index: ImageFolderIndex, kept: list[int]) -> list[str]:
+    """The classes with no image among the samples at positions ``kept``, sorted."""
+    labels = {index.samples[position][1] for position in kept}
+    return sorted(name for label, name in enumerate(index.classes) if label not in labels)
 
 
 def _versions() -> dict[str, str]:

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from ..errors import CompressError, DecodeError, UsageError
 from ..machine import resolve_workers
 from .decode import check_image, read_bytes, upright_pixels
-from .files import OutputLock, check_apart, fsync_folder, full_disk_says, resolve
+from .files import OutputLock, byte_count, check_apart, fsync_folder, full_disk_says, no_room, resolve
 from .jpeg import arithmetic_coded
 from .manifest import holds_build_files
 from .scan import IMG_EXTENSIONS, walk_images
@@ -327,14 +327,17 @@ def _encode(ffmpeg: str, source: Path, target: Path, quality: int, journal: _Jou
         return "ffmpeg wrote a JPEG that libjpeg-turbo reports as corrupt"
     if written != size:
         return f"ffmpeg wrote a {written[1]}x{written[0]} JPEG for this {size[1]}x{size[0]} image"
-    target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}{_PARTIAL}")
-    full = (
-        f"not enough disk space to write {target} ({len(encoded):,} bytes): free space there and run again "
-        "(what is finished is kept), or choose another DST"
-    )
     try:
-        with full_disk_says(full):
+        with full_disk_says(
+            lambda: no_room(
+                target.parent,
+                f"to write {target}",
+                "there and run again (what is finished is kept), or choose another DST",
+                needed=byte_count(len(encoded)),
+            )
+        ):
+            target.parent.mkdir(parents=True, exist_ok=True)
             with open(partial, "wb") as file:
                 file.write(encoded)
                 file.flush()

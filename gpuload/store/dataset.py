@@ -7,7 +7,7 @@ import os
 import sys
 import weakref
 from collections.abc import Callable, Sequence
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 
 import numpy as np
@@ -157,8 +157,6 @@ class MemmapImageDataset(torch.utils.data.Dataset):
             self._jpegs = _JpegFile(self.path / self.manifest.array_path("data"))
             self._starts, self._lengths = self.data.starts.numpy(), self.data.lengths.numpy()  # views, fast to index
             self._checksums = np.array([int(checksum, 16) for checksum in self.manifest.checksums], dtype=np.uint64)
-            shapes = self.data.shapes.numpy()
-            self._one_size = bool((shapes == shapes[:1]).all())
         _check_labels(self.path, self.data.labels.numpy(), self.manifest)
 
     @property
@@ -202,6 +200,26 @@ class MemmapImageDataset(torch.utils.data.Dataset):
     def describe(self, index: int) -> str:
         """``"<dataset>: image <index> (<source path>)"``, for messages about one image."""
         return f"{self.path}: image {index} ({self.manifest.samples[index][0]})"
+
+    @cached_property
+    def _one_size(self) -> bool:
+        """Whether a jpeg dataset's images share one size, for a collate that stacks them. Where
+        ``shapes.memmap`` records several, the first image and the first of another recorded size are
+        decoded (once) to confirm it: a damaged record is reported as damage, not as several sizes.
+
+        Raises:
+            DatasetError: one of them decodes to another size than the one recorded for it.
+        """
+        shapes = self.data.shapes.numpy()
+        others = np.flatnonzero((shapes != shapes[0]).any(axis=1))
+        for index in (0, int(others[0])) if others.size else ():
+            found, recorded = self[index][0].shape[1:], shapes[index]
+            if tuple(found) != tuple(recorded):
+                raise DatasetError(
+                    f"{self.describe(index)} decodes to {found[0]}x{found[1]} where its recorded size is "
+                    f"{recorded[0]}x{recorded[1]}: shapes.memmap is damaged; run gpuload verify, then rebuild the dataset"
+                )
+        return not others.size
 
     def __len__(self) -> int:
         return self.data.batch_size[0]

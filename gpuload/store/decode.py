@@ -21,6 +21,7 @@ import errno
 import io
 import math
 import os
+import stat
 import struct
 import zlib
 from collections.abc import Iterator
@@ -45,6 +46,7 @@ __all__ = [
     "decode_into",
     "decode_jpeg_strict",
     "exif_orientation",
+    "pixel_limit",
     "read_size",
     "upright_pixels",
     "upright_size",
@@ -98,7 +100,8 @@ def check_target(size: tuple[int, int] | None, resize: str) -> tuple[int, int] |
     if limit and height * width > limit:
         raise UsageError(
             f"size {height}x{width} has {height * width:,} pixels per image, more than "
-            f"PIL.Image.MAX_IMAGE_PIXELS = {limit:,}; choose a smaller size"
+            f"PIL.Image.MAX_IMAGE_PIXELS = {limit:,}; choose a smaller size, or raise the limit: --max-pixels N "
+            "on the command line, PIL.Image.MAX_IMAGE_PIXELS = N in Python"
         )
     return height, width
 
@@ -108,9 +111,9 @@ def read_size(path: str | os.PathLike) -> tuple[int, int]:
     (a PNG's pixels too: Pillow loads them to find an EXIF chunk after them).
 
     Raises:
-        DecodeError: the file is empty, unreadable, not an image, or has too many pixels.
+        DecodeError: the file is empty, unreadable, not a regular file, not an image, or has too many pixels.
     """
-    with _reading(path), open(path, "rb") as file:  # Pillow reads only the header of an opened file
+    with _reading(path), _open_file(path) as file:  # Pillow reads only the header of an opened file
         if os.fstat(file.fileno()).st_size == 0:
             raise DecodeError(path, "empty file (0 bytes)")
         with open_image(file, path) as image:
@@ -257,11 +260,29 @@ def _reading(path: str | os.PathLike) -> Iterator[None]:
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
-    with _reading(path), open(path, "rb") as file:
+    with _reading(path), _open_file(path) as file:
         data = file.read()
     if not data:
         raise DecodeError(path, "empty file (0 bytes)")
     return data
+
+
+def _open_file(path: str | os.PathLike) -> BinaryIO:
+    """``path`` opened to read, unless its status says it is a named pipe, a socket or a device: those
+    are never opened (a pipe would block the open until a writer comes, a device would be read:
+    /dev/zero forever). Opened non-blocking, so that a pipe put there since then cannot block either."""
+    kind = _NOT_FILES.get(stat.S_IFMT(os.stat(path).st_mode))
+    if kind is not None:
+        raise DecodeError(path, f"not a regular file ({kind}): not opened; images must be regular files")
+    return open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NONBLOCK))
+
+
+_NOT_FILES = {
+    stat.S_IFIFO: "a named pipe",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
 
 
 def open_image(source: bytes | BinaryIO, path: str | os.PathLike) -> Image.Image:
@@ -273,7 +294,7 @@ def open_image(source: bytes | BinaryIO, path: str | os.PathLike) -> Image.Image
     try:
         image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
     except Image.DecompressionBombError as error:
-        raise DecodeError(path, f"too many pixels, a possible decompression bomb ({error})") from None
+        raise DecodeError(path, f"too many pixels, a possible decompression bomb ({error}); {_RAISE_LIMIT}") from None
     except Image.UnidentifiedImageError:
         raise DecodeError(path, "not an image (Pillow cannot identify the format)") from None
     except _PILLOW_DAMAGE as error:
@@ -284,9 +305,33 @@ def open_image(source: bytes | BinaryIO, path: str | os.PathLike) -> Image.Image
         raise DecodeError(
             path,
             f"{image.width}x{image.height} = {image.width * image.height:,} pixels, more than "
-            f"PIL.Image.MAX_IMAGE_PIXELS = {limit:,} (a possible decompression bomb; raise that limit for trusted files)",
+            f"PIL.Image.MAX_IMAGE_PIXELS = {limit:,} (a possible decompression bomb); {_RAISE_LIMIT}",
         )
     return image
+
+
+_RAISE_LIMIT = (
+    "for trusted files, raise the limit: --max-pixels N on the command line, PIL.Image.MAX_IMAGE_PIXELS = N in Python"
+)
+
+
+@contextmanager
+def pixel_limit(limit: int | None) -> Iterator[None]:
+    """Decode with ``PIL.Image.MAX_IMAGE_PIXELS`` set to ``limit`` (``None``: no limit) inside, the
+    decompression-bomb guard of :func:`open_image` (Pillow's setting, for the whole process: every
+    thread decodes with it meanwhile); the limit before is put back after.
+
+    Example:
+        >>> with pixel_limit(10):
+        ...     Image.MAX_IMAGE_PIXELS
+        10
+    """
+    before = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = limit
+    try:
+        yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = before
 
 
 def decode_pixels(
@@ -296,7 +341,7 @@ def decode_pixels(
 
     ``request``: the smallest stored ``(width, height)`` wanted; a JPEG may then decode at a reduced scale.
     """
-    if image.format == "JPEG":
+    if image.format in ("JPEG", "MPO"):  # an MPO's first picture is a JPEG, what libjpeg-turbo decodes of it
         colorspace = JPEG_COLORSPACES.get(image.mode)
         pixels = decode_jpeg_strict(data, path, colorspace or "CMYK", request)
         if colorspace == "RGB" and pixels is not None:
@@ -340,7 +385,8 @@ def decode_jpeg_strict(
     libjpeg reports a truncated file or corrupt data as a warning and fills the gap with grey;
     strict mode turns those warnings into errors, and a file that only a lenient decode reads is
     damaged. A file that even the lenient decode refuses (a format libjpeg-turbo does not
-    support) is left to Pillow, which decides.
+    support) is left to Pillow, which decides. The lenient decode skips stray bytes before a
+    header's markers, as libjpeg does (TurboJPEG refuses them in a header even when lenient).
     """
     width, height = request or (0, 0)
     try:
@@ -348,8 +394,10 @@ def decode_jpeg_strict(
             data, colorspace=colorspace, min_width=width, min_height=height, strict=True, buffer=buffer
         )
     except ValueError as strict:
+        from .jpeg import without_extraneous_bytes  # here: jpeg.py imports this module
+
         try:
-            simplejpeg.decode_jpeg(data, colorspace=colorspace, strict=False)
+            simplejpeg.decode_jpeg(without_extraneous_bytes(data), colorspace=colorspace, strict=False)
         except ValueError:
             return None
         raise DecodeError(path, f"truncated or corrupt JPEG (libjpeg: {strict})") from None

@@ -19,10 +19,12 @@ from ..errors import BusyError, UsageError
 
 __all__ = [
     "OutputLock",
+    "byte_count",
     "check_apart",
     "full_disk_says",
     "fsync_file",
     "fsync_folder",
+    "no_room",
     "rename_exchange",
     "rename_noreplace",
     "resolve",
@@ -38,8 +40,9 @@ _SYNC_FILE_RANGE_WRITE = 2
 @contextmanager
 def full_disk_says(message: str | Callable[[], str]) -> Iterator[None]:
     """A full disk (``ENOSPC``) inside becomes an ``OSError`` with ``message`` (what was being
-    written, what to do; a callable is asked only then), still ``ENOSPC``, so the command line
-    prints it as one line; other errors pass.
+    written, what to do: see :func:`no_room`, which tells a disk out of inodes from one out of
+    bytes; a callable is asked only then), still ``ENOSPC``, so the command line prints it as one
+    line; other errors pass.
 
     Example:
         >>> try:
@@ -55,6 +58,49 @@ def full_disk_says(message: str | Callable[[], str]) -> Iterator[None]:
         if error.errno != errno.ENOSPC:
             raise
         raise OSError(errno.ENOSPC, message() if callable(message) else message) from None
+
+
+def no_room(disk: int | str | os.PathLike, doing: str, advice: str, *, needed: str | None = None) -> str:
+    """What to say when the disk of ``disk`` (an open file, or a path on it) refused a write with
+    ``ENOSPC`` while ``doing`` (e.g. ``"to write x"``): that no inode is left, where the disk counts
+    inodes and has none free (one per file or folder, whatever its size: many small files use them
+    up while bytes remain), else that disk space is short (with ``needed``: what was needed, and what
+    is free). ``advice`` ends the message, after "free space" or "delete files".
+
+    Example:
+        >>> no_room("/", "to write x", "there or write to another disk").startswith("not enough disk space to write x; ")
+        True
+    """
+    stats = os.statvfs(_nearest_existing(disk))
+    free = byte_count(stats.f_bavail * stats.f_frsize)
+    if stats.f_files and not stats.f_favail:  # (btrfs and others that count no inodes report 0 of 0)
+        return (
+            f"no free inode left {doing} (its disk has {free} free, but all its {stats.f_files:,} inodes are "
+            f"taken: each file or folder takes one, whatever its size); delete files {advice}"
+        )
+    if needed is None:
+        return f"not enough disk space {doing}; free space {advice}"
+    return f"not enough disk space {doing}: it needs {needed} and its disk has {free} free; free space {advice}"
+
+
+def byte_count(count: int) -> str:
+    """``count`` bytes, for a person.
+
+    Example:
+        >>> byte_count(52_428_800)
+        '52,428,800 bytes (0.05 GB)'
+    """
+    return f"{count:,} bytes ({count / 1e9:.2f} GB)"
+
+
+def _nearest_existing(disk: int | str | os.PathLike) -> int | Path:
+    """``disk`` itself (an open file, or a path that exists), else its nearest folder that exists."""
+    if isinstance(disk, int):
+        return disk
+    path = Path(disk)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def resolve(path: str | os.PathLike) -> Path:
@@ -128,9 +174,18 @@ class OutputLock:
         try:
             self.lock_path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as error:  # a read-only disk, no free inode, a folder we may not write
+        except OSError as error:  # a read-only disk, a full one, no free inode, a folder we may not write
             if error.errno not in _DISK_REFUSALS:
                 raise
+            if error.errno == errno.ENOSPC:  # out of bytes or of inodes: say which
+                raise OSError(
+                    errno.ENOSPC,
+                    no_room(
+                        self.lock_path.parent,
+                        f"to write {self.path}: its lock file {self.lock_path} could not be created",
+                        "there or choose an output on another disk",
+                    ),
+                ) from None
             raise type(error)(
                 error.errno,
                 f"cannot write {self.path}: its lock file {self.lock_path} could not be created "

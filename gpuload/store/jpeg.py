@@ -2,9 +2,10 @@
 
 Every stored image must decode upright, fast, with libjpeg-turbo's DCT-domain scaling: a baseline
 JPEG in RGB (YCbCr) or grayscale with no EXIF rotation is stored byte for byte (after a strict
-decode that finds damage, as for raw builds). Anything else, a progressive JPEG (2-3x slower to
-decode, and it cannot skip rows), an arithmetic-coded one (no row skipping either), an
-EXIF-rotated one, a CMYK or 12-bit one, one whose sampling libjpeg-turbo cannot read, a PNG, or an
+decode that finds damage, as for raw builds), and so is the first picture of a multi-picture JPEG
+(MPO: a stereo pair, an Ultra HDR photo and its gain map) that is one. Anything else, a
+progressive JPEG (2-3x slower to decode, and it cannot skip rows), an arithmetic-coded one (no row
+skipping either), an EXIF-rotated one, a CMYK or 12-bit one, one whose sampling libjpeg-turbo cannot read, a PNG, or an
 image larger than ``max_side``, is decoded upright (by
 Pillow where libjpeg-turbo cannot) and re-encoded at ``quality``: baseline 4:2:0 with a restart
 marker at every MCU row, as ``gpuload compress`` writes them (see :func:`row_window`).
@@ -41,9 +42,11 @@ __all__ = [
     "StoredJpeg",
     "arithmetic_coded",
     "frame_size",
+    "primary_image",
     "row_window",
     "scale_is_exact",
     "store_jpeg",
+    "without_extraneous_bytes",
 ]
 
 REENCODE_REASONS = (
@@ -87,6 +90,8 @@ def store_jpeg(
     """
     data = read_bytes(path) if data is None else data
     with open_image(data, path) as image:
+        if image.format == "MPO":
+            data = primary_image(data)  # what any JPEG decoder shows: the pictures after it are not stored
         orientation = exif_orientation(image, path)
         height, width = upright_size(image, path)
         reason = _reencode_reason(image, data, orientation, (height, width), max_side)
@@ -118,7 +123,7 @@ JPEG_MAX_SIDE = 65_500  # libjpeg-turbo's largest width or height
 
 
 def _reencode_reason(image, data: bytes, orientation: int, shape: tuple[int, int], max_side: int | None) -> str | None:
-    if image.format != "JPEG":
+    if image.format not in ("JPEG", "MPO"):
         return "not_jpeg"
     if image.info.get("progressive") or image.info.get("progression"):
         return "progressive"
@@ -138,6 +143,8 @@ _FRAMES = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # every start of frame (n
 _ARITHMETIC = {0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}  # arithmetic-coded frames
 _STANDALONE = {0x01, *range(0xD0, 0xD8)}  # markers with no length field
 _SOS = 0xDA  # start of scan
+_EOI = 0xD9  # end of image
+_MARKER = re.compile(rb"\xff[^\x00\xff]")  # 0xFF and a marker: not a stuffed zero (0xFF00), not a fill byte
 _DRI = 0xDD  # define restart interval
 _RESTART = re.compile(rb"\xff[\xd0-\xd7]")  # RST0 to RST7, in entropy-coded data
 
@@ -165,6 +172,34 @@ def arithmetic_coded(data: bytes) -> bool:
         False
     """
     return _frame_marker(data) in _ARITHMETIC
+
+
+def primary_image(data: bytes) -> bytes:
+    """The bytes of a JPEG's first picture, from its start to its end-of-image marker: of a
+    multi-picture JPEG (MPO), its primary picture without the ones stored after it. ``data`` as it
+    is where no end is found (a cut file, which a strict decode reports).
+
+    Example:
+        >>> import matplotlib.cbook
+        >>> data = open(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False), "rb").read()
+        >>> primary_image(data + b"another picture") == data
+        True
+    """
+    end = next((position + 2 for position, marker in _markers(data, scans=True) if marker == _EOI), None)
+    return data if end is None else data[:end]
+
+
+def without_extraneous_bytes(data: bytes) -> bytes:
+    """A JPEG's header segments end to end, then the rest from its first scan on: without the stray
+    bytes before a marker that libjpeg skips (warning "Corrupt JPEG data: N extraneous bytes before
+    marker"), which TurboJPEG refuses in a header even when it decodes leniently. ``data`` as it is
+    where no scan is found."""
+    segments = []
+    for position, marker in _markers(data):
+        if marker == _SOS:
+            return b"".join([data[:2], *segments, data[position:]])
+        segments.append(data[position : position + 2 + int.from_bytes(data[position + 2 : position + 4], "big")])
+    return data
 
 
 def _frame_marker(data: bytes) -> int | None:
@@ -253,24 +288,24 @@ def _size_at(data: bytes, frame: int) -> tuple[int, int]:
     return int.from_bytes(data[frame + 5 : frame + 7], "big"), int.from_bytes(data[frame + 7 : frame + 9], "big")
 
 
-def _markers(data: bytes) -> Iterator[tuple[int, int]]:
-    """``(position, marker)`` of each marker segment from the start of a JPEG to its first scan;
-    stops early where the data is not a JPEG or its headers are cut."""
+def _markers(data: bytes, *, scans: bool = False) -> Iterator[tuple[int, int]]:
+    """``(position, marker)`` of each marker segment from the start of a JPEG to its first scan
+    (``scans``: on through its scans, to its end-of-image marker included); stops early where the
+    data is not a JPEG or its headers are cut. As libjpeg does, bytes before a marker that are not
+    one are skipped (libjpeg warns "Corrupt JPEG data: N extraneous bytes before marker", and its
+    strict decode refuses the file), and so is a scan's entropy-coded data."""
     if data[:2] != b"\xff\xd8":
         return
     position = 2
-    while position + 4 <= len(data):
-        if data[position] != 0xFF:
-            return
-        marker = data[position + 1]
-        if marker == 0xFF:  # a fill byte before a marker
-            position += 1
-            continue
+    while (found := _MARKER.search(data, position)) is not None:
+        position, marker = found.start(), data[found.start() + 1]
         if marker in _STANDALONE:
             position += 2
             continue
+        if marker != _EOI and position + 4 > len(data):
+            return
         yield position, marker
-        if marker == _SOS:
+        if marker == _EOI or (marker == _SOS and not scans):
             return
         position += 2 + int.from_bytes(data[position + 2 : position + 4], "big")
 

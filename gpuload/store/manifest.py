@@ -95,7 +95,11 @@ class Manifest:
         storage: how the images are stored: ``"raw"`` (uint8 pixels) or ``"jpeg"`` (JPEG bytes).
         jpeg: for ``"jpeg"``: ``{"quality": ..., "max_side": ..., "reencoded": {reason: count}}``,
             how the images that could not be stored as they were were re-encoded.
-        empty_classes: classes given to the build that have no image (their labels are kept).
+        max_image_pixels: the pixel limit the sources were decoded with (``PIL.Image.MAX_IMAGE_PIXELS``,
+            0: none), which ``verify`` decodes them with again; ``None``: not recorded (built before
+            gpuload recorded it).
+        empty_classes: classes that have no image (listed with none, or all their files skipped);
+            their labels are kept.
         files: the dataset's files besides ``manifest.json``, relative path to size in bytes.
         digests: xxh3-64 (hex) of each field in :data:`DIGESTED`, as written at build time.
     """
@@ -114,6 +118,7 @@ class Manifest:
     checksum: str = "xxh3_64"
     storage: str = "raw"
     jpeg: dict = field(default_factory=dict)
+    max_image_pixels: int | None = None
     empty_classes: list[str] = field(default_factory=list)
     files: dict = field(default_factory=dict)
     digests: dict = field(default_factory=dict)
@@ -315,6 +320,7 @@ _FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
         f"one of {', '.join(RESIZE_MODES)} (null for jpeg)",
     ),
     "jpeg": (_is_jpeg_settings, 'an object {"quality", "max_side", "reencoded"} (empty for raw)'),
+    "max_image_pixels": (lambda value: value is None or _is_int(value), "a number of pixels (0: no limit)"),
     "empty_classes": (_list_of(_is_str), "a list of class names"),
     "skipped": (
         _list_of(

@@ -53,15 +53,17 @@ def scan_image_folder(root: str | os.PathLike, *, classes: Sequence[str] | None 
 
     With ``classes`` (e.g. a training set's, to build its validation set with the same
     ``class_to_idx``), a class's label is its position in that list; a class folder that is not
-    in it is an error, and a listed class without a folder or images is allowed and listed in
-    ``empty_classes`` (with a warning).
+    in it is an error (a folder without class folders is one class named after it, which must be
+    in it), and a listed class without a folder or images is allowed and listed in
+    ``empty_classes`` (with one warning naming them).
 
     Raises:
         NotADirectoryError: ``root`` is not a folder.
         PermissionError: ``root`` cannot be read.
         FileNotFoundError: ``root`` does not exist, holds no image, or (without ``classes``) has a
             class folder with no image.
-        UsageError: ``classes`` is not a list of distinct names, or a class folder is not in it.
+        UsageError: ``classes`` is not a list of distinct names, or a class folder (or a folder without
+            class folders) is not in it.
 
     Example:
         >>> import tempfile, pathlib
@@ -102,8 +104,7 @@ def scan_image_folder(root: str | os.PathLike, *, classes: Sequence[str] | None 
     if not samples:
         raise FileNotFoundError(f"{root} holds no image of the classes {', '.join(names[:5])}")
     _warn(repeats)
-    for name in empty:
-        warnings.warn(f"class {name!r} has no image in {root}; its label is kept", stacklevel=2)
+    _warn_empty(root, empty)
     return ImageFolderIndex(root=root, classes=names, samples=samples, repeats=repeats, empty_classes=empty)
 
 
@@ -129,10 +130,27 @@ def _scan_flat_folder(root: Path, classes: Sequence[str] | None) -> ImageFolderI
         raise FileNotFoundError(
             f"{root} holds no image and no class folder; supported extensions are: {', '.join(IMG_EXTENSIONS)}"
         )
-    names = [root.name] if classes is None else _check_classes(root, [root.name], classes)
+    names = [root.name] if classes is None else _check_classes(root, [], classes)
+    if root.name not in names:
+        shown = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
+        raise UsageError(
+            f"{root} holds {len(files)} images and no class folder, so it would be one class named {root.name!r}, "
+            f"which is not in the given classes ({shown}); pass the folder that holds one folder per class, or "
+            "name this folder after its class"
+        )
     label = names.index(root.name)
-    empty = [name for name in names if name != root.name]
+    empty = sorted(name for name in names if name != root.name)
+    _warn_empty(root, empty)
     return ImageFolderIndex(root=root, classes=names, samples=[(name, label) for name in files], empty_classes=empty)
+
+
+def _warn_empty(root: Path, empty: list[str]) -> None:
+    """One warning naming the given classes that have no image under ``root``."""
+    if empty:
+        shown = ", ".join(empty[:10]) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
+        warnings.warn(
+            f"{len(empty)} of the given classes have no image in {root}: {shown}; their labels are kept", stacklevel=3
+        )
 
 
 def walk_images(root: Path) -> tuple[list[str], list[tuple[str, str]]]:

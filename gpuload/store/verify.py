@@ -11,6 +11,7 @@ from typing import Literal
 
 import numpy as np
 import xxhash
+from PIL import Image
 from tqdm.auto import tqdm
 
 from ..errors import DatasetError, DecodeError, UsageError
@@ -59,7 +60,9 @@ def verify_memmap(
     time: a power cut that lost pixels (zeros) or a flipped bit on disk shows up here. With
     ``sources``, also takes that many randomly chosen source images again (``"all"``: every one)
     the way the build did and compares: a raw image's pixels exactly, a jpeg image's stored bytes
-    exactly, the pixels of a source that no longer gives those bytes within a small tolerance.
+    exactly, the pixels of a source that no longer gives those bytes within a small tolerance. The
+    sources are decoded with the build's pixel limit where its manifest records it (else with
+    ``PIL.Image.MAX_IMAGE_PIXELS`` as it is).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -100,8 +103,12 @@ def verify_memmap(
         shown = ", ".join(f"{index} ({manifest.samples[index][0]})" for index in resized[:5])
         problems.append(f"{len(resized)} images differ from their size in shapes.memmap: {shown}")
     if sources:
+        from .decode import pixel_limit
+
         count = len(dataset) if sources == "all" else sources
-        problems += _compare_sources(dataset, count, seed, skip=set(bad) | set(resized))
+        recorded = manifest.max_image_pixels  # the build's pixel limit: its sources decoded within it
+        with pixel_limit(Image.MAX_IMAGE_PIXELS if recorded is None else recorded or None):
+            problems += _compare_sources(dataset, count, seed, skip=set(bad) | set(resized))
     return problems
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import full_disk_says, start_writeback
+from .files import byte_count, full_disk_says, no_room, start_writeback
 
 __all__ = ["BlockWriter"]
 
@@ -72,7 +72,7 @@ class BlockWriter:
         """
         view = memoryview(block).cast("B")
         with full_disk_says(
-            lambda: _no_space(self._fd, self.name, f"{_bytes(len(view))} beyond the {self.written:,} written")
+            lambda: _no_space(self._fd, self.name, f"{byte_count(len(view))} beyond the {self.written:,} written")
         ):
             while view:  # pwrite may write less than asked
                 done = os.pwrite(self._fd, view, self.written)
@@ -102,7 +102,7 @@ class BlockWriter:
 def _reserve(fd: int, capacity: int, path: Path) -> None:
     if capacity <= 0 or not hasattr(os, "posix_fallocate"):
         return
-    with full_disk_says(lambda: _no_space(fd, path, _bytes(capacity))):
+    with full_disk_says(lambda: _no_space(fd, path, byte_count(capacity))):
         try:
             os.posix_fallocate(fd, 0, capacity)
         except OSError as error:
@@ -112,13 +112,5 @@ def _reserve(fd: int, capacity: int, path: Path) -> None:
 
 def _no_space(disk: int | Path, path: Path, needed: str) -> str:
     """What a full disk stopped: the file, what it needed and the space left on ``disk`` (an open
-    file or a folder on it)."""
-    stats = os.statvfs(disk)
-    return (
-        f"not enough disk space to write {path}: it needs {needed} and its disk has "
-        f"{_bytes(stats.f_bavail * stats.f_frsize)} free; free space there or write to another disk"
-    )
-
-
-def _bytes(count: int) -> str:
-    return f"{count:,} bytes ({count / 1e9:.2f} GB)"
+    file or a folder on it), or that it has no inode left."""
+    return no_room(disk, f"to write {path}", "there or write to another disk", needed=needed)
