@@ -136,7 +136,7 @@ def plot_trace(trace: Path, name: str, result: dict, caption: str) -> Path:
         (event["ts"] for event in inside if event.get("cat") == "user_annotation" and event["ts"] > start),
         default=start,
     )
-    fig, axes = figure(2, 1, size=(900, 390))
+    fig, axes = figure(2, 1, size=(900, 350))
     top, bottom = axes[:, 0]
     palette: dict = {}  # one colour per name in both panels
     draw(top, events, start, end, f"one training step ({caption})", max_depth=2, palette=palette)
