@@ -95,11 +95,11 @@ SNIPPETS = {
 PEERS = (
     ["", "gpuload", "DALI", "FFCV", "SPDL", "WebDataset", "LitData"],
     ["folder to dataset, one command", "yes", "reads folders", "a script", "reads files", "a script", "a script"],
-    ["GPU JPEG decode", "nvJPEG", "nvJPEG", "no", "nvJPEG", "no", "no"],
-    ["pinned ring, side-stream copy", "yes", "yes", "yes", "not checked", "no", "no"],
+    ["GPU JPEG decode", "nvJPEG*", "nvJPEG", "no", "nvJPEG", "no", "no"],
+    ["pinned ring, side-stream copy", "yes*", "yes", "yes", "not checked", "no", "no"],
     ["normalise inside the model", "yes", "no", "no", "no", "no", "no"],
     ["exact mid-epoch resume", "yes", "checkpoints", "no", "not checked", "no", "yes"],
-    ["damaged files at build", "listed", "stop it", "raise", "-", "skipped", "not checked"],
+    ["a damaged JPEG", "skipped, listed", "stops it", "raises", "not checked", "skipped", "not checked"],
     ["pip install, no GPU", "yes", "CUDA wheel", "C build", "yes", "yes", "yes"],
 )
 PEER_NAMES = ("DALI", "FFCV", "SPDL", "WebDataset", "LitData")
@@ -277,8 +277,7 @@ def _takeaway(text: str) -> str:
 def _source(result: dict, stem: str) -> str:
     """The small line under a table: the JSON file, its date and the machine (a plot names its own)."""
     return (
-        f'<p class="gl-source">{stem}.json · {result["machine"]["date"][:10]} · '
-        f"{machine_line(result['machine'])}</p>"
+        f'<p class="gl-source">{stem}.json · {result["machine"]["date"][:10]} · {machine_line(result["machine"])}</p>'
     )
 
 
@@ -442,7 +441,13 @@ def _build(results: Results, root: Path) -> dict[str, str]:
     run = build["results"][0]
     rate = {name: spread["median"] for name, spread in run["images_per_second"].items()}
     memory = run["peak_unreclaimable_bytes"]
-    rows = [[f"decode alone: libjpeg-turbo, {run['workers']} threads, writes nothing", _count(rate["simplejpeg_limit"]), "-"]]
+    rows = [
+        [
+            f"decode alone: libjpeg-turbo, {run['workers']} threads, writes nothing",
+            _count(rate["simplejpeg_limit"]),
+            "-",
+        ]
+    ]
     if "write_limit" in rate:
         rows.append(["write alone: the disk, flushed", _count(rate["write_limit"]), "-"])
     rows += [
@@ -520,7 +525,7 @@ def _overlap(results: Results, root: Path) -> dict[str, str]:
             "copy limit (`gpuload bench --device cuda`)."
         )
     else:
-        takeaway = "Not measured on a GPU yet: the overlap is the design; the CUDA tests check it batch by batch."
+        takeaway = "Not measured on a GPU yet: this is the design, and the CUDA tests that check it await a GPU too."
     return {
         "overlap_takeaway": _takeaway(takeaway),
         "overlap_notes": (
@@ -541,9 +546,13 @@ def _bytes_over_the_bus(results: Results, root: Path) -> dict[str, str]:
     for row in rows:
         key = (row["height"], row["width"], row["batch_size"], row["memory"])
         pairs.setdefault(key, {})[row["order"]] = row
-    ratios = [pair["half_first"]["seconds"]["median"] / pair["cuda_first"]["seconds"]["median"] for pair in pairs.values()]
+    ratios = [
+        pair["half_first"]["seconds"]["median"] / pair["cuda_first"]["seconds"]["median"] for pair in pairs.values()
+    ]
     on_cpu = transfer["device"].startswith("cpu")
-    where = "on this CPU (a copy into new host memory stands in for the bus)" if on_cpu else f"on {transfer['device_name']}"
+    where = (
+        "on this CPU (a copy into new host memory stands in for the bus)" if on_cpu else f"on {transfer['device_name']}"
+    )
     return {
         "bytes_plot": _plot(root, "transfer_order", "cast-then-copy time over copy-then-cast time"),
         "bytes_takeaway": _takeaway(
@@ -754,8 +763,8 @@ def _peers(results: Results, root: Path) -> dict[str, str]:
     return {
         "peers_table": _table(header, rows),
         "peers_source": (
-            '<p class="gl-source">Features, not speed: read from each project\'s docs and code; '
-            "\"not checked\": we did not find it.</p>"
+            '<p class="gl-source">Features, not speed, read from each project\'s docs and code. *: written, not yet '
+            "run on a GPU. Not checked: we did not find it.</p>"
         ),
     }
 

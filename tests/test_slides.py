@@ -333,7 +333,16 @@ def _synthetic(name: str) -> dict:
     machine = _results("transfer_order")["machine"]
     spread = {"median": 900.0, "min": 800.0, "max": 1000.0, "runs": [900.0]}
     if name == "jpeg_store":
-        contenders = ("stock", "spdl", "jpeg_crop", "jpeg_crop_exact", "jpeg_full", "raw_crop_host", "raw_crop_device", "raw")
+        contenders = (
+            "stock",
+            "spdl",
+            "jpeg_crop",
+            "jpeg_crop_exact",
+            "jpeg_full",
+            "raw_crop_host",
+            "raw_crop_device",
+            "raw",
+        )
         rows = [
             {"contender": contender, "cache": cache, "images_per_second": spread, "megabytes_per_second": spread}
             for contender in contenders
@@ -707,7 +716,10 @@ def _slide_problems(number: int, content: dict) -> list[str]:
         if text["size"] < floor - 0.01:
             problems.append(f"slide {number}: {text['sample']!r} at {text['size']:.1f} px, under {floor}")
     sizes = _sizes(content["texts"])
-    if sizes["text_characters"] >= SLIDE_PROSE and sizes["large_characters"] < SLIDE_TEXT_SHARE * sizes["text_characters"]:
+    if (
+        sizes["text_characters"] >= SLIDE_PROSE
+        and sizes["large_characters"] < SLIDE_TEXT_SHARE * sizes["text_characters"]
+    ):
         share = sizes["large_characters"] / sizes["text_characters"]
         problems.append(f"slide {number}: only {share:.0%} of its text at {TEXT_PX} px or more")
     for plot in content["plots"]:
