@@ -37,6 +37,7 @@ EXPERIMENTS = (
     "gpu_preprocess",
     "train_augment",
     "jpeg_store",
+    "remote_reads",
     "bench",
 )
 

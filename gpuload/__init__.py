@@ -10,7 +10,17 @@ import importlib
 from importlib.metadata import version as _version
 from typing import TYPE_CHECKING
 
-from .errors import BusyError, CompressError, DatasetError, DecodeError, FileError, GpuloadError, UsageError
+from .errors import (
+    BusyError,
+    CompressError,
+    DatasetError,
+    DecodeError,
+    FileError,
+    GpuloadError,
+    ObjectChangedError,
+    RemoteError,
+    UsageError,
+)
 
 __version__ = _version("gpuload")
 
@@ -26,6 +36,11 @@ _LAZY = {
     "MemmapImageDataset": ".store.dataset",
     "decode_image": ".store.decode",
     "verify_memmap": ".store.verify",
+    "push_memmap": ".store.push",
+    "BlockCache": ".store.cache",
+    "open_store": ".store.remote",
+    "Retry": ".store.remote",
+    "RemoteFile": ".store.remote_file",
     "describe_memmap": ".store.verify",
     "Collate": ".loading.collate",
     "CenterCropDecode": ".loading.crop",
@@ -46,6 +61,7 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "SAMPLE_CLASSES",
+    "BlockCache",
     "BusyError",
     "CenterCropDecode",
     "Collate",
@@ -61,8 +77,12 @@ __all__ = [
     "JpegData",
     "MemmapImageDataset",
     "Normalize",
+    "ObjectChangedError",
     "RandomResizedCrop",
     "RandomResizedCropDecode",
+    "RemoteError",
+    "RemoteFile",
+    "Retry",
     "UsageError",
     "build_memmap",
     "compress_folder",
@@ -73,6 +93,8 @@ __all__ = [
     "find_ffmpeg",
     "machine_line",
     "make_sample_folder",
+    "open_store",
+    "push_memmap",
     "verify_memmap",
 ]
 
@@ -96,9 +118,13 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from .machine import default_workers, describe_machine, machine_line
     from .sample import SAMPLE_CLASSES, make_sample_folder
     from .store.build import build_memmap
+    from .store.cache import BlockCache
     from .store.compress import CompressReport, compress_folder, find_ffmpeg
     from .store.dataset import GatheredSamples, ImageData, JpegData, MemmapImageDataset
     from .store.decode import decode_image
+    from .store.push import push_memmap
+    from .store.remote import Retry, open_store
+    from .store.remote_file import RemoteFile
     from .store.verify import describe_memmap, verify_memmap
     from .transforms.augment import RandomResizedCrop
     from .transforms.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize

@@ -27,7 +27,7 @@ from .store.dataset import MemmapImageDataset, decode_jpeg_bytes
 from .store.decode import decode_image
 from .transforms.augment import RandomResizedCrop
 
-__all__ = ["BENCH_LABELS", "format_bench", "gather_limit", "run_bench"]
+__all__ = ["BENCH_LABELS", "bench_rows", "format_bench", "gather_limit", "run_bench"]
 
 BENCH_LABELS = {
     "limit_gather": "limit: index_select memmap -> buffer, all threads",
@@ -226,12 +226,33 @@ def gather_limit(report: dict) -> float:
     )
 
 
+def bench_rows(report: dict) -> list[dict]:
+    """Each contender of a :func:`run_bench` report: its name, label, rate, GB/s, share of the machine's
+    limit (``None`` but for contenders serving whole raw images) and speed-up over the stock loader doing
+    the same work (``None`` where there is none)."""
+    limit = gather_limit(report)
+    rates = {name: result["images_per_second"] for name, result in report["results"].items()}
+    rows = []
+    for name, result in report["results"].items():
+        rate = result["images_per_second"]
+        stock = next((other for other in _STOCK.get(name, ()) if other in rates), None)
+        rows.append(
+            {
+                "name": name,
+                "label": BENCH_LABELS[name],
+                "images_per_second": rate,
+                "gigabytes_per_second": result["gigabytes_per_second"],
+                "of_limit": rate / limit if name in _WHOLE and report.get("format") != "jpeg" else None,
+                "x_stock": rate / rates[stock] if stock is not None and stock != name else None,
+            }
+        )
+    return rows
+
+
 def format_bench(report: dict) -> str:
     """The report of :func:`run_bench` as a table: each contender's rate, its share of the machine's
     limit (contenders serving whole images) and its speed-up over the stock loader doing the same work."""
     c, h, w = report["image_shape"]
-    limit = gather_limit(report)
-    rates = {name: result["images_per_second"] for name, result in report["results"].items()}
     lines = [
         f"gpuload bench on {report['machine_line']}",
         f"{report['images']} {'jpeg images decoded to' if report.get('format') == 'jpeg' else 'images of'} "
@@ -239,13 +260,12 @@ def format_bench(report: dict) -> str:
         f"device {report['device']}, page cache warm",
         f"{'contender':<58} {'images/s':>10} {'GB/s':>7} {'of limit':>9} {'x stock':>8}",
     ]
-    for name, result in report["results"].items():
-        rate = result["images_per_second"]
-        share = f"{rate / limit:.0%}" if name in _WHOLE and report.get("format") != "jpeg" else ""
-        stock = next((other for other in _STOCK.get(name, ()) if other in rates), None)
-        speedup = f"{rate / rates[stock]:.2f}x" if stock in rates and stock != name else ""
+    for row in bench_rows(report):
+        share = "" if row["of_limit"] is None else f"{row['of_limit']:.0%}"
+        speedup = "" if row["x_stock"] is None else f"{row['x_stock']:.2f}x"
         lines.append(
-            f"{BENCH_LABELS[name]:<58} {rate:>10,.0f} {result['gigabytes_per_second']:>7.2f} {share:>9} {speedup:>8}"
+            f"{row['label']:<58} {row['images_per_second']:>10,.0f} {row['gigabytes_per_second']:>7.2f} "
+            f"{share:>9} {speedup:>8}"
         )
     if "limit_h2d" in report["results"] and "gpuload" in report["results"]:
         h2d = report["results"]["limit_h2d"]["images_per_second"]

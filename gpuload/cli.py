@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     parser = argparse.ArgumentParser(prog="gpuload", description="Get image datasets onto the GPU fast.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_compress, _add_build, _add_info, _add_verify, _add_bench, _add_demo):
+    for add in (_add_compress, _add_build, _add_info, _add_verify, _add_push, _add_bench, _add_demo):
         add(subparsers)
     args = parser.parse_args(argv)
     with warnings.catch_warnings():
@@ -198,16 +198,23 @@ def _run_build(args) -> int:
 
 
 def _add_info(subparsers) -> None:
-    parser = subparsers.add_parser("info", help="describe a dataset")
-    parser.add_argument("dataset", type=Path)
+    parser = subparsers.add_parser("info", help="describe a dataset (a folder or a URL that gpuload push wrote)")
+    parser.add_argument("dataset", help="a dataset folder, or its URL (s3://bucket/photos.jpeg...)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(run=_run_info)
 
 
 def _run_info(args) -> int:
-    from .store.verify import describe_memmap
+    from .store.remote import is_url
 
-    info = describe_memmap(args.dataset)
+    if is_url(args.dataset):
+        from .store.remote_dataset import describe_remote
+
+        info = describe_remote(args.dataset)
+    else:
+        from .store.verify import describe_memmap
+
+        info = describe_memmap(Path(args.dataset))
     if args.json:
         print(json.dumps(info, indent=1))
         return 0
@@ -237,7 +244,7 @@ def _add_verify(subparsers) -> None:
     parser = subparsers.add_parser(
         "verify", help="check a dataset's integrity (exit 1 on any problem, 2 where the path holds no dataset)"
     )
-    parser.add_argument("dataset", type=Path)
+    parser.add_argument("dataset", help="a dataset folder, or its URL (s3://bucket/photos.jpeg...)")
     parser.add_argument(
         "--sources",
         type=_count,
@@ -279,14 +286,45 @@ def _count(text: str) -> int | str:
 
 
 def _run_verify(args) -> int:
-    from .store.verify import verify_memmap
+    from .errors import UsageError
+    from .store.remote import is_url, redact
 
-    with _pixel_limit(args):
-        problems = verify_memmap(args.dataset, sources=args.sources)
+    if is_url(args.dataset):
+        from .store.remote_dataset import verify_remote
+
+        if args.sources:
+            raise UsageError("--sources compares with the source photos: run it on the local dataset, not a URL")
+        problems = verify_remote(args.dataset)
+        args.dataset = redact(args.dataset)
+    else:
+        from .store.verify import verify_memmap
+
+        with _pixel_limit(args):
+            problems = verify_memmap(Path(args.dataset), sources=args.sources)
     for problem in problems:
         print(f"problem: {problem}")
     print(f"{args.dataset}: {'OK' if not problems else f'{len(problems)} problems'}")
     return 1 if problems else 0
+
+
+def _add_push(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "push",
+        help="copy a dataset to object storage (s3://, gs://, az://, file://), each object checked; a rerun resumes",
+    )
+    parser.add_argument("src", type=Path, help="the dataset folder that build-memmap wrote")
+    parser.add_argument("url", help="where to put it, e.g. s3://bucket/photos.jpeg")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace another gpuload dataset at URL (never anything else)"
+    )
+    parser.set_defaults(run=_run_push)
+
+
+def _run_push(args) -> int:
+    from .store.push import push_memmap
+
+    print(push_memmap(args.src, args.url, overwrite=args.overwrite).summary())
+    return 0
 
 
 def _add_bench(subparsers) -> None:

@@ -9,7 +9,17 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["BusyError", "CompressError", "DatasetError", "DecodeError", "FileError", "GpuloadError", "UsageError"]
+__all__ = [
+    "BusyError",
+    "CompressError",
+    "DatasetError",
+    "DecodeError",
+    "FileError",
+    "GpuloadError",
+    "ObjectChangedError",
+    "RemoteError",
+    "UsageError",
+]
 
 
 class GpuloadError(Exception):
@@ -31,6 +41,15 @@ class BusyError(GpuloadError):
 
 class DatasetError(GpuloadError):
     """A folder that is not a complete, consistent gpuload dataset."""
+
+
+class RemoteError(GpuloadError):
+    """A read or write of an object in storage that failed, after the retries where retrying was worth it;
+    the message names the (redacted) URL and, for a read, the byte range."""
+
+
+class ObjectChangedError(RemoteError):
+    """An object was replaced (another ETag or size) after it was opened: its bytes would mix two versions."""
 
 
 class FileError(GpuloadError):

@@ -8,15 +8,19 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from servers import FaultProxy, RangeHTTPServer, S3Server, fake_aws_environment
 
 from gpuload import build_memmap, make_sample_folder
 from gpuload.sample import sample_photo
+from gpuload.store.remote import Retry
 from slides.generate import TEMPLATE
 
 SIZE = (48, 64)  # (height, width) of the small test photos
@@ -53,6 +57,19 @@ def delete_a_protocol_step():
     setattr(loader, step, lambda *args: None)
     yield
     setattr(loader, step, real)
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads():
+    """A test leaves none of the threads our servers and readers start (a server's loop, its handlers,
+    a RemoteFile's requests); the session's moto server and the libraries' own loops are not ours."""
+    yield
+    ours = ("(serve_forever)", "(process_request_thread)", "gpuload-remote")
+    deadline = time.monotonic() + 5
+    while left := [t.name for t in threading.enumerate() if t.is_alive() and any(m in t.name for m in ours)]:
+        if time.monotonic() > deadline:
+            pytest.fail(f"threads left running: {left}")
+        time.sleep(0.01)
 
 
 @pytest.fixture(autouse=True)
@@ -253,3 +270,58 @@ def bare_repo(tmp_path: Path) -> Path:
     shutil.copy(root / TEMPLATE, tmp_path / TEMPLATE)
     (tmp_path / "assets" / "results").mkdir(parents=True)
     return tmp_path
+
+
+# -- object storage: real servers on 127.0.0.1 (tests/servers.py) ---------------------------------------------
+@dataclass
+class S3Endpoint:
+    """A fresh bucket on the session's moto server, reached through a fault proxy of its own."""
+
+    server: S3Server
+    proxy: FaultProxy
+    bucket: str
+
+    def url(self, path: str = "ds") -> str:
+        return f"s3://{self.bucket}/{path}"
+
+    def client(self):
+        return self.server.client()
+
+
+FAST_RETRY = Retry(attempts=3, base_delay=0.001, max_delay=0.01, timeout=2.0)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on 127.0.0.1 for the whole session (each test takes a bucket of its own)."""
+    pytest.importorskip("moto.server", reason="needs moto[server] (pip install -e '.[test]')")
+    with S3Server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch) -> S3Endpoint:
+    """A new bucket behind a :class:`FaultProxy`; AWS clients in this process point at the proxy with fake
+    credentials and no EC2 metadata service, so nothing leaves the machine."""
+    with FaultProxy(s3_server.endpoint, stall_seconds=5.0) as proxy:
+        for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in fake_aws_environment(proxy.url).items():
+            monkeypatch.setenv(name, value)
+        yield S3Endpoint(s3_server, proxy, s3_server.bucket())
+
+
+@pytest.fixture
+def http_root(tmp_path) -> Path:
+    """The folder that the ``http`` fixture serves."""
+    root = tmp_path / "www"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def http(http_root):
+    """A Range HTTP server of ``http_root`` on 127.0.0.1, behind a :class:`FaultProxy` (use ``http.proxy.url``)."""
+    with RangeHTTPServer(http_root) as server, FaultProxy(server.url) as proxy:
+        server.proxy = proxy
+        yield server

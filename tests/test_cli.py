@@ -313,9 +313,17 @@ def test_module_entry_point(photo_folder):
 
 @pytest.mark.parametrize(
     "argv",
-    [["--help"], ["build-memmap", "--help"], ["build-memmap"], ["verify", "x", "--sources", "many"], ["nope"]],
+    [
+        ["--help"],
+        ["build-memmap", "--help"],
+        ["build-memmap"],
+        ["verify", "x", "--sources", "many"],
+        ["nope"],
+        ["push", "--help"],
+        ["push", "x"],
+    ],
 )
-def test_help_and_argument_errors_never_import_torch(argv):
+def test_help_and_argument_errors_never_import_torch_nor_storage_clients(argv):
     code = textwrap.dedent(f"""
         import sys
         import gpuload
@@ -324,7 +332,8 @@ def test_help_and_argument_errors_never_import_torch(argv):
             main({argv!r})
         except SystemExit:
             pass
-        heavy = sorted(name for name in ("torch", "numpy", "PIL", "tensordict", "torchvision") if name in sys.modules)
+        heavy = ("torch", "numpy", "PIL", "tensordict", "torchvision", "fsspec", "s3fs", "obstore", "aiohttp", "botocore")
+        heavy = sorted(name for name in heavy if name in sys.modules)
         print(heavy)
     """)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -490,7 +490,16 @@ def _resample_params(
     if isinstance(decode, RandomResizedCropDecode):
         boxes, flips = decode.draw(shapes, indices, seed=seed, epoch=epoch)
         top, left, box_height, box_width = boxes.double().unbind(1)
-        columns = (top, box_height / out_height, top, top + box_height, left, box_width / out_width, left, left + box_width)
+        columns = (
+            top,
+            box_height / out_height,
+            top,
+            top + box_height,
+            left,
+            box_width / out_width,
+            left,
+            left + box_width,
+        )
         params[:, 8] = flips.double()
     else:
         short = round(min(decode.size) / decode.ratio)  # torchvision's Resize(short), then CenterCrop(size)

@@ -1,0 +1,427 @@
+"""A node-local cache of object blocks on disk, shared by every process of a node, bounded in size.
+
+Layout of a cache folder::
+
+    gpuload-cache.json      {"format": "gpuload.cache", "version": 1}: the folder is ours
+    usage                   the bytes held (blocks and reservations), read and written under its flock
+    locks/<0..1023>         flock stripes: a block is written by whoever holds its stripe
+    objects/<key>/          one namespace per object version (URL, size, ETag) and block size
+        object.json         which object, for people
+        <index>             block ``index`` of the object: ``block_size`` bytes (the last one shorter)
+        <index>.tmp-<pid>-<token>   a block being written (its size reserved, see below)
+
+Guarantees:
+
+- **Never above the limit.** Bytes are reserved under the cache-wide lock (``usage``) before a block
+  is written, its temporary file created and its space allocated (``posix_fallocate``) in the same
+  step, evicting the least recently used blocks of any namespace first when needed; the bytes on disk
+  are never more than the limit. A block that cannot get room (the limit is taken by reservations in
+  flight) is handed back uncached.
+- **Once per node.** A block is downloaded by the first process (or thread) that takes its stripe
+  lock; the others wait on that lock and then read the file it wrote.
+- **No half-written block is ever read**: a block is written to a temporary name and renamed into
+  place; a block file of the wrong size is treated as missing.
+- **kill -9 at any moment** leaves only temporary files of dead processes and maybe a ``usage`` that
+  counts them: every :class:`BlockCache` opened on the folder first counts the files on disk again and
+  removes temporaries whose stripe lock nobody holds (a live writer holds it).
+- **No fsync of blocks**: a block the kernel lost in a power cut comes back as zeros or garbage,
+  which the dataset's per-image checksum catches; it then drops the block (:meth:`BlockCache.drop`)
+  and reads it again.
+- Two datasets, or two versions of one object, never share a block: the namespace key is the hash of
+  the object's redacted URL, its size and ETag, and the block size.
+
+Example:
+    >>> import tempfile
+    >>> cache = BlockCache(tempfile.mkdtemp(), "1MiB")
+    >>> space = cache.namespace("s3://bucket/photos.jpeg/data.memmap", "10:abc", block_size=4)
+    >>> cache.get(space, 0, 4) is None
+    True
+    >>> cache.put(space, 0, b"abcd"), cache.get(space, 0, 4), cache.get(space, 0, 4, start=1, length=2), cache.usage()
+    (True, b'abcd', b'bc', 4)
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import re
+import secrets
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+
+from ..errors import UsageError
+
+__all__ = ["CACHE_FORMAT", "CACHE_VERSION", "BlockCache", "Namespace", "parse_bytes"]
+
+CACHE_FORMAT = "gpuload.cache"
+CACHE_VERSION = 1
+MARKER = "gpuload-cache.json"
+STRIPES = 1024
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}  # fmt: skip
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*$")
+_TEMPORARY = re.compile(r"(\d+)\.tmp-\d+-[0-9a-f]+")
+_TOUCH_AFTER = 30.0  # seconds: a block read again sooner keeps its time (one write less per hit)
+
+
+def parse_bytes(value: int | str) -> int:
+    """A size in bytes from an int or a string such as ``"200GB"``, ``"500MiB"`` or ``"1.5 TB"``.
+
+    Decimal units (KB, MB, GB, TB, and K, M, G, T) are powers of 1000, binary ones (KiB, MiB, GiB,
+    TiB) powers of 1024, case-insensitive.
+
+    Raises:
+        UsageError: not a positive size.
+
+    Example:
+        >>> parse_bytes("200GB"), parse_bytes("500MiB"), parse_bytes(4096)
+        (200000000000, 524288000, 4096)
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise UsageError(f"a size must be an int of bytes or a string such as '200GB', got {value!r}")
+    if isinstance(value, int):
+        number = value
+    else:
+        match = _SIZE.match(value)
+        unit = match[2].lower() if match else None
+        if match is None or unit not in _UNITS:
+            raise UsageError(
+                f"a size must be a number with a unit such as '200GB' or '500MiB' (units: B, KB, MB, GB, TB, "
+                f"KiB, MiB, GiB, TiB), got {value!r}"
+            )
+        number = int(float(match[1]) * _UNITS[unit])
+    if number <= 0:
+        raise UsageError(f"a size must be positive, got {value!r}")
+    return number
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """Where the blocks of one object version live in a cache (see :meth:`BlockCache.namespace`)."""
+
+    key: str
+    folder: Path
+    block_size: int
+
+
+class BlockCache:
+    """A cache folder of object blocks, at most ``size`` bytes, safe to share between processes.
+
+    Args:
+        path: the cache folder: new, empty, or one that a :class:`BlockCache` made.
+        size: the most bytes of blocks kept (an int or a string such as ``"200GB"``).
+
+    Raises:
+        UsageError: ``path`` holds files and is not a gpuload cache, or a cache of another format
+            version; a bad ``size``.
+        OSError: the folder cannot be created or written (naming it).
+    """
+
+    def __init__(self, path: str | os.PathLike, size: int | str) -> None:
+        self.path = Path(path).expanduser().absolute()
+        self.limit = parse_bytes(size)
+        self._claim_folder()
+        (self.path / "locks").mkdir(exist_ok=True)
+        (self.path / "objects").mkdir(exist_ok=True)
+        self._usage_path = self.path / "usage"
+        with self._cache_lock() as fd:
+            self._write_usage(fd, self._recount())
+            self._evict(fd, 0)
+
+    # -- namespaces and blocks -----------------------------------------------------------------------------
+    def namespace(self, url: str, version: str, *, block_size: int) -> Namespace:
+        """The namespace of the object at ``url`` (redacted) in the version ``version``, for ``block_size`` blocks."""
+        if not isinstance(block_size, int) or block_size <= 0:
+            raise UsageError(f"block_size must be a positive int, got {block_size!r}")
+        key = xxhash.xxh3_128_hexdigest(f"{url}\n{version}\n{block_size}".encode())
+        folder = self.path / "objects" / key
+        if not (folder / "object.json").is_file():
+            folder.mkdir(exist_ok=True)
+            _write_atomically(
+                folder / "object.json",
+                json.dumps({"url": url, "version": version, "block_size": block_size}).encode(),
+            )
+        return Namespace(key, folder, block_size)
+
+    def get(
+        self, space: Namespace, index: int, block_length: int, start: int = 0, length: int | None = None
+    ) -> bytes | None:
+        """Bytes ``start`` to ``start + length`` (default: all) of block ``index`` of ``space``, if the block
+        is cached whole (``block_length`` bytes), else ``None``."""
+        length = block_length - start if length is None else length
+        path = space.folder / str(index)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            stat = os.fstat(fd)
+            if stat.st_size != block_length:
+                return None  # a damaged block: the caller fetches it again and replaces it
+            data = os.pread(fd, length, start)
+            while len(data) < length:
+                more = os.pread(fd, length - len(data), start + len(data))
+                if not more:
+                    return None
+                data += more
+            if time.time() - stat.st_mtime > _TOUCH_AFTER:
+                try:
+                    os.utime(fd)  # least recently used goes first
+                except OSError:
+                    pass
+            return data
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def writing(self, space: Namespace, index: int) -> Iterator[None]:
+        """Hold the stripe lock of block ``index``: the one writer of that block on the node.
+
+        Inside it, check :meth:`get` again (another process may have written the block while this
+        one waited), then fetch and :meth:`put`.
+        """
+        stripe = self.path / "locks" / str(self.stripe(space, index))
+        fd = os.open(stripe, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def stripe(space: Namespace, index: int) -> int:
+        """The stripe lock of block ``index``: blocks of one stripe are written one at a time."""
+        return _stripe(space.key, index)
+
+    def put(self, space: Namespace, index: int, data: bytes) -> bool:
+        """Store block ``index`` (hold :meth:`writing`); ``False`` where the limit leaves no room now
+        (the block is then simply not kept).
+
+        Raises:
+            OSError: ``ENOSPC`` when the disk under the cache is full (a one-line message saying what
+                to do); nothing is left behind and the cache stays usable.
+        """
+        length = len(data)
+        if length > self.limit:
+            return False
+        temporary = space.folder / f"{index}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        with self._cache_lock() as lock:
+            if not self._evict(lock, length):
+                return False
+            try:
+                fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            except FileNotFoundError:  # the namespace folder was removed by hand: make it again
+                space.folder.mkdir(parents=True, exist_ok=True)
+                fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
+                _allocate(fd, length)
+            except OSError as error:
+                os.close(fd)
+                temporary.unlink()
+                raise self._disk_error(error, length) from None
+            self._write_usage(lock, self._read_usage(lock) + length)
+        try:
+            _write_all(fd, data)
+            os.close(fd)
+            fd = -1
+            os.replace(temporary, space.folder / str(index))  # replaces a damaged block of the same name
+        except BaseException as error:
+            if fd >= 0:
+                os.close(fd)
+            temporary.unlink(missing_ok=True)
+            with self._cache_lock() as lock:
+                self._write_usage(lock, max(0, self._read_usage(lock) - length))
+            if isinstance(error, OSError):
+                raise self._disk_error(error, length) from None
+            raise
+        return True
+
+    def drop(self, space: Namespace, index: int) -> None:
+        """Remove block ``index`` (it failed a checksum): the next read fetches it again. Hold :meth:`writing`."""
+        path = space.folder / str(index)
+        with self._cache_lock() as lock:
+            try:
+                size = path.stat().st_size
+                path.unlink()
+            except FileNotFoundError:
+                return
+            self._write_usage(lock, max(0, self._read_usage(lock) - size))
+
+    def usage(self) -> int:
+        """Bytes held now: blocks and the reservations of blocks being written."""
+        with self._cache_lock() as lock:
+            return self._read_usage(lock)
+
+    def __repr__(self) -> str:
+        return f"BlockCache({str(self.path)!r}, size={self.limit:,})"
+
+    def __reduce__(self):
+        return type(self), (self.path, self.limit)
+
+    # -- the folder, the lock and the accounting --------------------------------------------------------------
+    def _claim_folder(self) -> None:
+        marker = self.path / MARKER
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise type(error)(
+                error.errno, f"cannot create the cache folder {self.path} ({error.strerror}); pass a writable folder"
+            ) from None
+        if not self.path.is_dir():
+            raise UsageError(f"the cache {self.path} is not a folder; pass a folder for gpuload's cache")
+        if marker.is_file():
+            try:
+                found = json.loads(marker.read_text())
+            except (OSError, ValueError):
+                found = None
+            if not isinstance(found, dict) or found.get("format") != CACHE_FORMAT:
+                raise UsageError(f"{marker} is not a gpuload cache marker; pass another cache folder")
+            if found.get("version") != CACHE_VERSION:
+                raise UsageError(
+                    f"{self.path} is a gpuload cache of version {found.get('version')!r}, this gpuload uses version "
+                    f"{CACHE_VERSION}; pass another cache folder or delete this one"
+                )
+            return
+        # What a BlockCache creating this folder at the same moment writes (ranks start together),
+        # the marker included: it may have landed since it was looked for above.
+        ours = {MARKER, "locks", "objects", "usage"}
+        entries = sorted(
+            entry.name
+            for entry in self.path.iterdir()
+            if entry.name not in ours and not entry.name.startswith(f".{MARKER}.tmp-")
+        )
+        if entries:
+            raise UsageError(
+                f"{self.path} is not a gpuload cache (no {MARKER}) and holds {len(entries)} entries (first "
+                f"{entries[0]!r}); gpuload evicts files from its cache, so it only uses a new or empty folder: "
+                "pass another cache folder"
+            )
+        _write_atomically(marker, json.dumps({"format": CACHE_FORMAT, "version": CACHE_VERSION}).encode())
+
+    @contextmanager
+    def _cache_lock(self) -> Iterator[int]:
+        fd = os.open(self._usage_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield fd
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _read_usage(fd: int) -> int:
+        text = os.pread(fd, 32, 0).strip()
+        return int(text) if text.isdigit() else 0
+
+    @staticmethod
+    def _write_usage(fd: int, value: int) -> None:
+        data = f"{value:020d}\n".encode()  # fixed width: one write replaces the number whole
+        os.pwrite(fd, data, 0)
+
+    def _files(self) -> Iterator[tuple[Path, os.stat_result]]:
+        for space in os.scandir(self.path / "objects"):
+            if not space.is_dir(follow_symlinks=False):
+                continue
+            for entry in os.scandir(space.path):
+                if not entry.name.startswith((".", "object.json")) and entry.is_file(follow_symlinks=False):
+                    try:
+                        yield Path(entry.path), entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+
+    def _recount(self) -> int:
+        """Count the bytes on disk again (under the cache lock), removing temporaries of dead writers."""
+        total = 0
+        for path, stat in self._files():
+            match = _TEMPORARY.fullmatch(path.name)
+            if match is not None and self._stripe_free(path.parent.name, int(match[1])):
+                path.unlink(missing_ok=True)  # its writer died: nobody holds its stripe
+                continue
+            total += stat.st_size
+        return total
+
+    def _stripe_free(self, key: str, index: int) -> bool:
+        fd = os.open(self.path / "locks" / str(_stripe(key, index)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+
+    def _evict(self, lock: int, needed: int) -> bool:
+        """Make room for ``needed`` more bytes (under the cache lock): remove the least recently used
+        blocks down to 90 % of the limit less ``needed``. ``False`` where blocks being written take the room."""
+        used = self._read_usage(lock)
+        if used + needed <= self.limit:
+            return True
+        target = min(self.limit - needed, int(self.limit * 0.9))
+        blocks = sorted(
+            ((stat.st_mtime, path, stat.st_size) for path, stat in self._files() if ".tmp-" not in path.name),
+            key=lambda item: item[0],
+        )
+        for _, path, size in blocks:
+            if used <= target:
+                break
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            used -= size
+        self._write_usage(lock, max(0, used))
+        return used + needed <= self.limit
+
+    def _disk_error(self, error: OSError, length: int) -> OSError:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return error
+        stats = os.statvfs(self.path)
+        return OSError(
+            error.errno,
+            f"the disk of the cache {self.path} is full (a block of {length:,} bytes did not fit, "
+            f"{stats.f_bavail * stats.f_frsize:,} bytes free); free space there, lower cache_size "
+            f"(now {self.limit:,} bytes) or pass a cache folder on another disk",
+        )
+
+
+def _stripe(key: str, index: int) -> int:
+    return xxhash.xxh3_64_intdigest(f"{key}/{index}".encode()) % STRIPES
+
+
+def _allocate(fd: int, length: int) -> None:
+    """Reserve ``length`` bytes for the file (a full disk fails here, before any byte is written)."""
+    if length == 0:
+        return
+    if hasattr(os, "posix_fallocate"):
+        try:
+            os.posix_fallocate(fd, 0, length)
+            return
+        except OSError as error:
+            if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+    os.ftruncate(fd, length)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # pwrite may write less than asked
+        view = view[os.pwrite(fd, view, len(data) - len(view)) :]
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        with open(temporary, "xb") as file:
+            file.write(data)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)

@@ -1,0 +1,273 @@
+"""``gpuload push``: copy a built dataset to a URL, checked object by object, resumable, manifest last.
+
+A dataset at a URL is the same folder as on disk, one object per file. The push:
+
+1. checks that the local dataset is complete and intact (``gpuload verify``: manifest, files, every
+   image's checksum), so that nothing damaged is ever published;
+2. looks at what the URL holds: nothing, a half-pushed dataset (objects named like a dataset's files
+   and no manifest), this same dataset (a manifest with the same digests), another gpuload dataset
+   (replaced only with ``overwrite``), or anything else (refused, even with ``overwrite``);
+3. removes the manifest at the URL before it changes any object there (a dataset whose objects are
+   being replaced is not taken for a dataset), and with ``overwrite`` the objects the new dataset
+   does not have;
+4. uploads every file but the manifest whose object is missing or differs, and checks each object
+   by reading it back: same size, and the xxh3-64 of its bytes as a reader gets them (ranged GETs
+   carrying the ETag the upload returned) equal to the local file's. An object already there with
+   the right size and checksum is not uploaded again: a push that was interrupted resumes;
+5. uploads ``manifest.json`` last and reads it back: until then the URL holds no dataset.
+
+Why read back rather than the backends' checksums: S3's ETag is an MD5 only for single-part uploads
+without KMS encryption, multipart ETags and ``x-amz-checksum-*`` depend on the part size the client
+chose, and HTTP servers or ``file://`` give none; reading back checks, on every backend, the bytes
+that readers will get, through the same code path. It costs a download of what was uploaded, and on
+a resume a download of what is already there (no upload).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import xxhash
+
+from ..errors import DatasetError, UsageError
+from .files import OutputLock, resolve
+from .manifest import ARRAYS, MANIFEST_NAME, Manifest
+from .remote import ObjectInfo, RemoteError, Store, open_store
+from .remote_dataset import read_remote_manifest
+from .remote_file import RemoteFile
+
+__all__ = ["PushReport", "push_memmap"]
+
+_CHUNK = 8 * 2**20
+# The names a dataset of any storage holds (besides the manifest): what a half-pushed dataset may hold.
+_DATASET_NAMES = frozenset({"meta.json", *(f"{name}.memmap" for names in ARRAYS.values() for name in names)})
+
+
+@dataclass
+class PushReport:
+    """What :func:`push_memmap` did.
+
+    Attributes:
+        url: where the dataset is now (redacted).
+        uploaded: the names of the objects uploaded (the manifest last).
+        skipped: the objects that were already there with the right size and checksum.
+        removed: objects of a replaced dataset that the new one does not have.
+        bytes_uploaded: bytes sent.
+        seconds: the whole push.
+    """
+
+    url: str
+    uploaded: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    bytes_uploaded: int = 0
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        return (
+            f"pushed to {self.url}: {len(self.uploaded)} objects uploaded ({self.bytes_uploaded / 1e9:.2f} GB), "
+            f"{len(self.skipped)} already there, {len(self.removed)} removed, each checked by reading it back, "
+            f"{self.seconds:.1f} s"
+        )
+
+
+def push_memmap(
+    src: str | os.PathLike,
+    url: str,
+    *,
+    overwrite: bool = False,
+    progress: bool = True,
+    store: Store | None = None,
+) -> PushReport:
+    """Copy the dataset ``src`` to the folder URL ``url`` (see the module's docstring for the steps).
+
+    Args:
+        src: a local dataset folder that ``build-memmap`` wrote.
+        url: ``s3://bucket/path``, ``gs://...``, ``az://...``, ``file:///...`` (HTTP is read-only).
+        overwrite: replace another gpuload dataset at ``url`` (never anything else).
+        progress: show a progress bar of the bytes checked and uploaded.
+        store: the store of ``url`` (default: :func:`~gpuload.store.remote.open_store`).
+
+    Raises:
+        DatasetError: ``src`` is not a complete, intact dataset (what ``gpuload verify`` found first).
+        FileExistsError: ``url`` holds another gpuload dataset and ``overwrite`` is false.
+        UsageError: ``url`` holds objects that are not a gpuload dataset's, or cannot be written.
+        RemoteError: an upload failed after its retries, or an object read back differs.
+        BusyError: another gpuload run holds ``src``'s lock.
+
+    Example:
+        >>> import tempfile
+        >>> from gpuload import build_memmap, make_sample_folder
+        >>> photos = make_sample_folder(Path(tempfile.mkdtemp()) / "photos", images_per_class=1, size=(12, 16))
+        >>> dataset = build_memmap(photos, format="jpeg", progress=False)
+        >>> url = f"memory://doc-push/{photos.parent.name}/photos.jpeg"
+        >>> report = push_memmap(dataset, url, progress=False)
+        >>> report.uploaded[-1], report.skipped
+        ('manifest.json', [])
+        >>> push_memmap(dataset, url, progress=False).uploaded  # all there already
+        []
+    """
+    from .verify import verify_memmap
+
+    started = time.perf_counter()
+    src = resolve(src)
+    store = store if store is not None else open_store(url)
+    with OutputLock(src):
+        problems = verify_memmap(src, progress=progress)
+        if problems:
+            raise DatasetError(
+                f"{src} is not intact, so it is not pushed: {problems[0]}"
+                + (f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else "")
+                + f"; run gpuload verify {src}"
+            )
+        manifest = Manifest.read(src)
+        names = sorted(manifest.files)  # the manifest goes last, on its own
+        report = PushReport(url=store.display)
+        existing = store.list()
+        replace = _check_target(store, existing, manifest, overwrite)
+        todo = {name: src / name for name in names}
+        total = sum(manifest.files.values()) + (src / MANIFEST_NAME).stat().st_size
+        with _progress(total, progress) as bar:
+            if MANIFEST_NAME in existing:
+                same = _same_objects(store, existing, todo, bar)
+                if not replace and all(same.values()) and _same_manifest(store, existing, src):
+                    report.skipped = [*names, MANIFEST_NAME]
+                    report.seconds = time.perf_counter() - started
+                    return report
+                store.delete(MANIFEST_NAME)  # from now on the URL holds no dataset until the new manifest lands
+                existing.pop(MANIFEST_NAME)
+            else:
+                same = _same_objects(store, existing, todo, bar)
+            for name in sorted(set(existing) - set(names)):
+                store.delete(name)
+                report.removed.append(name)
+            for name in names:
+                if same.get(name):
+                    report.skipped.append(name)
+                    continue
+                _upload(store, name, todo[name], bar)
+                report.uploaded.append(name)
+                report.bytes_uploaded += manifest.files[name]
+            _upload(store, MANIFEST_NAME, src / MANIFEST_NAME, bar)
+            report.uploaded.append(MANIFEST_NAME)
+            report.bytes_uploaded += (src / MANIFEST_NAME).stat().st_size
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _check_target(store: Store, existing: dict[str, ObjectInfo], manifest: Manifest, overwrite: bool) -> bool:
+    """What the URL holds decides: ``True`` to replace another dataset there, ``False`` to write or resume."""
+    if MANIFEST_NAME not in existing:
+        foreign = sorted(set(existing) - _DATASET_NAMES)
+        if foreign:
+            raise UsageError(
+                f"{store.display} holds {len(existing)} objects and is not a gpuload dataset (it holds {foreign[0]!r} "
+                "and no manifest.json); push writes only to an empty location or over a gpuload dataset "
+                "(--overwrite): choose another URL or empty it yourself"
+            )
+        return False  # empty, or a half-pushed dataset: resumed
+    there = _read_manifest(store, existing[MANIFEST_NAME])
+    if there.digests == manifest.digests and there.files == manifest.files:
+        return False  # the same dataset: resumed or already complete
+    owned = there.owned_paths()
+    foreign = sorted(set(existing) - owned)
+    if foreign:
+        raise UsageError(
+            f"{store.display} holds a gpuload dataset and also {len(foreign)} objects it does not list (first "
+            f"{foreign[0]!r}); --overwrite replaces only a location that holds nothing but a gpuload dataset: "
+            "choose another URL or remove them yourself"
+        )
+    if not overwrite:
+        raise FileExistsError(
+            f"{store.display} holds another gpuload dataset ({len(there.samples)} images from {there.source}, built "
+            f"{there.created}); pass overwrite=True (--overwrite) to replace it, or choose another URL"
+        )
+    return True
+
+
+def _read_manifest(store: Store, info: ObjectInfo) -> Manifest:
+    try:
+        return read_remote_manifest(store, info)
+    except DatasetError as error:
+        raise UsageError(
+            f"{error}; push never replaces it, even with --overwrite: choose another URL or remove it yourself"
+        ) from None
+
+
+def _same_objects(store: Store, existing: dict[str, ObjectInfo], todo: dict[str, Path], bar) -> dict[str, bool]:
+    """Which objects already hold their local file's bytes: the right size, and the same checksum read back."""
+    same = {}
+    for name, path in todo.items():
+        info = existing.get(name)
+        size = path.stat().st_size
+        same[name] = info is not None and info.size == size and _remote_digest(store, name, info) == _local_digest(path)
+        if same[name]:
+            bar.update(size)
+    return same
+
+
+def _same_manifest(store: Store, existing: dict[str, ObjectInfo], src: Path) -> bool:
+    return store.read_all(MANIFEST_NAME, existing[MANIFEST_NAME]) == (src / MANIFEST_NAME).read_bytes()
+
+
+def _upload(store: Store, name: str, path: Path, bar) -> None:
+    info = store.put(name, path)
+    size = path.stat().st_size
+    if info.size != size:
+        raise RemoteError(
+            f"{store.object_url(name)} has {info.size:,} bytes after its upload, the file {path} has {size:,}; "
+            "push again (it resumes)"
+        )
+    if _remote_digest(store, name, info) != _local_digest(path):
+        raise RemoteError(
+            f"{store.object_url(name)} reads back other bytes than {path} after its upload (checksums differ); "
+            "push again (it resumes); if it happens again, the storage is damaging data"
+        )
+    bar.update(size)
+
+
+def _local_digest(path: Path) -> int:
+    digest = xxhash.xxh3_64()
+    with open(path, "rb") as file:
+        while chunk := file.read(_CHUNK):
+            digest.update(chunk)
+    return digest.intdigest()
+
+
+def _remote_digest(store: Store, name: str, info: ObjectInfo) -> int:
+    """xxh3-64 of the object's bytes as a reader gets them: ranged reads of 8 MiB, 8 in flight."""
+    digest = xxhash.xxh3_64()
+    if info.size == 0:
+        return digest.intdigest()
+    ranges = [(start, min(_CHUNK, info.size - start)) for start in range(0, info.size, _CHUNK)]
+    with RemoteFile(store, name, info=info, block_size=_CHUNK, blocks_per_request=1, workers=8) as file:
+        for first in range(0, len(ranges), 8):
+            for data in file.read_many(ranges[first : first + 8]):
+                digest.update(data)
+    return digest.intdigest()
+
+
+class _progress:
+    """A tqdm bar of bytes on stderr, or nothing."""
+
+    def __init__(self, total: int, show: bool) -> None:
+        self.total, self.show, self.bar = total, show, None
+
+    def __enter__(self):
+        if self.show:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.total, unit="B", unit_scale=True, desc="push", file=sys.stderr)
+        return self
+
+    def update(self, count: int) -> None:
+        if self.bar is not None:
+            self.bar.update(count)
+
+    def __exit__(self, *exc_info) -> None:
+        if self.bar is not None:
+            self.bar.close()

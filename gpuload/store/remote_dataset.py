@@ -1,0 +1,226 @@
+"""A dataset at a URL, opened: its manifest, the versions of its objects, its index read whole, and checks.
+
+:func:`open_remote` is what a dataset opened from a URL starts from (phase 2 builds
+``MemmapImageDataset(url, cache=...)`` on it): it reads the manifest, checks every object the manifest
+lists against its size and records its ETag (the version every later read carries), reads the index
+arrays whole (raw: ``labels``; jpeg: ``offsets``, ``shapes``, ``labels``, 24 bytes an image) and checks
+them as a local open does. Image bytes are then read on demand through :meth:`RemoteIndex.image_file`.
+:func:`describe_remote` and :func:`verify_remote` are ``gpuload info`` and ``gpuload verify`` for URLs.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import xxhash
+
+from ..errors import DatasetError, UsageError
+from .manifest import MANIFEST_NAME, Manifest
+from .remote import ObjectInfo, Store, open_store
+from .remote_file import RemoteFile
+
+__all__ = ["RemoteIndex", "describe_remote", "open_remote", "read_remote_manifest", "verify_remote"]
+
+_BATCH = 256  # images checked per read_many
+
+
+@dataclass
+class RemoteIndex:
+    """A dataset at a URL, as opened: what reading its images needs, all in memory.
+
+    Attributes:
+        store: the dataset's folder.
+        manifest: its manifest, checked as a local one is.
+        objects: every object the manifest lists, with the size and ETag seen at open.
+        labels: int64 ``[N]``, equal to the manifest's.
+        starts, lengths: int64 ``[N]``: each image's byte range in the image object.
+        shapes: jpeg: int32 ``[N, 2]`` (height, width) of each image; raw: ``None``.
+    """
+
+    store: Store
+    manifest: Manifest
+    objects: dict[str, ObjectInfo]
+    labels: np.ndarray
+    starts: np.ndarray
+    lengths: np.ndarray
+    shapes: np.ndarray | None
+
+    @property
+    def image_object(self) -> str:
+        """The object holding the images' bytes: ``data.memmap`` (jpeg) or ``images.memmap`` (raw)."""
+        return self.manifest.array_path("data" if self.manifest.storage == "jpeg" else "images")
+
+    def image_file(self, **options) -> RemoteFile:
+        """A :class:`RemoteFile` of the image object, at the version seen at open (``options``: its
+        ``cache``, ``block_size``...)."""
+        name = self.image_object
+        return RemoteFile(self.store, name, info=self.objects[name], **options)
+
+    def checksums(self) -> np.ndarray:
+        """uint64 ``[N]``: each image's xxh3-64 from the manifest."""
+        return np.array([int(checksum, 16) for checksum in self.manifest.checksums], dtype=np.uint64)
+
+
+def read_remote_manifest(store: Store, info: ObjectInfo | None = None) -> Manifest:
+    """The ``manifest.json`` at ``store``, checked as a local one is (:meth:`Manifest.read`).
+
+    Raises:
+        DatasetError: no manifest (with the advice for an unfinished push when other objects are
+            there), or one that is not valid.
+    """
+    try:
+        info = info or store.info(MANIFEST_NAME)
+    except FileNotFoundError:
+        try:
+            others = bool(store.list())
+        except UsageError:  # an HTTP server cannot be listed
+            others = False
+        if others:
+            raise DatasetError(
+                f"{store.display} has no {MANIFEST_NAME} but holds objects: a push that did not finish; "
+                "run gpuload push again"
+            ) from None
+        raise DatasetError(f"{store.display} is not a gpuload dataset: it has no {MANIFEST_NAME}") from None
+    data = store.read_all(MANIFEST_NAME, info)
+    with tempfile.TemporaryDirectory(prefix="gpuload-manifest-") as folder:
+        (Path(folder) / MANIFEST_NAME).write_bytes(data)
+        try:
+            return Manifest.read(folder)
+        except DatasetError as error:
+            reason = str(error).replace(str(Path(folder) / MANIFEST_NAME), "its manifest.json").replace(folder, "it")
+            raise DatasetError(f"{store.display} is not a valid gpuload dataset: {reason}") from None
+
+
+def open_remote(url: str | Store) -> RemoteIndex:
+    """Open the dataset at ``url`` (or a store of it): manifest, object versions, index (see the module).
+
+    Raises:
+        DatasetError: not a gpuload dataset, an unfinished push, an object missing or of another size
+            than the manifest says, index arrays that disagree with the manifest.
+        RemoteError: a request failed after its retries.
+    """
+    store = url if isinstance(url, Store) else open_store(url)
+    manifest = read_remote_manifest(store)
+    if manifest.format_version == 1:
+        raise DatasetError(f"{store.display} is a dataset of format version 1; build it again with this gpuload")
+    objects = {}
+    for name, size in sorted(manifest.files.items()):
+        try:
+            info = store.info(name)
+        except FileNotFoundError:
+            raise DatasetError(f"{store.display} is damaged: {name} is missing; push the dataset again") from None
+        if info.size != size:
+            raise DatasetError(
+                f"{store.display} is damaged: {name} has {info.size:,} bytes, the manifest says {size:,}; push the "
+                "dataset again"
+            )
+        objects[name] = info
+    count = len(manifest.samples)
+
+    def array(name: str, dtype, shape) -> np.ndarray:
+        data = store.read_all(name, objects[name])
+        return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+    labels = array("labels.memmap", np.int64, (count,))
+    if manifest.storage == "jpeg":
+        offsets = array("offsets.memmap", np.int64, (count + 1,))
+        shapes = array("shapes.memmap", np.int32, (count, 2))
+        starts, lengths = offsets[:-1], np.diff(offsets)
+        if offsets[0] != 0 or (lengths <= 0).any() or int(offsets[-1]) != manifest.files["data.memmap"]:
+            raise DatasetError(
+                f"{store.display} is damaged: offsets.memmap does not cut data.memmap into {count} images"
+            )
+        if (shapes <= 0).any():
+            raise DatasetError(f"{store.display} is damaged: shapes.memmap holds a size that is not positive")
+    else:
+        size = int(np.prod(manifest.image_shape))
+        starts, lengths, shapes = np.arange(count, dtype=np.int64) * size, np.full(count, size, dtype=np.int64), None
+    recorded = np.array([label for _, label in manifest.samples], dtype=np.int64)
+    differ = np.flatnonzero(labels != recorded)
+    if differ.size:
+        first = int(differ[0])
+        raise DatasetError(
+            f"{store.display} is damaged: {differ.size} labels in labels.memmap differ from the manifest (first at "
+            f"index {first}: {int(labels[first])} where the manifest says {int(recorded[first])}); push the dataset again"
+        )
+    return RemoteIndex(store, manifest, objects, labels, starts, lengths, shapes)
+
+
+def describe_remote(url: str) -> dict:
+    """What the dataset at ``url`` holds, as :func:`gpuload.describe_memmap` gives it for a folder.
+
+    Raises:
+        DatasetError: see :func:`open_remote`.
+    """
+    index = open_remote(url)
+    manifest = index.manifest
+    counts = Counter(label for _, label in manifest.samples)
+    return {
+        "path": index.store.display,
+        "storage": manifest.storage,
+        "images": len(manifest.samples),
+        "image_shape": manifest.image_shape,
+        "classes": {name: counts.get(position, 0) for position, name in enumerate(manifest.classes)},
+        "bytes_on_disk": sum(info.size for info in index.objects.values()) + index.store.info(MANIFEST_NAME).size,
+        "source": manifest.source,
+        "resize": manifest.resize,
+        "skipped": len(manifest.skipped),
+        "jpeg": manifest.jpeg,
+        "empty_classes": manifest.empty_classes,
+        "created": manifest.created,
+        "versions": manifest.versions,
+    }
+
+
+def verify_remote(url: str, *, progress: bool = True) -> list[str]:
+    """Check the dataset at ``url`` as ``gpuload verify`` checks a folder; returns the problems found.
+
+    Reads every image once (ranged reads, no cache) and compares its checksum; also the manifest's
+    digests, the objects' sizes, the labels and the index.
+
+    Raises:
+        UsageError: ``url`` holds no dataset at all.
+    """
+    from tqdm.auto import tqdm
+
+    from .jpeg import frame_size
+
+    store = open_store(url)
+    try:
+        index = open_remote(store)
+    except DatasetError as error:
+        if "is not a gpuload dataset" in str(error):
+            raise UsageError(f"{error}; pass the URL that gpuload push wrote") from None
+        return [str(error)]
+    manifest = index.manifest
+    problems = [
+        f"manifest.json: the field {name!r} was changed after the build (its digest differs); rebuild the dataset"
+        for name in manifest.edited_fields()
+    ]
+    checksums, bad, resized = index.checksums(), [], []
+    count = len(manifest.samples)
+    with (
+        index.image_file(workers=8) as file,
+        tqdm(total=count, desc="checksums", unit="img", disable=not progress, file=sys.stderr) as bar,
+    ):
+        for first in range(0, count, _BATCH):
+            positions = range(first, min(count, first + _BATCH))
+            ranges = [(int(index.starts[i]), int(index.lengths[i])) for i in positions]
+            for position, data in zip(positions, file.read_many(ranges)):
+                if xxhash.xxh3_64_intdigest(data) != checksums[position]:
+                    bad.append(position)
+                elif index.shapes is not None and frame_size(data) != tuple(index.shapes[position].tolist()):
+                    resized.append(position)
+            bar.update(len(positions))
+    if bad:
+        shown = ", ".join(f"{i} ({manifest.samples[i][0]})" for i in bad[:5])
+        problems.append(f"{len(bad)} images do not match their build checksum: {shown}")
+    if resized:
+        shown = ", ".join(f"{i} ({manifest.samples[i][0]})" for i in resized[:5])
+        problems.append(f"{len(resized)} images differ from their size in shapes.memmap: {shown}")
+    return problems

@@ -1,0 +1,268 @@
+"""gpuload.store.cache: a bounded block cache shared by processes, crash-safe."""
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import gpuload.store.cache as cache_module
+from gpuload.errors import UsageError
+from gpuload.store.cache import MARKER, BlockCache, parse_bytes
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def files_on_disk(cache: BlockCache) -> dict[str, int]:
+    return {
+        f"{path.parent.name[:6]}/{path.name}": path.stat().st_size
+        for path in (cache.path / "objects").glob("*/*")
+        if path.name != "object.json"
+    }
+
+
+class TestParseBytes:
+    @pytest.mark.parametrize(
+        ("text", "expected"),
+        [("200GB", 200 * 10**9), ("500MiB", 500 * 2**20), ("1.5 TB", 15 * 10**11), ("64k", 64_000), (4096, 4096)],
+    )
+    def test_sizes(self, text, expected):
+        assert parse_bytes(text) == expected
+
+    @pytest.mark.parametrize("bad", ["", "12 parsecs", "-5GB", "0", 0, True, 1.5, "GB"])
+    def test_bad_sizes(self, bad):
+        with pytest.raises(UsageError, match="size must be"):
+            parse_bytes(bad)
+
+
+class TestFolder:
+    def test_a_new_folder_is_marked_as_ours(self, tmp_path):
+        BlockCache(tmp_path / "cache", "1MB")
+        assert json.loads((tmp_path / "cache" / MARKER).read_text()) == {"format": "gpuload.cache", "version": 1}
+        BlockCache(tmp_path / "cache", "2MB")  # and opens again
+
+    def test_a_folder_that_is_not_ours_is_refused_and_left_alone(self, tmp_path):
+        (tmp_path / "photos").mkdir()
+        (tmp_path / "photos" / "cat.jpg").write_bytes(b"meow")
+        with pytest.raises(UsageError, match=r"is not a gpuload cache \(no gpuload-cache.json\) and holds 1 entries"):
+            BlockCache(tmp_path / "photos", "1MB")
+        assert sorted(path.name for path in (tmp_path / "photos").iterdir()) == ["cat.jpg"]
+
+    def test_another_cache_version_is_refused(self, tmp_path):
+        BlockCache(tmp_path / "cache", "1MB")
+        (tmp_path / "cache" / MARKER).write_text(json.dumps({"format": "gpuload.cache", "version": 99}))
+        with pytest.raises(UsageError, match="a gpuload cache of version 99, this gpuload uses version 1"):
+            BlockCache(tmp_path / "cache", "1MB")
+
+    def test_ranks_that_create_one_cache_at_once_all_open_it(self, tmp_path):
+        errors = []
+
+        def open_it():
+            try:
+                BlockCache(tmp_path / "cache", "1MB")
+            except Exception as error:  # noqa: BLE001
+                errors.append(error)
+
+        for _ in range(20):  # a race: try it many times
+            threads = [threading.Thread(target=open_it) for _ in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert errors == []
+            shutil.rmtree(tmp_path / "cache")
+
+
+class TestBlocks:
+    def test_put_get_and_parts(self, tmp_path):
+        cache = BlockCache(tmp_path, "1MB")
+        space = cache.namespace("s3://b/ds/data.memmap", "100:e1", block_size=10)
+        with cache.writing(space, 3):
+            assert cache.put(space, 3, b"0123456789")
+        assert cache.get(space, 3, 10) == b"0123456789"
+        assert cache.get(space, 3, 10, start=2, length=3) == b"234"
+        assert cache.get(space, 4, 10) is None
+        assert cache.usage() == 10
+
+    def test_a_block_of_the_wrong_size_is_not_served(self, tmp_path):
+        cache = BlockCache(tmp_path, "1MB")
+        space = cache.namespace("s3://b/k", "1", block_size=10)
+        cache.put(space, 0, b"0123456789")
+        os.truncate(space.folder / "0", 5)  # a damaged block
+        assert cache.get(space, 0, 10) is None
+
+    def test_two_versions_or_two_objects_never_share_a_block(self, tmp_path):
+        cache = BlockCache(tmp_path, "1MB")
+        old = cache.namespace("s3://b/ds/data.memmap", '100:"v1"', block_size=10)
+        new = cache.namespace("s3://b/ds/data.memmap", '100:"v2"', block_size=10)
+        other = cache.namespace("s3://b/other/data.memmap", '100:"v1"', block_size=10)
+        cache.put(old, 0, b"old-bytes!")
+        assert cache.get(new, 0, 10) is None and cache.get(other, 0, 10) is None
+        assert json.loads((old.folder / "object.json").read_text())["version"] == '100:"v1"'
+
+    def test_never_above_the_limit_and_least_recently_used_goes_first(self, tmp_path, monkeypatch):
+        cache = BlockCache(tmp_path, 1000)
+        space = cache.namespace("s3://b/k", "1", block_size=100)
+        monkeypatch.setattr(cache_module, "_TOUCH_AFTER", 0.0)
+        for index in range(10):
+            assert cache.put(space, index, bytes([index]) * 100)
+            os.utime(space.folder / str(index), (index, index))  # block i last used at time i
+        assert cache.usage() == 1000 == sum(files_on_disk(cache).values())
+        cache.get(space, 0, 100)  # block 0 is used again: now the most recent
+        for index in range(10, 15):
+            assert cache.put(space, index, bytes([index]) * 100)
+            assert sum(files_on_disk(cache).values()) <= 1000 and cache.usage() <= 1000
+        kept = {int(name.split("/")[1]) for name in files_on_disk(cache)}
+        assert 0 in kept and not {1, 2, 3, 4, 5} & kept
+        assert cache.usage() == sum(files_on_disk(cache).values())
+
+    def test_a_lower_limit_at_open_evicts_at_once(self, tmp_path):
+        cache = BlockCache(tmp_path, 1000)
+        space = cache.namespace("s3://b/k", "1", block_size=100)
+        for index in range(10):
+            cache.put(space, index, b"x" * 100)
+        smaller = BlockCache(tmp_path, 500)
+        assert smaller.usage() <= 500 and sum(files_on_disk(smaller).values()) <= 500
+
+    def test_a_block_larger_than_the_cache_is_not_kept(self, tmp_path):
+        cache = BlockCache(tmp_path, 50)
+        space = cache.namespace("s3://b/k", "1", block_size=100)
+        assert not cache.put(space, 0, b"x" * 100)
+        assert cache.usage() == 0 and files_on_disk(cache) == {}
+
+    def test_drop(self, tmp_path):
+        cache = BlockCache(tmp_path, "1MB")
+        space = cache.namespace("s3://b/k", "1", block_size=4)
+        cache.put(space, 0, b"abcd")
+        with cache.writing(space, 0):
+            cache.drop(space, 0)
+            cache.drop(space, 0)  # gone already: fine
+        assert cache.get(space, 0, 4) is None and cache.usage() == 0
+
+
+class TestFaults:
+    def test_a_full_disk_is_one_clear_error_and_the_cache_stays_usable(self, tmp_path, monkeypatch):
+        cache = BlockCache(tmp_path, "1MB")
+        space = cache.namespace("s3://b/k", "1", block_size=4)
+        cache.put(space, 0, b"abcd")
+        real = cache_module._allocate
+
+        def full(fd, length):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(cache_module, "_allocate", full)
+        with pytest.raises(OSError) as caught:
+            cache.put(space, 1, b"efgh")
+        assert caught.value.errno == errno.ENOSPC
+        assert str(caught.value).startswith(f"[Errno 28] the disk of the cache {tmp_path} is full (a block of 4 bytes")
+        assert "lower cache_size (now 1,000,000 bytes) or pass a cache folder on another disk" in str(caught.value)
+        assert files_on_disk(cache) == {f"{space.key[:6]}/0": 4} and cache.usage() == 4  # nothing lost, no leftovers
+        monkeypatch.setattr(cache_module, "_allocate", real)
+        assert cache.put(space, 1, b"efgh") and cache.get(space, 1, 4) == b"efgh" and cache.usage() == 8
+
+    def test_a_really_full_disk(self, tmp_path):
+        """A 256 KiB tmpfs under a cache allowed 10 MB: the block that does not fit is one clear error,
+        nothing half-written stays, and once space is freed the cache goes on."""
+        disk = tmp_path / "small-disk"
+        disk.mkdir()
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True, text=True
+        )
+        if mounted.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+        try:
+            cache = BlockCache(disk / "cache", "10MB")
+            space = cache.namespace("s3://b/k", "1", block_size=64 * 1024)
+            with pytest.raises(OSError) as caught:
+                for index in range(8):
+                    cache.put(space, index, bytes([index]) * 64 * 1024)
+            assert caught.value.errno == errno.ENOSPC and "the disk of the cache" in str(caught.value)
+            kept = files_on_disk(cache)
+            assert kept and not any(".tmp-" in name for name in kept)
+            assert cache.usage() == sum(kept.values())
+            with cache.writing(space, 0):
+                cache.drop(space, 0)
+            assert cache.put(space, 0, b"z" * 64 * 1024) and cache.get(space, 0, 64 * 1024) == b"z" * 64 * 1024
+        finally:
+            subprocess.run(["umount", str(disk)], check=True)
+
+    def test_kill_9_while_a_block_is_written_leaves_a_cache_the_next_run_repairs(self, tmp_path):
+        """A writer killed between its reservation and its rename: the next BlockCache removes its
+        temporary file (nobody holds its stripe lock) and counts the bytes again."""
+        cache = BlockCache(tmp_path / "cache", "1MB")
+        space = cache.namespace("s3://b/k", "1", block_size=100)
+        cache.put(space, 7, b"k" * 100)
+        child = textwrap.dedent(f"""
+            import os, sys, time
+            import gpuload.store.cache as module
+            cache = module.BlockCache({str(tmp_path / "cache")!r}, "1MB")
+            space = cache.namespace("s3://b/k", "1", block_size=100)
+            def slow(fd, data):
+                os.pwrite(fd, data[:10], 0)
+                print("writing", flush=True)
+                time.sleep(60)
+            module._write_all = slow
+            with cache.writing(space, 3):
+                cache.put(space, 3, b"x" * 100)
+        """)
+        process = subprocess.Popen(
+            [sys.executable, "-c", child],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        try:
+            assert process.stdout.readline() == "writing\n"
+            assert any(".tmp-" in name for name in files_on_disk(cache))
+            assert cache.get(space, 3, 100) is None  # a block being written is never read half-written
+            assert cache.usage() == 200  # the dead writer's reservation is counted
+            process.send_signal(signal.SIGKILL)
+            process.wait(10)
+        finally:
+            process.kill()
+            process.stdout.close()
+        again = BlockCache(tmp_path / "cache", "1MB")
+        assert files_on_disk(again) == {f"{space.key[:6]}/7": 100}
+        assert again.usage() == 100
+        assert again.get(space, 3, 100) is None and again.get(space, 7, 100) == b"k" * 100
+        with again.writing(space, 3):  # the stripe lock died with the writer
+            assert again.put(space, 3, b"y" * 100)
+
+    def test_a_live_writer_keeps_its_temporary_file(self, tmp_path):
+        """Opening the cache while another process writes a block must not remove that block's file."""
+        cache = BlockCache(tmp_path, "1MB")
+        space = cache.namespace("s3://b/k", "1", block_size=4)
+        temporary = space.folder / f"2.tmp-{os.getpid()}-abcd"
+        with cache.writing(space, 2):
+            temporary.write_bytes(b"half")
+            BlockCache(tmp_path, "1MB")
+            assert temporary.exists()
+        BlockCache(tmp_path, "1MB")
+        assert not temporary.exists()
+
+    def test_writers_of_one_block_take_turns(self, tmp_path):
+        cache = BlockCache(tmp_path, "1MB")
+        space = cache.namespace("s3://b/k", "1", block_size=4)
+        inside, overlaps = [], []
+
+        def write():
+            with cache.writing(space, 5):
+                inside.append(1)
+                overlaps.append(len(inside))
+                time.sleep(0.02)
+                inside.pop()
+
+        threads = [threading.Thread(target=write) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert overlaps == [1, 1, 1, 1]

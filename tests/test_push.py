@@ -1,0 +1,191 @@
+"""gpuload.store.push (and ``gpuload push``): a checked, resumable copy to moto's S3 and to file:// URLs."""
+
+import json
+import shutil
+
+import pytest
+from conftest import FAST_RETRY
+
+import gpuload.store.push as push_module
+from gpuload.cli import main
+from gpuload.errors import DatasetError, RemoteError, UsageError
+from gpuload.store.manifest import MANIFEST_NAME
+from gpuload.store.push import push_memmap
+from gpuload.store.remote import open_store
+
+JPEG_FILES = ["data.memmap", "labels.memmap", "meta.json", "offsets.memmap", "shapes.memmap"]
+
+
+@pytest.fixture(params=["s3", "file"])
+def target(request, s3, tmp_path):
+    """A store of an empty location on moto (through the fault proxy) or on the local disk."""
+    if request.param == "s3":
+        return open_store(s3.url("photos.jpeg"), retry=FAST_RETRY)
+    return open_store((tmp_path / "bucket" / "photos.jpeg").as_uri(), retry=FAST_RETRY)
+
+
+def pushed(store) -> dict[str, bytes]:
+    return {name: store.read_all(name) for name in store.list()}
+
+
+def local(dataset) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in dataset.iterdir()}
+
+
+class TestPush:
+    def test_a_push_copies_every_file_and_the_manifest_comes_last(self, jpeg_dataset, target, monkeypatch):
+        order = []
+        put = type(target).put
+        monkeypatch.setattr(type(target), "put", lambda self, name, path: order.append(name) or put(self, name, path))
+        report = push_memmap(jpeg_dataset, target.url, store=target, progress=False)
+        assert pushed(target) == local(jpeg_dataset)
+        assert order == [*JPEG_FILES, MANIFEST_NAME] == report.uploaded
+        assert report.skipped == [] and report.bytes_uploaded == sum(len(data) for data in local(jpeg_dataset).values())
+        assert report.summary().startswith(f"pushed to {target.display}: 6 objects uploaded")
+
+    def test_a_second_push_uploads_nothing(self, jpeg_dataset, target, monkeypatch):
+        push_memmap(jpeg_dataset, target.url, store=target, progress=False)
+        monkeypatch.setattr(type(target), "put", lambda *args: pytest.fail("uploaded again"))
+        report = push_memmap(jpeg_dataset, target.url, store=target, progress=False)
+        assert report.uploaded == [] and report.skipped == [*JPEG_FILES, MANIFEST_NAME]
+
+    def test_an_interrupted_push_has_no_manifest_and_resumes(self, jpeg_dataset, s3):
+        store = open_store(s3.url("photos.jpeg"), retry=FAST_RETRY)
+        s3.proxy.fail("503", times=100, methods=("PUT",), path="offsets.memmap")
+        with pytest.raises(RemoteError, match=r"PUT s3://.*/photos.jpeg/offsets.memmap failed 3 times"):
+            push_memmap(jpeg_dataset, store.url, store=store, progress=False)
+        assert sorted(store.list()) == ["data.memmap", "labels.memmap", "meta.json"]  # no manifest: not a dataset
+        s3.proxy.clear()
+        report = push_memmap(jpeg_dataset, store.url, store=store, progress=False)
+        assert report.skipped == ["data.memmap", "labels.memmap", "meta.json"]
+        assert report.uploaded == ["offsets.memmap", "shapes.memmap", MANIFEST_NAME]
+        assert [
+            request.path.split("/")[-1].split("?")[0] for request in s3.proxy.requests if request.method == "PUT"
+        ] == [
+            "offsets.memmap",
+            "shapes.memmap",
+            MANIFEST_NAME,
+        ]
+        assert pushed(store) == local(jpeg_dataset)
+
+    def test_an_object_that_differs_is_uploaded_again(self, jpeg_dataset, target, tmp_path):
+        push_memmap(jpeg_dataset, target.url, store=target, progress=False)
+        damaged = tmp_path / "labels.memmap"
+        damaged.write_bytes(b"\0" * len((jpeg_dataset / "labels.memmap").read_bytes()))
+        target.put("labels.memmap", damaged)  # same size, other bytes
+        report = push_memmap(jpeg_dataset, target.url, store=target, progress=False)
+        assert report.uploaded == ["labels.memmap", MANIFEST_NAME]
+        assert pushed(target) == local(jpeg_dataset)
+
+    def test_an_upload_that_reads_back_other_bytes_stops_before_the_manifest(
+        self, jpeg_dataset, target, tmp_path, monkeypatch
+    ):
+        garbled = tmp_path / "garbled"
+        original = type(target)._put
+
+        def damaging(self, name, path):
+            if name == "data.memmap":
+                data = bytearray(path.read_bytes())
+                data[100] ^= 0xFF
+                garbled.write_bytes(bytes(data))
+                path = garbled
+            original(self, name, path)
+
+        monkeypatch.setattr(type(target), "_put", damaging)
+        with pytest.raises(RemoteError, match=r"data.memmap reads back other bytes than .* after its upload"):
+            push_memmap(jpeg_dataset, target.url, store=target, progress=False)
+        assert MANIFEST_NAME not in target.list()
+
+
+class TestRefusals:
+    def test_a_damaged_dataset_is_not_pushed(self, jpeg_dataset, target, tmp_path):
+        copy = shutil.copytree(jpeg_dataset, tmp_path / "copy.jpeg")
+        data = bytearray((copy / "data.memmap").read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (copy / "data.memmap").write_bytes(bytes(data))
+        with pytest.raises(
+            DatasetError, match=r"is not intact, so it is not pushed: 1 images do not match their build checksum"
+        ):
+            push_memmap(copy, target.url, store=target, progress=False)
+        assert target.list() == {}
+
+    def test_another_dataset_is_replaced_only_with_overwrite(self, built_dataset, jpeg_dataset, target):
+        push_memmap(built_dataset, target.url, store=target, progress=False)
+        before = pushed(target)
+        with pytest.raises(
+            FileExistsError, match=r"holds another gpuload dataset \(20 images from .*\); pass overwrite=True"
+        ):
+            push_memmap(jpeg_dataset, target.url, store=target, progress=False)
+        assert pushed(target) == before
+        report = push_memmap(jpeg_dataset, target.url, store=target, overwrite=True, progress=False)
+        assert report.removed == ["images.memmap"]
+        assert pushed(target) == local(jpeg_dataset)
+
+    def test_what_is_not_a_dataset_is_never_replaced(self, jpeg_dataset, target, tmp_path):
+        (tmp_path / "notes.txt").write_text("mine")
+        target.put("notes.txt", tmp_path / "notes.txt")
+        for overwrite in (False, True):
+            with pytest.raises(
+                UsageError, match=r"is not a gpuload dataset \(it holds 'notes.txt' and no manifest.json\)"
+            ):
+                push_memmap(jpeg_dataset, target.url, store=target, overwrite=overwrite, progress=False)
+        assert sorted(target.list()) == ["notes.txt"]
+
+    def test_a_dataset_with_foreign_objects_is_not_replaced(self, built_dataset, jpeg_dataset, target, tmp_path):
+        push_memmap(built_dataset, target.url, store=target, progress=False)
+        (tmp_path / "notes.txt").write_text("mine")
+        target.put("notes.txt", tmp_path / "notes.txt")
+        with pytest.raises(UsageError, match=r"also 1 objects it does not list \(first 'notes.txt'\)"):
+            push_memmap(jpeg_dataset, target.url, store=target, overwrite=True, progress=False)
+        assert "notes.txt" in target.list() and "images.memmap" in target.list()
+
+    def test_a_broken_manifest_at_the_url_is_not_replaced(self, jpeg_dataset, target, tmp_path):
+        (tmp_path / MANIFEST_NAME).write_text("{not json")
+        target.put(MANIFEST_NAME, tmp_path / MANIFEST_NAME)
+        with pytest.raises(
+            UsageError,
+            match=r"is not a valid gpuload dataset: its manifest.json is not valid JSON .*; push never replaces it",
+        ):
+            push_memmap(jpeg_dataset, target.url, store=target, overwrite=True, progress=False)
+        assert sorted(target.list()) == [MANIFEST_NAME]
+
+    def test_http_is_read_only(self, jpeg_dataset, http):
+        with pytest.raises(UsageError, match="cannot be listed or written; push to s3:// or file://"):
+            push_memmap(jpeg_dataset, f"{http.url}/photos.jpeg", progress=False)
+
+
+def errors(stderr: str) -> list[str]:
+    """The lines of ``stderr`` that are not progress bars."""
+    return [line for line in stderr.replace("\r", "\n").split("\n") if line.startswith("gpuload:")]
+
+
+class TestCommandLine:
+    def test_push_prints_a_summary(self, capsys, jpeg_dataset, s3):
+        assert main(["push", str(jpeg_dataset), s3.url("photos.jpeg")]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(f"pushed to {s3.url('photos.jpeg')}: 6 objects uploaded") and "0 already there" in out
+        assert main(["push", str(jpeg_dataset), s3.url("photos.jpeg")]) == 0
+        assert "0 objects uploaded (0.00 GB), 6 already there" in capsys.readouterr().out
+
+    def test_errors_are_one_line_with_exit_code_2(self, capsys, built_dataset, jpeg_dataset, s3, monkeypatch):
+        monkeypatch.setattr(push_module, "open_store", lambda url: open_store(url, retry=FAST_RETRY))
+        assert main(["push", str(built_dataset), s3.url("photos")]) == 0
+        capsys.readouterr()
+        assert main(["push", str(jpeg_dataset), s3.url("photos")]) == 2
+        [error] = errors(capsys.readouterr().err)  # one line, beside the progress bars
+        assert error.startswith(f"gpuload: error: {s3.url('photos')} holds another gpuload dataset")
+        s3.proxy.fail("503", times=100, methods=("PUT",))
+        assert main(["push", str(jpeg_dataset), s3.url("other")]) == 2
+        [error] = errors(capsys.readouterr().err)
+        assert error.startswith(f"gpuload: error: PUT {s3.url('other')}/data.memmap failed 3 times")
+
+    def test_a_presigned_url_never_shows_its_secret(self, capsys, jpeg_dataset, http):
+        assert main(["push", str(jpeg_dataset), f"{http.url}/d?X-Amz-Signature=TOPSECRET"]) == 2
+        err = capsys.readouterr().err
+        assert "TOPSECRET" not in err and "?<redacted>" in err
+
+
+def test_the_manifest_pushed_is_byte_for_byte_the_local_one(jpeg_dataset, tmp_path):
+    store = open_store((tmp_path / "out").as_uri())
+    push_memmap(jpeg_dataset, store.url, store=store, progress=False)
+    assert json.loads(store.read_all(MANIFEST_NAME)) == json.loads((jpeg_dataset / MANIFEST_NAME).read_text())

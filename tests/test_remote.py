@@ -1,0 +1,306 @@
+"""gpuload.store.remote against real servers on 127.0.0.1: moto's S3 and a Range HTTP server, behind a fault proxy."""
+
+import os
+import random
+import threading
+import time
+
+import pytest
+from conftest import FAST_RETRY
+
+import gpuload.store.remote as remote
+from gpuload.errors import UsageError
+from gpuload.store.remote import (
+    ObjectChangedError,
+    ObjectInfo,
+    RemoteError,
+    Retry,
+    is_url,
+    join_url,
+    open_store,
+    redact,
+)
+
+PAYLOAD = bytes(random.Random(0).randbytes(300_000))
+S3_BACKENDS = ["obstore", "fsspec"]
+
+
+@pytest.fixture(params=["s3-obstore", "s3-fsspec", "http"])
+def served(request, s3, http, http_root):
+    """``(store, proxy, replace)`` for one object ``data.memmap`` holding PAYLOAD, on each backend;
+    ``replace(data)`` writes a new version of it."""
+    if request.param == "http":
+        (http_root / "ds").mkdir()
+        path = http_root / "ds" / "data.memmap"
+        path.write_bytes(PAYLOAD)
+
+        def replace(data: bytes) -> None:
+            path.write_bytes(data)
+            os.utime(path, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+
+        return open_store(f"{http.proxy.url}/ds?X-Amz-Signature=SECRET", retry=FAST_RETRY), http.proxy, replace
+    client = s3.client()
+    client.put_object(Bucket=s3.bucket, Key="ds/data.memmap", Body=PAYLOAD)
+
+    def replace(data: bytes) -> None:
+        client.put_object(Bucket=s3.bucket, Key="ds/data.memmap", Body=data)
+
+    backend = request.param.removeprefix("s3-")
+    return open_store(s3.url("ds"), backend=backend, retry=FAST_RETRY), s3.proxy, replace
+
+
+class TestUrls:
+    def test_is_url(self):
+        assert is_url("s3://b/k") and is_url("file:///tmp/x") and is_url("https://h/p")
+        assert not is_url("photos.jpeg") and not is_url("/data/photos") and not is_url(os.path.join("c:", "x"))
+
+    @pytest.mark.parametrize(
+        ("text", "expected"),
+        [
+            ("https://host/d?X-Amz-Signature=abc&X-Amz-Credential=k", "https://host/d?<redacted>"),
+            ("https://user:pass@host/d", "https://<redacted>@host/d"),
+            ("error at s3://bucket/key: 503", "error at s3://bucket/key: 503"),
+            ("GET 'https://t@h/a?sig=1' failed", "GET 'https://<redacted>@h/a?<redacted>' failed"),
+        ],
+    )
+    def test_redact_removes_query_strings_and_userinfo(self, text, expected):
+        assert redact(text) == expected
+
+    def test_join_url_keeps_the_query_at_the_end(self):
+        assert join_url("https://h/ds/?sig=1", "meta.json") == "https://h/ds/meta.json?sig=1"
+
+    @pytest.mark.parametrize(
+        ("url", "backend", "match"),
+        [
+            ("photos.jpeg", "auto", "expected a URL such as s3://bucket/path"),
+            ("s3://b/k", "boto", "backend must be one of auto, obstore, fsspec, got 'boto'"),
+            ("https://h/k", "obstore", "the obstore backend opens s3, gs, az, abfs, abfss URLs, not https://"),
+        ],
+    )
+    def test_bad_arguments(self, url, backend, match):
+        with pytest.raises(UsageError, match=match):
+            open_store(url, backend=backend)
+
+    def test_auto_picks_obstore_for_s3_and_fsspec_for_the_rest(self, s3, monkeypatch):
+        monkeypatch.delenv("GPULOAD_REMOTE_BACKEND", raising=False)
+        assert open_store(s3.url()).backend == "obstore"
+        assert open_store("memory://x/y").backend == "fsspec"
+        monkeypatch.setenv("GPULOAD_REMOTE_BACKEND", "fsspec")
+        assert open_store(s3.url()).backend == "fsspec"
+
+    @pytest.mark.parametrize("bad", [{"attempts": 0}, {"base_delay": -1}, {"timeout": 0}])
+    def test_bad_retry_policy(self, bad):
+        with pytest.raises(UsageError, match="Retry"):
+            Retry(**bad)
+
+
+class TestReads:
+    def test_info_and_ranges(self, served):
+        store, _, _ = served
+        info = store.info("data.memmap")
+        assert info.size == len(PAYLOAD) and info.etag
+        assert store.read("data.memmap", 1000, 5000, info) == PAYLOAD[1000:6000]
+        assert store.read("data.memmap", len(PAYLOAD) - 7, 7, info) == PAYLOAD[-7:]
+        assert store.read_all("data.memmap") == PAYLOAD
+
+    def test_a_missing_object(self, served):
+        store, _, _ = served
+        with pytest.raises(FileNotFoundError):
+            store.info("nope.memmap")
+
+    def test_a_range_beyond_the_object_is_refused_before_any_request(self, served):
+        store, proxy, _ = served
+        info = store.info("data.memmap")
+        proxy.clear()
+        with pytest.raises(RemoteError, match=r"bytes 299999-300009 lie beyond its 300,000 bytes"):
+            store.read("data.memmap", len(PAYLOAD) - 1, 11, info)
+        assert proxy.gets() == []
+
+    @pytest.mark.parametrize("fault", ["503", "500", "reset", "short"])
+    def test_transient_faults_are_retried(self, served, fault):
+        store, proxy, _ = served
+        info = store.info("data.memmap")
+        proxy.clear()
+        proxy.fail(fault, times=FAST_RETRY.attempts - 1)
+        assert store.read("data.memmap", 10, 100_000, info) == PAYLOAD[10:100_010]
+        assert len(proxy.gets()) == FAST_RETRY.attempts  # the faulted ones, then the good one
+
+    def test_info_is_retried_too(self, served):
+        store, proxy, _ = served
+        proxy.clear()
+        proxy.fail("503", times=FAST_RETRY.attempts - 1, methods=("HEAD",))
+        assert store.info("data.memmap").size == len(PAYLOAD)
+        assert [request.method for request in proxy.requests] == ["HEAD"] * FAST_RETRY.attempts
+        proxy.clear()
+        proxy.fail("503", times=10, methods=("HEAD",))
+        with pytest.raises(RemoteError, match=r"^HEAD .*/data.memmap(\?<redacted>)? failed 3 times"):
+            store.info("data.memmap")  # a server in trouble is not a missing object
+
+    def test_a_stalled_request_times_out_and_is_retried(self, served):
+        store, proxy, _ = served
+        info = store.info("data.memmap")
+        quick = Retry(attempts=2, base_delay=0.001, timeout=0.5)
+        store = open_store(store.url, backend=store.backend, retry=quick)
+        proxy.clear()
+        proxy.fail("stall", times=1)
+        started = time.perf_counter()
+        assert store.read("data.memmap", 0, 10, info) == PAYLOAD[:10]
+        assert time.perf_counter() - started < 4  # the stall lasts 5 s: the timeout cut it
+        assert len(proxy.gets()) == 2
+
+    def test_retries_are_bounded_and_the_error_names_the_url_and_range_without_secrets(self, served):
+        store, proxy, _ = served
+        info = store.info("data.memmap")
+        proxy.clear()
+        proxy.fail("503", times=10)
+        with pytest.raises(RemoteError) as caught:
+            store.read("data.memmap", 10, 5, info)
+        message = str(caught.value)
+        assert message.startswith(f"GET {store.object_url('data.memmap')} bytes 10-14 failed 3 times, last: ")
+        assert "SECRET" not in message and "\n" not in message
+        assert len(proxy.gets()) == FAST_RETRY.attempts
+
+    def test_an_object_replaced_after_open_stops_the_read_without_retrying(self, served):
+        store, proxy, replace = served
+        info = store.info("data.memmap")
+        replace(PAYLOAD[::-1])
+        proxy.clear()
+        with pytest.raises(ObjectChangedError, match="changed since it was opened"):
+            store.read("data.memmap", 0, 10, info)
+        assert len(proxy.gets()) == 1
+        assert store.info("data.memmap") != info
+
+    def test_a_server_that_ignores_range_is_an_error(self, http, http_root):
+        (http_root / "ds").mkdir()
+        (http_root / "ds" / "data.memmap").write_bytes(PAYLOAD)
+        store = open_store(f"{http.url}/ds", retry=FAST_RETRY)
+        info = store.info("data.memmap")
+        original = store._read
+        store._read = lambda name, start, length, expect: original(name, 0, len(PAYLOAD), expect)
+        with pytest.raises(RemoteError, match="does not honour HTTP Range requests"):
+            store.read("data.memmap", 10, 5, info)
+
+
+class TestBackoff:
+    def test_waits_grow_exponentially_with_full_jitter(self, monkeypatch):
+        waits, bounds = [], []
+        monkeypatch.setattr(remote.time, "sleep", waits.append)
+        monkeypatch.setattr(remote.random, "uniform", lambda low, high: bounds.append((low, high)) or high / 2)
+        store = remote.Store("memory://x", Retry(attempts=5, base_delay=0.1, max_delay=0.5))
+
+        def always_reset():
+            raise remote._Transient("connection reset")
+
+        with pytest.raises(RemoteError, match="failed 5 times, last: connection reset"):
+            store._retrying(always_reset, "GET memory://x/y bytes 0-9")
+        assert bounds == [(0, 0.1), (0, 0.2), (0, 0.4), (0, 0.5)]
+        assert waits == [0.05, 0.1, 0.2, 0.25]
+
+    def test_a_final_error_is_not_retried(self, monkeypatch):
+        monkeypatch.setattr(remote.time, "sleep", lambda seconds: None)
+        calls = []
+
+        def denied():
+            calls.append(1)
+            raise RemoteError("access denied")
+
+        with pytest.raises(RemoteError, match="access denied"):
+            remote.Store("memory://x", Retry())._retrying(denied, "GET")
+        assert calls == [1]
+
+
+class TestWrites:
+    @pytest.mark.parametrize("backend", S3_BACKENDS)
+    def test_put_list_delete_on_s3(self, s3, tmp_path, backend):
+        store = open_store(s3.url("ds"), backend=backend, retry=FAST_RETRY)
+        assert store.list() == {}
+        (tmp_path / "a.bin").write_bytes(b"abc")
+        info = store.put("sub/a.bin", tmp_path / "a.bin")
+        assert info.size == 3 and store.list() == {"sub/a.bin": info}
+        store.delete("sub/a.bin")
+        store.delete("sub/a.bin")  # gone already: fine
+        assert store.list() == {}
+
+    def test_a_local_put_never_shows_a_half_written_file(self, tmp_path, monkeypatch):
+        store = open_store((tmp_path / "ds").as_uri(), retry=FAST_RETRY)
+        (tmp_path / "a.bin").write_bytes(b"x" * 1000)
+        seen = []
+        original = store.fs.put_file
+
+        def watching(source, target, **kwargs):
+            original(source, target, **kwargs)
+            seen.append(((tmp_path / "ds" / "a.bin").exists(), os.path.basename(target)))
+
+        monkeypatch.setattr(store.fs, "put_file", watching)
+        store.put("a.bin", tmp_path / "a.bin")
+        assert seen == [(False, f".a.bin.tmp-{os.getpid()}-{threading.get_ident()}")]
+        assert (tmp_path / "ds" / "a.bin").read_bytes() == b"x" * 1000
+        assert sorted(path.name for path in (tmp_path / "ds").iterdir()) == ["a.bin"]
+
+    def test_http_is_read_only(self, http):
+        store = open_store(http.url)
+        with pytest.raises(UsageError, match="cannot be listed or written; push to s3:// or file://"):
+            store.list()
+
+    def test_a_store_pickles_as_what_opens_it(self, s3):
+        import pickle
+
+        store = open_store(s3.url("ds"), backend="fsspec", retry=FAST_RETRY)
+        again = pickle.loads(pickle.dumps(store))
+        assert (again.url, again.backend, again.retry) == (store.url, "fsspec", FAST_RETRY)
+
+
+def test_object_info_key():
+    assert ObjectInfo(10, '"abc"').key() == '10:"abc"' and ObjectInfo(3).key() == "3:"
+
+
+def test_a_missing_client_names_the_extra_to_install(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "obstore", None)
+    with pytest.raises(
+        UsageError, match=r"needs the Python package 'obstore'; install it with pip install 'gpuload\[cloud\]'"
+    ):
+        open_store("s3://bucket/photos.jpeg", backend="obstore")
+
+
+def test_aws_profiles_reach_obstore_through_boto3(s3, tmp_path, monkeypatch):
+    """Keys in ~/.aws/credentials (here a file named by AWS_SHARED_CREDENTIALS_FILE), not in the environment."""
+    pytest.importorskip("boto3")
+    import obstore.auth.boto3
+
+    s3.client().put_object(Bucket=s3.bucket, Key="ds/a.bin", Body=b"abc")
+    (tmp_path / "credentials").write_text("[reader]\naws_access_key_id = fromprofile\naws_secret_access_key = secret\n")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_PROFILE", "reader")
+    used = []
+    original = obstore.auth.boto3.Boto3CredentialProvider.__call__
+    monkeypatch.setattr(
+        obstore.auth.boto3.Boto3CredentialProvider, "__call__", lambda self: used.append(1) or original(self)
+    )
+    store = open_store(s3.url("ds"), backend="obstore", retry=FAST_RETRY)
+    assert store.read_all("a.bin") == b"abc"
+    assert used and "fromprofile" in s3.proxy.requests[-1].headers["Authorization"]
+
+
+def test_a_local_file_replaced_after_open_stops_the_read(tmp_path):
+    """file:// has no ETag: its size and modification time, compared after every read, stand for one."""
+    (tmp_path / "ds").mkdir()
+    path = tmp_path / "ds" / "data.memmap"
+    path.write_bytes(PAYLOAD)
+    store = open_store((tmp_path / "ds").as_uri(), retry=FAST_RETRY)
+    info = store.info("data.memmap")
+    assert store.read("data.memmap", 0, 10, info) == PAYLOAD[:10]
+    path.write_bytes(PAYLOAD[::-1])
+    os.utime(path, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    with pytest.raises(ObjectChangedError, match="changed since it was opened"):
+        store.read("data.memmap", 0, 10, info)
+
+
+def test_s3fs_listing_and_uploads_are_retried_too(s3, tmp_path):
+    store = open_store(s3.url("ds"), backend="fsspec", retry=FAST_RETRY)
+    (tmp_path / "a.bin").write_bytes(b"abc")
+    s3.proxy.fail("503", times=2, methods=("PUT",))
+    assert store.put("a.bin", tmp_path / "a.bin").size == 3
+    s3.proxy.fail("503", times=2, methods=("GET",))
+    assert list(store.list()) == ["a.bin"]
