@@ -739,12 +739,14 @@ def _limits(results: Results, root: Path) -> dict[str, str]:
     if at["gpuload_compiled"] < at["torchvision_per_sample"]:
         items.append(
             f"**The batched crop on a CPU**: compiled, {_count(at['gpuload_compiled'])} images/s against "
-            f"torchvision's {_count(at['torchvision_per_sample'])} per sample: it is built for GPUs; on a CPU, "
-            "crop in the loader."
+            f"torchvision's {_count(at['torchvision_per_sample'])} per sample: its matrix products are for GPUs; "
+            "on a CPU, crop in the loader."
         )
         notes.append(
             f"The batched crop: gpu_preprocess, batch {largest}, {pre['input'][1]}x{pre['input'][0]} to "
-            f"{pre['output']}, on {pre['device_name']}."
+            f"{pre['output']}, on {pre['device_name']}. Eager on a CPU, gpuload's crop resizes each sample with "
+            f"torch's own resize: {_count(at['gpuload_eager'])} images/s. Compiled, it takes the batched "
+            "matrix products meant for GPUs."
         )
     items += [
         f"**Raw past RAM**: cold, raw crops come at the disk's speed ({_count(store.rate('raw_crop_host', 'cold'))} "
