@@ -518,8 +518,9 @@ def built_deck(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def served_deck(built_deck: Path):
+    """The built deck on 127.0.0.1 for one test (its thread stopped and joined after it)."""
     handler = functools.partial(_QuietHandler, directory=str(built_deck))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -527,6 +528,7 @@ def served_deck(built_deck: Path):
     yield f"http://127.0.0.1:{server.server_address[1]}/"
     server.shutdown()
     server.server_close()
+    thread.join()
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
