@@ -637,6 +637,8 @@ def test_every_slide_renders_in_chromium(served_deck):
     problems: list[str] = []
     report: dict[int, dict] = {}
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    for stale in SCREENSHOTS.glob("slide-*.png"):  # a longer deck's screenshots must not pass for this one's
+        stale.unlink()
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=flags)
         page = browser.new_page(viewport={"width": 1280, "height": 720})
