@@ -249,7 +249,9 @@ def small_texts(fig) -> list[str]:
         if text.get_fontsize() * scale < MIN_FONT_PX - 1e-6:
             problems.append(f"{text.get_text()!r} at {text.get_fontsize() * scale:.1f} px")
     edges = fig.bbox
-    titles = list(fig.texts) + [axis.title for axis in fig.axes]
+    titles = list(fig.texts) + [
+        title for axis in fig.axes for title in (axis.title, axis._left_title, axis._right_title)
+    ]
     for text in titles:
         if not text.get_visible() or not text.get_text().strip():
             continue

@@ -44,7 +44,7 @@ import torch
 import gpuload
 from gpuload.store.jpeg import _frame_and_scan, _size_at, row_window
 
-from ._common import median_spread, photo_folders, write_result
+from ._common import figure, median_spread, photo_folders, read_result, save_figure, write_result
 
 
 def per_image_ms(step: Callable[[int], object], count: int) -> float:
@@ -177,13 +177,60 @@ def check_mcu_window(data: bytes, boxes: list[tuple[int, int, int, int]]) -> Non
             raise AssertionError(f"mcu_window's box {top}:{bottom}, {left}:{right} differs from the whole decode")
 
 
+# The bars of the figure: (label, the steps whose medians add up to it, colour); a bar whose steps were
+# not measured (no jpegtran on PATH) is left out.
+BARS = (
+    ("whole decode, accurate DCT", ("decode_accurate_8/8",), "tab:gray"),
+    ("whole decode, fast DCT", ("decode_fast_8/8",), "tab:gray"),
+    ("whole decode at 1/2 scale", ("decode_fast_4/8",), "tab:gray"),
+    ("a crop: whole decode", ("crop_decode_whole",), "tab:blue"),
+    ("a crop: down to its last row", ("crop_decode_to_its_last_row",), "tab:blue"),
+    ("a crop: only its rows (gpuload)", ("crop_decode_only_its_rows",), "tab:green"),
+    ("a crop: only its MCUs (jpegtran)", ("mcu_restarts_decode_only_its_mcus", "mcu_restarts_cut_the_window"),
+     "tab:purple"),
+    ("then: resize its box to 224x224", ("resize_400_to_224",), "tab:orange"),
+)  # fmt: skip
+
+
+def plot(result: dict) -> None:
+    """Horizontal bars: milliseconds per photo on one thread for the whole decodes, a training crop's
+    decodes and its resize (medians, min-max whiskers for the one-step bars)."""
+    steps = result["ms_per_image"]
+    bars = [(label, names, colour) for label, names, colour in BARS if all(name in steps for name in names)]
+    fig, axes = figure(1, 1, size=(900, 360))
+    axis = axes[0][0]
+    for y, (_, names, colour) in enumerate(bars):
+        median = sum(steps[name]["median"] for name in names)
+        whisker = None
+        if len(names) == 1:
+            spread = steps[names[0]]
+            whisker = [[median - spread["min"]], [spread["max"] - median]]
+        axis.barh(y, median, xerr=whisker, capsize=3, color=colour)
+        axis.text(median, y, f"  {median:.2f} ms", va="center")
+    axis.set_yticks(range(len(bars)), [label for label, _, _ in bars])
+    axis.invert_yaxis()
+    axis.set_xlim(0, 1.25 * axis.get_xlim()[1])
+    axis.set_xlabel("ms per photo, one thread")
+    axis.grid(True, axis="x", alpha=0.3)
+    machine = result["machine"]
+    axis.set_title(
+        f"{result['images']} photos 640x480 (-q:v 3), libjpeg-turbo, on cpu ({machine['cpu']}, "
+        f"{machine['cores']} cores)",
+        loc="right",
+    )
+    print(f"wrote {save_figure(fig, 'decode_costs', result)}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "gpuload-experiments")
     parser.add_argument("--quick", action="store_true", help="few small images (a smoke test)")
+    parser.add_argument("--plot-only", action="store_true", help="re-plot the last results")
     args = parser.parse_args(argv)
+    if args.plot_only:
+        return plot(read_result("decode_costs"))
     if args.quick:
         args.images, args.repeats = 20, 1
     _, folder = photo_folders(args.workdir, args.images, (480, 640))
@@ -219,6 +266,7 @@ def main(argv: list[str] | None = None) -> None:
     result = {"images": len(blobs), "threads": 1, "quick": args.quick, "bytes": sizes, "ms_per_image": rows}
     path = write_result("decode_costs", result)
     print(f"wrote {path}")
+    plot(read_result("decode_costs"))
 
 
 if __name__ == "__main__":

@@ -111,16 +111,43 @@ def plot(result: dict) -> None:
     )
     print(f"wrote {save_figure(fig, 'jpeg_quality', result)}")
 
-    crops = result["crops"]
-    fig, axes = figure(1, len(crops), size=(900, 240))
+    crops = _shown_crops(result)
+    fig, axes = figure(1, len(crops), size=(900, 300))
     for axis, crop in zip(axes[0], crops):
         axis.imshow(Image.open(ASSETS / crop["path"]), interpolation="nearest")
-        axis.set_title(crop["title"].replace("ffmpeg -q:v ", "q").replace(" (PIL q98)", ""))
+        axis.set_title(_crop_title(crop, result))
         axis.axis("off")
     side = crops[0].get("side", 96)
     where = f" of {crops[0]['source']}" if "source" in crops[0] else ""
-    fig.suptitle(f"The same {side}x{side} pixels{where}, enlarged, at each quality (pixels only, no timing)")
+    fig.suptitle(f"The same {side}x{side} pixels{where}, enlarged (pixels only, no timing)")
     print(f"wrote {save_figure(fig, 'jpeg_quality_crops', result, statistics='one photo')}")
+
+
+def _shown_crops(result: dict) -> list[dict]:
+    """The crops large enough to see on a slide: the original, ``-q:v 3`` (the default) and the two
+    lowest qualities (the largest q), four at most."""
+    crops = result["crops"]
+    quality = {id(crop): _crop_quality(crop) for crop in crops}
+    original = [crop for crop in crops if quality[id(crop)] is None]
+    default = [crop for crop in crops if quality[id(crop)] == 3]
+    worst = sorted((c for c in crops if quality[id(c)] not in (None, 3)), key=lambda c: quality[id(c)])[-2:]
+    return (original + default + worst)[:4]
+
+
+def _crop_quality(crop: dict) -> int | None:
+    title = crop["title"]
+    return int(title.rsplit(" ", 1)[1]) if title.startswith("ffmpeg -q:v ") else None
+
+
+def _crop_title(crop: dict, result: dict) -> str:
+    """``"original, 192 KB"`` or ``"q3, 47 KB, 37.9 dB"``: what each crop costs on disk."""
+    quality = _crop_quality(crop)
+    row = next((row for row in result["rows"] if row["quality"] == quality), None)
+    name = "original" if quality is None else f"-q:v {quality}"
+    if row is None:
+        return name
+    size = f"{row['mean_file_bytes'] / 1e3:.0f} KB"
+    return f"{name}: {size}" + ("" if row["psnr_db"] is None else f", {row['psnr_db']:.1f} dB")
 
 
 CROP_SIDE = 64  # photo pixels per crop: enlarged on the slide, JPEG's 8x8 blocks show

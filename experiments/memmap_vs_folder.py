@@ -34,11 +34,9 @@ from ._common import (
     median_spread,
     parse_sizes,
     photo_folders,
-    plot_spread,
     read_result,
     resolve_device,
     save_figure,
-    style_batch_axis,
     synchronize,
     write_result,
 )
@@ -78,30 +76,41 @@ def epoch_rate(loader, device: torch.device) -> float:
 
 
 def plot(result: dict) -> None:
+    """One panel, one log axis: a group of bars per device, image size and batch size, one bar per
+    contender (median, min-max whiskers, the rate written on it)."""
+    import numpy as np
+
     rows = result["rows"]
-    devices = sorted({row["device"] for row in rows})
-    sizes = sorted({(row["height"], row["width"]) for row in rows})
-    fig, axes = figure(len(devices), len(sizes))
     labels = {
-        "image_folder": "ImageFolder +\nDataLoader",
-        "talk_recipe": "tensorclass +\nCollate",
-        "gpuload": "gpuload.\nDataLoader",
+        "image_folder": "ImageFolder +\nDataLoader (JPEGs)",
+        "talk_recipe": "DataLoader +\nCollate (memmap)",
+        "gpuload": "gpuload.DataLoader\n(memmap)",
     }
-    for row_axes, device in zip(axes, devices):
-        for axis, (height, width) in zip(row_axes, sizes):
-            for contender, style in zip(CONTENDERS, ("-o", "--s", "-^")):
-                line = [
-                    r
-                    for r in rows
-                    if (r["device"], r["height"], r["width"], r["contender"]) == (device, height, width, contender)
-                ]
-                plot_spread(axis, line, "images_per_second", style, labels[contender])
-            title = f"{width}x{height}" + (f" to {device}" if len(devices) > 1 else "")
-            style_batch_axis(axis, title, "images/s")
-            axis.get_legend().remove()
-    right = legend_right(fig, axes[0][0])
+    devices = sorted({row["device"] for row in rows})
+    groups = sorted({(row["device"], row["height"] * row["width"], row["height"], row["width"], row["batch_size"])
+                     for row in rows})  # fmt: skip
+    by = {(r["device"], r["height"], r["width"], r["batch_size"], r["contender"]): r for r in rows}
+    fig, axes = figure(1, 1)
+    axis = axes[0][0]
+    width = 0.8 / len(CONTENDERS)
+    positions = np.arange(len(groups))
+    for offset, (contender, colour) in enumerate(zip(CONTENDERS, ("tab:gray", "tab:orange", "tab:green"))):
+        spreads = [by[d, h, w, b, contender]["images_per_second"] for d, _, h, w, b in groups]
+        medians = np.array([spread["median"] for spread in spreads])
+        whiskers = [medians - [s["min"] for s in spreads], [s["max"] for s in spreads] - medians]
+        x = positions + (offset - (len(CONTENDERS) - 1) / 2) * width
+        axis.bar(x, medians, width, yerr=whiskers, capsize=3, color=colour, label=labels[contender])
+        for x_bar, value in zip(x, medians):
+            axis.text(x_bar, value * 1.08, f"{value:,.0f}", ha="center", va="bottom", fontsize=14)
+    names = [f"{w}x{h}, batch {b}" + (f"\n{d}" if len(devices) > 1 else "") for d, _, h, w, b in groups]
+    axis.set_xticks(positions, names)
+    axis.set_yscale("log")
+    axis.set_ylim(top=axis.get_ylim()[1] * 2)  # room for the rates
+    axis.set_ylabel("images/s (log scale)")
+    axis.grid(True, axis="y", which="major", alpha=0.3)
+    right = legend_right(fig, axis)
     names = " and ".join(result["device_names"][device] for device in devices)
-    fig.suptitle(f"Shuffled batches of {result['images']} photos (page cache warm) to {names}")
+    axis.set_title(f"Shuffled batches of {result['images']} photos (page cache warm) to {names}", loc="left")
     print(f"wrote {save_figure(fig, 'memmap_vs_folder', result, right=right)}")
 
 

@@ -128,6 +128,11 @@ def _jpeg_store(result: dict, into: dict[str, str]) -> None:
             into[f"jpeg_store.{name}_of_decoder"] = f"{rates[name, 'warm']['median'] / accurate:.2f}"
     for name, stats in result["reads"].items():
         into[f"jpeg_store.reads.{name}"] = count(stats["median"])
+    quoted = result.get("ffcv_quoted_not_measured", {})
+    for name, rate in quoted.items():
+        into[f"jpeg_store.quoted.{name}"] = count(rate)
+    if quoted:
+        into["jpeg_store.quoted.ffcv_of_decoder"] = f"{quoted['ffcv'] / quoted['simplejpeg_accurate']:.2f}"
 
 
 def _build_memmap(result: dict, into: dict[str, str]) -> None:
@@ -149,7 +154,7 @@ def _build_memmap(result: dict, into: dict[str, str]) -> None:
         into["build_memmap.write_limit.gbps"] = f"{rates['write_limit']['median'] * 3 * 480 * 640 / 1e9:.1f} GB/s"
 
 
-def _bench(result: dict, into: dict[str, str], prefix: str = "bench") -> None:
+def _bench(result: dict, into: dict[str, str], prefix: str) -> None:
     rates = {name: stats["images_per_second"] for name, stats in result["results"].items()}
     limit = max(rate for name, rate in rates.items() if name.startswith(("limit_gather", "limit_decode")))
     for name, stats in result["results"].items():
@@ -184,13 +189,83 @@ def _gpu_preprocess(result: dict, into: dict[str, str]) -> None:
 
 
 def _decode_costs(result: dict, into: dict[str, str]) -> None:
-    for name, stats in result["ms_per_image"].items():
-        into[f"decode_costs.{name.replace('/', '_')}"] = ms(stats["median"])
+    costs = {name: stats["median"] for name, stats in result["ms_per_image"].items()}
+    for name, cost in costs.items():
+        into[f"decode_costs.{name.replace('/', '_')}"] = ms(cost)
+    whole = costs["crop_decode_whole"]
+    for name in ("crop_decode_to_its_last_row", "crop_decode_only_its_rows"):
+        into[f"decode_costs.saving.{name.removeprefix('crop_decode_')}"] = percent(1 - costs[name] / whole)
+    into["decode_costs.eighth_of_whole"] = percent(costs["decode_accurate_1/8"] / costs["decode_accurate_8/8"])
 
 
 def _decoders(result: dict, into: dict[str, str]) -> None:
+    rates = {(row["decoder"], row["threads"]): row["images_per_second"]["median"] for row in result["rows"]}
+    for (decoder, threads), rate in rates.items():
+        into[f"decoders.{decoder}.{threads}"] = count(rate)
+    scaling = [
+        rates[decoder, 2] / rates[decoder, 1] for decoder, threads in rates if threads == 1 and (decoder, 2) in rates
+    ]
+    into["decoders.scaling.min"], into["decoders.scaling.max"] = times(min(scaling)), times(max(scaling))
+
+
+def _memmap_vs_folder(result: dict, into: dict[str, str]) -> None:
+    into["memmap_vs_folder.images"] = count(result["images"])
+    rates = {}
     for row in result["rows"]:
-        into[f"decoders.{row['decoder']}.{row['threads']}"] = count(row["images_per_second"]["median"])
+        key = f"{row['width']}x{row['height']}.{row['batch_size']}"
+        rates[row["contender"], key] = row["images_per_second"]["median"]
+        into[f"memmap_vs_folder.{row['contender']}.{key}"] = count(row["images_per_second"]["median"])
+    for (name, key), rate in rates.items():
+        if name == "gpuload":
+            for other in ("image_folder", "talk_recipe"):
+                into[f"memmap_vs_folder.gpuload_x_{other}.{key}"] = times(rate / rates[other, key])
+
+
+def _transfer_order(result: dict, into: dict[str, str]) -> None:
+    seconds = {}
+    for row in result["rows"]:
+        seconds[row["memory"], row["width"], row["height"], row["batch_size"], row["order"]] = row["seconds"]["median"]
+    ratios = [
+        seconds[key[:4] + ("half_first",)] / seconds[key]
+        for key in seconds
+        if key[4] == "cuda_first" and key[:4] + ("half_first",) in seconds
+    ]
+    into["transfer_order.configurations"] = str(len(ratios))
+    into["transfer_order.cast_first_slower"] = str(sum(ratio > 1 for ratio in ratios))
+    into["transfer_order.ratio.min"], into["transfer_order.ratio.max"] = times(min(ratios)), times(max(ratios))
+    for (memory, width, height, batch, order), value in seconds.items():
+        into[f"transfer_order.{memory}.{width}x{height}.{batch}.{order}"] = ms(1e3 * value)
+
+
+def _jpeg_quality(result: dict, into: dict[str, str]) -> None:
+    rows = {row["quality"]: row for row in result["rows"]}
+    original = rows[None]
+    into["jpeg_quality.images"] = count(result["images"])
+    into["jpeg_quality.original.kb"] = f"{original['mean_file_bytes'] / 1e3:,.0f} KB"
+    into["jpeg_quality.original.rate"] = count(original["images_per_second"]["median"])
+    for quality, row in rows.items():
+        if quality is None:
+            continue
+        into[f"jpeg_quality.q{quality}.kb"] = f"{row['mean_file_bytes'] / 1e3:,.0f} KB"
+        into[f"jpeg_quality.q{quality}.psnr"] = f"{row['psnr_db']:.1f} dB"
+        into[f"jpeg_quality.q{quality}.smaller"] = times(original["mean_file_bytes"] / row["mean_file_bytes"])
+        into[f"jpeg_quality.q{quality}.rate"] = count(row["images_per_second"]["median"])
+        into[f"jpeg_quality.q{quality}.x_original"] = times(
+            row["images_per_second"]["median"] / original["images_per_second"]["median"]
+        )
+
+
+def _train_order(result: dict, into: dict[str, str]) -> None:
+    for row in result["rows"]:
+        key = f"{row['width']}x{row['height']}.{row['batch_size']}.{row['variant']}"
+        into[f"train_order.{key}"] = ms(1e3 * row["step_seconds"]["median"])
+    into["train_order.device"] = result["device_name"]
+
+
+def _train_augment(result: dict, into: dict[str, str]) -> None:
+    for row in result["rows"]:
+        into[f"train_augment.{row['contender']}"] = f"{row['images_per_second']['median']:,.1f}"
+    into["train_augment.device"] = result["device_name"]
 
 
 def _remote_loading(result: dict, into: dict[str, str]) -> None:
@@ -219,11 +294,16 @@ def _remote_loading(result: dict, into: dict[str, str]) -> None:
 SECTIONS: dict[str, Callable[[dict, dict[str, str]], None]] = {
     "jpeg_store": _jpeg_store,
     "build_memmap": _build_memmap,
-    "bench_cpu": _bench,
+    "bench_cpu": lambda result, into: _bench(result, into, "bench_cpu"),
     "bench_jpeg_cpu": lambda result, into: _bench(result, into, "bench_jpeg_cpu"),
     "gpu_preprocess": _gpu_preprocess,
     "decode_costs": _decode_costs,
     "decoders": _decoders,
+    "memmap_vs_folder": _memmap_vs_folder,
+    "transfer_order": _transfer_order,
+    "jpeg_quality": _jpeg_quality,
+    "train_order": _train_order,
+    "train_augment": _train_augment,
     "remote_loading": _remote_loading,
 }
 
@@ -368,18 +448,19 @@ def render(text: str, results: dict[str, dict], where: str = "the document") -> 
         KeyError: a span or table names nothing the results give (named, with ``where``).
     """
     known = values(results)
-
-    def span(match: re.Match) -> str:
-        if match[1] not in known:
-            raise KeyError(f"{where}: no result gives the number {match[1]!r}: rerun its experiment, or fix the name")
-        return f"<!--n {match[1]}-->{known[match[1]]}<!--/n-->"
+    missing = sorted({name for name in SPAN.findall(text) for name in [name[0]] if name not in known})
+    if missing:
+        raise KeyError(
+            f"{where}: no result gives the numbers {', '.join(missing)}: rerun their experiments, or fix the names"
+        )
 
     def table(match: re.Match) -> str:
         if match[2] not in TABLES:
             raise KeyError(f"{where}: there is no table {match[2]!r} (tables: {', '.join(TABLES)})")
         return match[1] + TABLES[match[2]](results) + match[4]
 
-    return TABLE.sub(table, SPAN.sub(span, text))
+    spans = SPAN.sub(lambda match: f"<!--n {match[1]}-->{known[match[1]]}<!--/n-->", text)
+    return TABLE.sub(table, spans)
 
 
 def untagged(text: str) -> list[str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import zlib
 from pathlib import Path
 
 from ._common import figure, read_result, save_figure
@@ -40,56 +39,81 @@ def last_step(events: list[dict]) -> tuple[float, float]:
     return step["ts"], step["ts"] + step["dur"]
 
 
-def lanes(events: list[dict], start: float, end: float) -> list[tuple[str, list[tuple[int, dict]]]]:
+def lanes(
+    events: list[dict], start: float, end: float, max_depth: int = MAX_DEPTH
+) -> list[tuple[str, list[tuple[int, dict]]]]:
     """``[(lane name, [(depth, event), ...]), ...]`` for the events inside ``[start, end]``: CPU
-    threads first, then CUDA streams, each nested by time containment."""
-    by_lane: dict[tuple[bool, str], list[dict]] = {}
+    threads first (the one running the profiler's steps named "training loop"), then CUDA streams,
+    each nested by time containment, ``max_depth`` levels at most."""
+    by_lane: dict[tuple[bool, int], list[dict]] = {}
     for event in events:
         if event["ts"] < start or event["ts"] + event["dur"] > end:
             continue
-        on_gpu = event.get("cat") in GPU_CATEGORIES
-        name = f"CUDA stream {event['tid']}" if on_gpu else f"CPU thread {event['tid']}"
-        by_lane.setdefault((on_gpu, name), []).append(event)
+        by_lane.setdefault((event.get("cat") in GPU_CATEGORIES, event["tid"]), []).append(event)
+    loop = next((event["tid"] for event in events if event["name"].startswith("ProfilerStep#")), None)
+    others = iter(range(2, len(by_lane) + 2))
     result = []
-    for (_, name), members in sorted(by_lane.items(), key=lambda item: item[0]):
+    for (on_gpu, tid), members in sorted(by_lane.items(), key=lambda item: (item[0][0], item[0][1] != loop)):
+        if on_gpu:
+            name = f"CUDA stream {tid}"
+        else:
+            name = "training loop" if tid == loop else f"CPU thread {next(others)}"
         members.sort(key=lambda event: (event["ts"], -event["dur"]))
         stack: list[float] = []  # end times of the open parents
         nested = []
         for event in members:
             while stack and event["ts"] >= stack[-1]:
                 stack.pop()
-            if len(stack) < MAX_DEPTH:
+            if len(stack) < max_depth:
                 nested.append((len(stack), event))
             stack.append(event["ts"] + event["dur"])
         result.append((name, nested))
     return result
 
 
-def _colour(name: str):
+def _colour(name: str, palette: dict):
+    """The colour of the boxes named ``name``: the next of tab20 for each new name, so no two names share one."""
     import matplotlib
 
-    return matplotlib.colormaps["tab20"](zlib.crc32(name.encode()) % 20)
+    if name not in palette:
+        palette[name] = matplotlib.colormaps["tab20"](len(palette) % 20)
+    return palette[name]
 
 
-def draw(axis, events: list[dict], start: float, end: float, title: str) -> None:
-    """Boxes of every event in ``[start, end]`` on ``axis``, time in ms from ``start``."""
+def draw(
+    axis,
+    events: list[dict],
+    start: float,
+    end: float,
+    title: str,
+    max_depth: int = MAX_DEPTH,
+    palette: dict | None = None,
+) -> None:
+    """Boxes of every event in ``[start, end]`` on ``axis``, time in ms from ``start``; a box too narrow
+    for its name gets a legend entry instead (boxes under 0.5 % of the span are not drawn: unreadable)."""
+    from matplotlib.patches import Patch
+
     span = end - start
+    palette = {} if palette is None else palette
     row = 0
-    ticks, tick_labels = [], []
-    for lane, nested in lanes(events, start, end):
+    ticks, tick_labels, unlabelled = [], [], {}
+    for lane, nested in lanes(events, start, end, max_depth):
         depth = max(depth for depth, _ in nested) + 1
         ticks.append(row + depth / 2)
         tick_labels.append(lane)
         for level, event in nested:
+            if event["dur"] < 0.005 * span:
+                continue
             left, width = (event["ts"] - start) / 1e3, event["dur"] / 1e3
-            axis.broken_barh(
-                [(left, width)], (row + level + 0.05, 0.9), color=_colour(event["name"]), edgecolor="white"
-            )
+            colour = _colour(event["name"], palette)
+            axis.broken_barh([(left, width)], (row + level + 0.05, 0.9), color=colour, edgecolor="white")
             label = event["name"].removeprefix("aten::")
             if len(label) * CHARACTER_WIDTH * span < event["dur"]:  # only labels that fit in their box
                 axis.text(
                     left + width / 2, row + level + 0.5, label, ha="center", va="center", fontsize=14, clip_on=True
                 )
+            else:
+                unlabelled.setdefault(label, colour)
         row += depth + 0.5
     axis.set_xlim(0, span / 1e3)
     axis.set_ylim(row, 0)
@@ -97,6 +121,9 @@ def draw(axis, events: list[dict], start: float, end: float, title: str) -> None
     axis.set_xlabel("time since the start of the range (ms)")
     axis.set_title(title)
     axis.grid(True, axis="x", alpha=0.3)
+    if unlabelled:
+        handles = [Patch(color=colour, label=label) for label, colour in unlabelled.items()]
+        axis.legend(handles=handles, loc="lower right", title="narrow boxes", ncols=min(3, len(handles)))
 
 
 def plot_trace(trace: Path, name: str, result: dict, caption: str) -> Path:
@@ -109,10 +136,12 @@ def plot_trace(trace: Path, name: str, result: dict, caption: str) -> Path:
         (event["ts"] for event in inside if event.get("cat") == "user_annotation" and event["ts"] > start),
         default=start,
     )
-    fig, axes = figure(2, 1, size=(900, 390))
+    fig, axes = figure(2, 1, size=(900, 350))
     top, bottom = axes[:, 0]
-    draw(top, events, start, end, f"one training step ({caption})")
-    draw(bottom, events, first_range, forward, "zoom: data -> transfer -> cast, up to the start of forward")
+    palette: dict = {}  # one colour per name in both panels
+    draw(top, events, start, end, f"one training step ({caption})", max_depth=2, palette=palette)
+    zoom = "zoom on the step's start: data -> transfer -> cast, until forward"
+    draw(bottom, events, first_range, forward, zoom, palette=palette)
     return save_figure(fig, name, result, statistics="one profiler step, as recorded")
 
 

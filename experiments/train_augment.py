@@ -112,24 +112,24 @@ def _endless(loader):
 
 
 def plot(result: dict) -> None:
+    """Training throughput of each contender (median, min-max whiskers); the share of the step spent
+    waiting for data (torch.profiler) is written in each bar."""
     rows = result["rows"]
-    fig, axes = figure(1, 2)
-    left, right = axes[0]
+    fig, axes = figure(1, 1)
+    axis = axes[0][0]
     labels = {"stock": "DataLoader,\ncrop in workers", "gpuload": "gpuload.DataLoader,\ncrop in the model"}
     names = [labels.get(row["contender"], row["contender"]) for row in rows]
-    colours = ["tab:gray", "tab:green"]
-    rates = [row["images_per_second"]["median"] for row in rows]
-    waits = [100 * row["data_wait_share"]["median"] for row in rows]
-    for axis, values, text in ((left, rates, "{:,.0f}"), (right, waits, "{:.1f} %")):
-        axis.bar(names, values, color=colours)
-        for x, value in enumerate(values):
-            axis.text(x, value, text.format(value), ha="center", va="bottom", fontsize=14)
-        axis.set_ylim(0, 1.2 * max(max(values), 1))
-        axis.grid(True, axis="y", alpha=0.3)
-    left.set_ylabel("images/s")
-    left.set_title("training throughput")
-    right.set_ylabel("% of the step")
-    right.set_title("waiting for data (torch.profiler)")
+    spreads = [row["images_per_second"] for row in rows]
+    rates = [spread["median"] for spread in spreads]
+    whiskers = [[r - s["min"] for r, s in zip(rates, spreads)], [s["max"] - r for r, s in zip(rates, spreads)]]
+    axis.barh(names, rates, xerr=whiskers, capsize=4, color=["tab:gray", "tab:green"][: len(rows)])
+    for y, (row, rate) in enumerate(zip(rows, rates)):
+        wait = 100 * row["data_wait_share"]["median"]
+        axis.text(rate * 0.02, y - 0.12, f"{rate:,.0f} images/s", va="center", color="white", fontsize=16)
+        axis.text(rate * 0.02, y + 0.18, f"waiting for data: {wait:.1f} % of the step", va="center", color="white")
+    axis.invert_yaxis()
+    axis.set_xlabel("training images/s")
+    axis.grid(True, axis="x", alpha=0.3)
     stand_in = "CPU stand-in: " if result["device"] == "cpu" else ""
     fig.suptitle(
         f"{stand_in}ResNet-18 at {result['size']} px, batch {result['batch_size']}, crop + flip, "

@@ -36,6 +36,7 @@ from ._common import (
     add_device_argument,
     device_name,
     figure,
+    legend_right,
     median_spread,
     parse_sizes,
     photo_folders,
@@ -154,9 +155,9 @@ def run_variant(variant: str, dataset, batch_size: int, device: torch.device, tr
 
 
 def plot(result: dict) -> None:
-    """Left: each variant's step time over the copy-then-cast step time, per configuration, with the
-    min-max of the timed steps (the noise). Right: the share of a step spent feeding the model
-    (the data, transfer and cast ranges): the most that the order of copy and cast can change."""
+    """Each variant's step time over the copy-then-cast step time, per configuration, with the min-max of
+    the timed steps (the noise); the share of a step spent feeding the model is written under each
+    configuration (the most that the order of copy and cast can change). Then the trace figure."""
     rows = result["rows"]
     kind = result["device"].split(":")[0]
     labels = {
@@ -166,9 +167,18 @@ def plot(result: dict) -> None:
     }
     configurations = sorted({(r["height"] * r["width"], r["height"], r["width"], r["batch_size"]) for r in rows})
     step = {(r["height"], r["width"], r["batch_size"], r["variant"]): r for r in rows}
-    names = [f"{w}x{h}\nbatch {b}" for _, h, w, b in configurations]
-    fig, axes = figure(1, 2, gridspec_kw={"width_ratios": [3, 2]})
-    left, right = axes[0]
+
+    def feeding(h: int, w: int, b: int) -> float:
+        """The largest share of a step, over the variants, in the data, transfer and cast ranges."""
+        return max(
+            sum(step[h, w, b, v]["range_ms_per_step"][name] or 0 for name in ("data", "transfer", "cast"))
+            / (1e3 * step[h, w, b, v]["step_seconds"]["median"])
+            for v in VARIANTS
+        )
+
+    names = [f"{w}x{h}, batch {b}\nfeeding: {100 * feeding(h, w, b):.2f} %" for _, h, w, b in configurations]
+    fig, axes = figure(1, 1)
+    axis = axes[0][0]
     positions = np.arange(len(configurations))
     width = 0.8 / len(VARIANTS)
     for offset, (variant, marker) in enumerate(zip(VARIANTS, "os^")):
@@ -178,25 +188,15 @@ def plot(result: dict) -> None:
         medians = np.array([s["median"] / r for s, r in zip(spreads, reference)])
         low = medians - np.array([s["min"] / r for s, r in zip(spreads, reference)])
         high = np.array([s["max"] / r for s, r in zip(spreads, reference)]) - medians
-        left.errorbar(x, medians, yerr=[low, high], fmt=marker, capsize=4, label=labels[variant])
-        feeding = [
-            sum(step[h, w, b, variant]["range_ms_per_step"][name] or 0 for name in ("data", "transfer", "cast"))
-            / (1e3 * step[h, w, b, variant]["step_seconds"]["median"])
-            for _, h, w, b in configurations
-        ]
-        right.bar(x, [100 * share for share in feeding], width, label=labels[variant])
-    left.axhline(1.0, color="0.3", linestyle=":", linewidth=1.5)
-    left.set_ylabel(f"step time / {labels['cuda_first']}")
-    left.set_title("step time, min-max of the timed steps")
-    right.set_ylabel("% of the step")
-    right.set_title("feeding: data + transfer + cast")
-    for axis in (left, right):
-        axis.set_xticks(positions, names)
-        axis.grid(True, axis="y", alpha=0.3)
-    right.set_ylim(0, 1.8 * right.get_ylim()[1])  # room for the legend, which names both panels' colours
-    right.legend(loc="upper right")
-    fig.suptitle(f"ResNet-18 training steps fed three ways, on {result['device_name']}")
-    print(f"wrote {save_figure(fig, 'train_order', result, statistics='medians, bars: min-max')}")
+        axis.errorbar(x, medians, yerr=[low, high], fmt=marker, capsize=4, label=labels[variant])
+    axis.axhline(1.0, color="0.3", linestyle=":", linewidth=1.5)
+    axis.set_ylabel(f"step time / {labels['cuda_first']}")
+    axis.set_xticks(positions, names)
+    axis.grid(True, axis="y", alpha=0.3)
+    right = legend_right(fig, axis)
+    axis.set_title(f"ResNet-18 training steps fed three ways, on {result['device_name']}", loc="left")
+    statistics = "medians, bars: min-max of the timed steps"
+    print(f"wrote {save_figure(fig, 'train_order', result, statistics=statistics, right=right)}")
     trace = ASSETS / TRACE.format(run=result_name("train_order", result["device"]), variant="cuda_first")
     if trace.is_file():
         last = rows[-1]  # the traced configuration is the last one run

@@ -23,7 +23,7 @@ from .loading.collate import Collate
 from .loading.crop import RandomResizedCropDecode
 from .loading.loader import DataLoader, resolve_device
 from .machine import default_workers, describe_machine, machine_line
-from .store.dataset import MemmapImageDataset, decode_jpeg_bytes
+from .store.dataset import MemmapImageDataset, decode_jpeg_bytes, storage_order
 from .store.decode import decode_image
 from .transforms.augment import RandomResizedCrop
 
@@ -342,7 +342,7 @@ class _GatherLimit:
     """
 
     def __init__(self, dataset: MemmapImageDataset, batch_size: int, *, split: bool) -> None:
-        self.source = torch.Tensor.as_subclass(dataset.data.images, torch.Tensor)
+        self.source = storage_order(dataset.data.images)[0]  # the file's order, as the loader gathers
         self.buffer = torch.empty((batch_size, *self.source.shape[1:]), dtype=self.source.dtype)
         self.batch_size, self.split, self.workers = batch_size, split, default_workers()
 

@@ -1,15 +1,19 @@
 """The talk (``slides/slides.md``) from its template and what the experiments measured:
 ``python -m slides.generate [--check]``, run in the repository.
 
-The template (``slides/template.md``) holds the story and the layout; every number, table, plot
-and code block on the slides is a ``${name}`` placeholder filled here from
-``assets/results/*.json``, ``assets/*.png`` and the project's source files. A result that is
-missing (no GPU run yet, say) becomes a sentence saying so. Same inputs, same Markdown.
+The template (``slides/template.md``) holds the story, the layout and the speaker notes; every
+number, table, plot and code excerpt on the slides is a ``${name}`` placeholder filled here from
+``assets/results/*.json``, ``assets/*.png`` and the project's source files. Same inputs, same Markdown.
 
-Results of a GPU run (``<name>_cuda.json``, ``<name>_cuda.png``, ``bench_cuda.json``: what
-``python -m experiments.run --device cuda`` writes) are preferred to the CPU results of the same
-name; each slide says which device produced its numbers, and a slide whose numbers come from the
-CPU says that it is a stand-in, what the GPU version measures, and the command that makes it.
+One loader measurement feeds every slide that quotes a loader's rate: ``experiments/jpeg_store.py``
+(``jpeg_store.json``), its contenders named as its ``LABELS`` name them (the README's names too). Each
+other number comes from the one experiment that measures it. A result the talk reads that is missing,
+or that lacks a contender or a field a slide reads, is an error naming the file and the command that
+makes it: the talk is never generated from part of a run.
+
+Every committed result comes from a CPU. The GPU measurements still owed are listed on one slide,
+with the one command that makes them; a GPU result (``<name>_cuda.json``, ``bench_cuda.json``) that
+arrives is marked there as measured.
 """
 
 from __future__ import annotations
@@ -17,149 +21,89 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import struct
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from string import Template
 
-from gpuload.bench import BENCH_LABELS, gather_limit
+from experiments.jpeg_store import LABELS, SIZE
 from gpuload.machine import machine_line
 
 from .snippets import Snippet
 
-__all__ = ["PLOT_DENSITY", "SNIPPETS", "main", "plot_size", "render_slides", "write_slides"]
+__all__ = ["MAX_SLIDES", "PLOT_DENSITY", "SNIPPETS", "main", "plot_size", "render_slides", "write_slides"]
 
 TEMPLATE = Path("slides/template.md")
 DECK = Path("slides/slides.md")
 RESULTS = Path("assets/results")
 PLOTS = Path("assets")
+README = Path("README.md")
 PLOT_DENSITY = 2  # PNG pixels per slide-canvas pixel: experiments/_common.py PIXEL_DENSITY
-GPU_RUN = "python -m experiments.run --device cuda"
+MAX_SLIDES = 28
+GPU_CHECK = "python -m experiments.gpu_check run"
+WAITING = 0.05  # the share of a step in getting the batch to the model above which the step waits for data
 
-# How to produce each result the talk reads, for the slides that have to say it is missing.
+# The command that makes each result the talk reads, for the error that says it is missing.
 HOW_TO_MEASURE = {
-    "bench_cpu": "python -m experiments.run --only bench",
-    "build_memmap": "python -m experiments.build_memmap",
-    "gpu_preprocess": "python -m experiments.gpu_preprocess",
-    "jpeg_quality": "python -m experiments.jpeg_quality",
     "jpeg_store": "python -m experiments.jpeg_store",
-    "memmap_vs_folder": "python -m experiments.memmap_vs_folder",
-    "train_augment": "python -m experiments.train_augment",
-    "train_order": "python -m experiments.train_order",
+    "build_memmap": "python -m experiments.build_memmap --counts 2000 --repeats 3",
+    "jpeg_quality": "python -m experiments.jpeg_quality",
+    "decode_costs": "python -m experiments.decode_costs",
+    "decoders": "python -m experiments.decoders --repeats 5",
     "transfer_order": "python -m experiments.transfer_order",
+    "train_order": "python -m experiments.train_order",
+    "train_augment": "python -m experiments.train_augment",
+    "gpu_preprocess": "python -m experiments.gpu_preprocess",
 }
 
+# The GPU measurements still owed, on the one slide that lists them: (the result a GPU run writes, what it adds).
+GPU_OWED = (
+    ("gpu_check_cuda", "the CUDA tests: every batch of the overlapped copy against a synchronous one, and each step of the stream protocol removed in turn"),
+    ("bench_cuda", "`gpuload bench --device cuda`: the pinned host-to-device copy limit, and the share of it the loader reaches"),
+    ("jpeg_store_cuda", "the loader measurement on the GPU: raw crops on the device, nvJPEG decoding, the stock loader pinned"),
+    ("transfer_order_cuda", "copy-then-cast against cast-then-copy over the real bus, from pageable and from pinned memory"),
+    ("train_order_cuda", "whether a GPU training step waits for data: the trace of a step, fed three ways"),
+    ("train_augment_cuda", "training with the crop in the workers or in the model, on the GPU"),
+    ("gpu_preprocess_cuda", "the batched crop against torchvision and Kornia on the GPU, and the `torch.compile` modes"),
+)  # fmt: skip
+
 SNIPPETS = {
-    "code_profiler": Snippet(
-        "experiments/train_order.py",
-        "run_variant",
-        start="activities = [",
-        end="with profile(",
-        steps=(("schedule(",), ("with profile(",)),
-    ),
-    "code_trace_export": Snippet(
-        "experiments/train_order.py", "run_variant", start="if trace is not None", end="export_chrome_trace"
-    ),
-    "code_orders": Snippet("experiments/transfer_order.py", "ORDERS"),
-    "code_timer": Snippet(
-        "experiments/transfer_order.py",
-        "measure",
-        start="timer = Timer(",
-        end="blocked_autorange",
-        steps=(("num_threads",), ("blocked_autorange",)),
-    ),
-    "code_cuda_first": Snippet(
-        "experiments/train_order.py",
-        "run_variant",
-        start='if variant == "cuda_first":',
-        end="images = normalize(images.half())",
-    ),
-    "code_half_first": Snippet(
-        "experiments/train_order.py",
-        "run_variant",
-        start='elif variant == "half_first":',
-        end="images = normalize(images)",
-    ),
-    "code_normalize_buffers": Snippet(
-        "gpuload/transforms/normalize.py",
-        "Normalize.__init__",
-        start="shape = (1, -1, 1, 1)",
-        end='register_buffer("shift"',
-    ),
-    "code_normalize_forward": Snippet(
-        "gpuload/transforms/normalize.py", "Normalize.forward", steps=(("return torch.addcmul",),)
-    ),
-    "code_in_model": Snippet(
-        "experiments/train_order.py",
-        "run_variant",
-        start='if variant == "normalize_in_model":',
-        end="model = nn.Sequential(normalize, model)",
-    ),
-    "code_onnx": Snippet(
-        "tests/test_normalize.py",
-        "test_onnx_export_runs_the_same_in_onnx_runtime",
-        start="torch.onnx.export(",
-        steps=(("torch.onnx.export",), ("tensor(uint8)",), ("assert_close",)),
-    ),
-    "code_ffmpeg": Snippet(
-        "gpuload/store/compress.py", "_ffmpeg_jpeg", start="command = [", end="]  # fmt: skip", steps=(('"-q:v"',),)
-    ),
-    "code_tensorclass": Snippet("gpuload/store/dataset.py", "ImageData"),
-    "code_recipe_build": Snippet(
-        "experiments/build_memmap.py",
-        "talk_recipe",
-        start="data = TutorialImageData(",
-        end="data.memmap_(prefix=out)",
-        steps=(("MemoryMappedTensor.empty",), ("memmap_(",)),
-    ),
-    "code_build_window": Snippet(
-        "gpuload/store/build.py",
-        "_RawStore.submit",
-        steps=(("self.free.pop()",), ("self.pool.submit",)),
-    ),
-    "code_getitems": Snippet(
-        "gpuload/store/dataset.py",
-        "MemmapImageDataset.__getitems__",
-        start="indices = torch.as_tensor(indices",
-        end="return GatheredSamples(",
-    ),
     "code_gather": Snippet(
         "gpuload/loading/loader.py",
         "_PinnedSlot.fill",
         start="with torch.cuda.device(self.device)",
         end="self.event.record(stream)",
-        steps=(("torch.cuda.stream",), ("non_blocking",), ("Event(", ".record(")),
+        comments=False,
+        steps=(("non_blocking",), ("Event(", ".record(")),
     ),
     "code_consume": Snippet(
         "gpuload/loading/loader.py",
         "_EpochIterator.__next__",
-        start="if event is None:",
+        start="stream = torch.cuda.current_stream",
         end="self._pipeline.release(slot)",
+        comments=False,
         steps=(("_stream_waits",), ("_record_on",), ("release",)),
     ),
-    "code_three_loaders": Snippet(
-        "experiments/memmap_vs_folder.py",
-        "loaders",
-        start='"talk_recipe": torch.utils.data.DataLoader(',
-        end='"gpuload": gpuload.DataLoader(',
-        steps=(("gpuload.Collate",), ("gpuload.DataLoader",)),
-    ),
-    "code_preprocess": Snippet(
-        "gpuload/transforms/augment.py",
-        "resample",
-        start="batch, channels, height, width",
-        end="return torch.bmm(columns",
-        steps=(("torch.bmm(weights_y",), ("weights_x.transpose",)),
-    ),
-    "code_compile": Snippet(
-        "experiments/gpu_preprocess.py",
-        "contenders",
-        start="augment = gpuload.RandomResizedCrop(",
-        end="ours = nn.Sequential(",
-        steps=(("nn.Sequential",),),
+    "code_normalize": Snippet(
+        "gpuload/transforms/normalize.py", "Normalize.forward", comments=False, steps=(("torch.addcmul",),)
     ),
 }
+
+# How gpuload compares with its peers, feature by feature, when the README has no such table: read from
+# each project's own docs and code for gpuload's design survey. Qualitative on purpose (no speeds).
+PEERS = (
+    ["", "gpuload", "DALI", "FFCV", "SPDL", "WebDataset", "LitData"],
+    ["folder to dataset, one command", "yes", "reads folders", "a script", "reads files", "a script", "a script"],
+    ["GPU JPEG decode", "nvJPEG*", "nvJPEG", "no", "nvJPEG", "no", "no"],
+    ["pinned ring, side-stream copy", "yes*", "yes", "yes", "not checked", "no", "no"],
+    ["normalise inside the model", "yes", "no", "no", "no", "no", "no"],
+    ["exact mid-epoch resume", "yes", "checkpoints", "no", "not checked", "no", "yes"],
+    ["a damaged JPEG", "skipped, listed", "stops it", "raises", "not checked", "skipped", "not checked"],
+    ["pip install, no GPU", "yes", "CUDA wheel", "C build", "yes", "yes", "yes"],
+)
+PEER_NAMES = ("DALI", "FFCV", "SPDL", "WebDataset", "LitData")
 
 
 def render_slides(root: str | os.PathLike = ".") -> str:
@@ -167,8 +111,8 @@ def render_slides(root: str | os.PathLike = ".") -> str:
 
     Raises:
         FileNotFoundError: ``root`` is not the gpuload repository (no template).
-        ValueError: the template names a placeholder nobody fills, or leaves one unused, or a
-            result file is not valid JSON or lacks what its slides read.
+        ValueError: the template names a placeholder nobody fills, or leaves one unused; a result the
+            talk reads is missing, is not valid JSON, or lacks what its slides read.
         SnippetError: a snippet's symbol or text is no longer in the source.
 
     Example:
@@ -180,16 +124,20 @@ def render_slides(root: str | os.PathLike = ".") -> str:
     template_path = root / TEMPLATE
     if not template_path.is_file():
         raise FileNotFoundError(f"no {TEMPLATE} under {root.resolve()}: run this in the gpuload repository")
-    template = Template(template_path.read_text())
-    results = _load_results(root / RESULTS)
+    text = template_path.read_text()
+    template = Template(text)
+    results = Results(root / RESULTS)
     values = {name: snippet.markdown(root) for name, snippet in SNIPPETS.items()}
-    for section in SECTIONS:
+    values |= _about(text, root)
+    for section, reads in SECTIONS:
         try:
             values.update(section(results, root))
-        except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as error:
+        except (KeyError, IndexError, TypeError, ZeroDivisionError) as error:
+            files = ", ".join(f"assets/results/{name}.json" for name in reads)
+            commands = " and ".join(f"`{HOW_TO_MEASURE[name]}`" for name in reads)
             raise ValueError(
-                f"a result in {RESULTS} does not have the layout the {section.__name__.strip('_')} slides read "
-                f"({type(error).__name__}: {error}): rerun its experiment"
+                f"{files} lacks what the {section.__name__.strip('_')} slides read "
+                f"({type(error).__name__}: {error}): rerun {commands}"
             ) from None
     wanted, given = set(template.get_identifiers()), set(values)
     if wanted - given:
@@ -221,35 +169,64 @@ def plot_size(path: Path) -> tuple[int, int]:
     return round(width / PLOT_DENSITY), round(height / PLOT_DENSITY)
 
 
-def _load_results(folder: Path) -> dict[str, dict]:
-    results = {}
-    for path in sorted(folder.glob("*.json")):
-        try:
-            results[path.stem] = json.loads(path.read_text())
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path} is not valid JSON: {error}") from None
-    return results
+class Results:
+    """The JSON results under ``assets/results``, by name (``jpeg_store`` for ``jpeg_store.json``)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.found: dict[str, dict] = {}
+        for path in sorted(folder.glob("*.json")):
+            try:
+                self.found[path.stem] = json.loads(path.read_text())
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path} is not valid JSON: {error}") from None
+
+    def __getitem__(self, name: str) -> dict:
+        """The result ``name``; a ValueError saying which command makes it when it is missing."""
+        if name not in self.found:
+            raise ValueError(
+                f"the talk reads assets/results/{name}.json, which is missing: run `{HOW_TO_MEASURE[name]}`, "
+                "then `python -m slides.generate`"
+            )
+        return self.found[name]
+
+    def gpu(self, name: str) -> dict | None:
+        """A GPU run's result (``bench_cuda``, ``<name>_cuda``), or None."""
+        return self.found.get(name)
+
+    def used(self) -> list[tuple[str, dict]]:
+        """The CPU results the talk reads, by name."""
+        return [(name, self[name]) for name in HOW_TO_MEASURE]
 
 
-def _pick(results: dict[str, dict], name: str) -> tuple[str, dict | None]:
-    """The file name and result of ``name``: the GPU run's (``<name>_cuda``) when there is one, else the CPU's."""
-    for stem in (f"{name}_cuda", name):
-        if stem in results:
-            return stem, results[stem]
-    return name, None
+class Store:
+    """``jpeg_store.json``: the one loader measurement, rates by contender (``LABELS``' names) and page cache."""
 
+    def __init__(self, result: dict) -> None:
+        self.result = result
+        self.rows = {(row["contender"], row["cache"]): row for row in result["rows"]}
 
-def _tagged(name: str, result: dict | None) -> str:
-    """The name of a plot made from ``result``, as ``experiments`` saves it: ``<name>_cuda`` for a GPU result."""
-    return name if result is None or _on_cpu(result) else f"{name}_cuda"
+    def row(self, contender: str, cache: str = "warm") -> dict:
+        if contender not in LABELS:
+            raise ValueError(f"experiments/jpeg_store.py has no contender {contender!r} (LABELS names {list(LABELS)})")
+        if (contender, cache) not in self.rows:
+            raise ValueError(
+                f"assets/results/jpeg_store.json has no {contender!r} row ({cache} page cache): the run is older "
+                f"than the talk; rerun `{HOW_TO_MEASURE['jpeg_store']}`, then `python -m slides.generate`"
+            )
+        return self.rows[contender, cache]
 
+    def rate(self, contender: str, cache: str = "warm") -> float:
+        """Images/s, the median of the repeats."""
+        return self.row(contender, cache)["images_per_second"]["median"]
 
-def _bench(results: dict[str, dict]) -> tuple[str, dict | None]:
-    """``gpuload bench``'s report: the GPU's (``bench_cuda``) when there is one, else the CPU's."""
-    for stem in ("bench_cuda", "bench_cpu"):
-        if stem in results:
-            return stem, results[stem]
-    return "bench_cpu", None
+    def megabytes(self, contender: str, cache: str = "warm") -> float:
+        """MB/s read from the store, the median of the repeats."""
+        return self.row(contender, cache)["megabytes_per_second"]["median"]
+
+    def on_disk(self, contender: str) -> float:
+        """Bytes of what ``contender`` reads: the raw or the jpeg store, or the photos' folder."""
+        sizes = self.result["bytes_on_disk"]
+        return sizes["raw" if contender.startswith("raw") else "jpeg" if contender.startswith("jpeg") else "source"]
 
 
 # --- formatting -------------------------------------------------------------------------------
@@ -263,26 +240,30 @@ def _times(value: float) -> str:
     return f"{value:.1f}x"
 
 
-def _percent(part: float, whole: float) -> str:
-    share = 100 * part / whole
-    return f"{share:.2f} %" if share < 0.1 else f"{share:.1f} %" if share < 10 else f"{share:.0f} %"
+def _percent(share: float) -> str:
+    percent = 100 * share
+    if percent == 0:
+        return "0 %"
+    if percent < 0.01:
+        return "under 0.01 %"
+    return f"{percent:.2f} %" if percent < 0.1 else f"{percent:.1f} %" if percent < 10 else f"{percent:.0f} %"
 
 
-def _ms(seconds: float) -> str:
-    milliseconds = seconds * 1e3
-    return f"{milliseconds:.2f} ms" if milliseconds < 10 else f"{milliseconds:,.1f} ms"
+def _ms(milliseconds: float) -> str:
+    return f"{milliseconds:.2f} ms" if milliseconds < 10 else f"{milliseconds:,.0f} ms"
 
 
-def _kb(size: float, digits: int = 0) -> str:
-    return f"{size / 1e3:,.{digits}f} KB"
+def _bytes(size: float) -> str:
+    """``921.6 KB``, ``98 MB``, ``1.8 GB``, ``922 GB``, ``1.2 TB`` (decimal units)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if size >= scale:
+            value = size / scale
+            return f"{value:,.1f} {unit}" if value < 10 else f"{value:,.0f} {unit}"
+    return f"{size:.0f} B"
 
 
 def _mib(size: float) -> str:
     return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:,.0f} MiB"
-
-
-def _size(row: dict) -> str:
-    return f"{row['width']}x{row['height']}"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -290,729 +271,563 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
-def _device(result: dict) -> str:
-    """What produced a result: ``"cpu (AMD EPYC, 2 cores)"`` or ``"cuda (NVIDIA H100 80GB HBM3)"``."""
-    if "device_name" in result:
-        return result["device_name"]
-    machine = result["machine"]
-    if str(result.get("device", "cpu")).startswith("cuda") and machine.get("gpu"):
-        return f"cuda ({machine['gpu']})"
-    return f"cpu ({machine['cpu']}, {machine['cores']} cores)"
-
-
-def _on_cpu(result: dict) -> bool:
-    return str(result.get("device", "cpu")).startswith("cpu")
-
-
-def _source(result: dict, stem: str) -> str:
-    """Where a result came from: the machine, the date and the JSON file."""
-    return (
-        f'<p class="measured">Measured on {machine_line(result["machine"])}, {result["machine"]["date"][:10]} '
-        f"(<code>assets/results/{stem}.json</code>).</p>"
-    )
-
-
-def _missing(name: str) -> str:
-    gpu = f" (on a GPU machine: `{GPU_RUN}`)" if name not in ("build_memmap", "bench_cpu") else ""
-    return (
-        f"**Not measured yet:** there is no `assets/results/{name}.json`. "
-        f"Run `{HOW_TO_MEASURE[name]}`{gpu}, then `python -m slides.generate`."
-    )
-
-
-def _stand_in(result: dict, measures: str) -> str:
-    """On a CPU result: the visible line saying so, what the GPU version measures and how to make it."""
-    if not _on_cpu(result):
-        return ""
-    return (
-        f'<div class="standin">\n\n**CPU stand-in:** on a GPU this measures {measures}; `{GPU_RUN}` makes it.\n\n</div>'
-    )
+def _compared(value: float, reference: float) -> str:
+    """How ``value`` compares with ``reference``, for a sentence: "as fast as", "faster than", "slower than"."""
+    if abs(value / reference - 1) < 0.1:
+        return "about as fast as"
+    return "faster than" if value > reference else "slower than"
 
 
 def _takeaway(text: str) -> str:
-    return f'<div class="takeaway">\n\n{text}\n\n</div>'
+    return f'<div class="gl-takeaway">\n\n{text}\n\n</div>'
+
+
+def _source(result: dict, stem: str) -> str:
+    """The small line under a table: the JSON file, its date and the machine (a plot names its own)."""
+    return (
+        f'<p class="gl-source">{stem}.json · {result["machine"]["date"][:10]} · {machine_line(result["machine"])}</p>'
+    )
 
 
 def _plot(root: Path, stem: str, alt: str) -> str:
+    """The plot ``assets/<stem>.png`` at the size it was drawn (an error naming its command if missing)."""
     path = root / PLOTS / f"{stem}.png"
     if not path.is_file():
-        return f"**No plot yet:** `assets/{stem}.png` is made by `python -m experiments.run`."
+        raise ValueError(f"the talk shows assets/{stem}.png, which is missing: `python -m experiments.run` draws it")
     width, height = plot_size(path)
     return f'<img class="plot" src="/{stem}.png" width="{width}" height="{height}" alt="{alt}"/>'
 
 
-def _grouped(rows: list[dict], by: str, *fields: str) -> dict[tuple, dict[str, dict]]:
-    """The rows of one configuration side by side: ``{(row[f] for f in fields): {row[by]: row}}``."""
-    groups: dict[tuple, dict[str, dict]] = {}
-    for row in rows:
-        groups.setdefault(tuple(row[field] for field in fields), {})[row[by]] = row
-    return groups
+def _cores(result: dict) -> int:
+    return result["machine"]["cores"]
 
 
-def _largest_batch_per_size(groups: dict[tuple, dict[str, dict]]) -> list[tuple[tuple, dict[str, dict]]]:
-    """For groups keyed ``(height, width, batch_size)``: the largest batch of each image size, by size."""
-    largest = {}
-    for key in groups:
-        if key[:2] not in largest or key[2] > largest[key[:2]][2]:
-            largest[key[:2]] = key
-    return [(key, groups[key]) for _, key in sorted(largest.items())]
+def _headmatter(template: str) -> dict[str, str]:
+    """The template's headmatter fields that are one ``key: value`` line."""
+    block = template.split("---", 2)[1]
+    return dict(re.findall(r"^(\w+): (.+)$", block, flags=re.MULTILINE))
 
 
-def _original_and_default(result: dict) -> tuple[dict, dict | None]:
-    """The jpeg_quality rows of the original photos and of ``-q:v 3`` (``None`` if not run)."""
-    original = next(row for row in result["rows"] if row["quality"] is None)
-    return original, next((row for row in result["rows"] if row["quality"] == 3), None)
-
-
-def _headline(report: dict) -> dict:
-    """The talk's one headline comparison, from one ``gpuload bench`` report: gpuload.DataLoader against
-    the fastest of the stock DataLoader ways it measured, and the machine's limit."""
-    rates = {name: result["images_per_second"] for name, result in report["results"].items()}
-    stock = {name: rates[name] for name in ("collate", "image_folder") if name in rates}
-    best = max(stock, key=stock.get)
-    return {
-        "gpuload": rates["gpuload"],
-        "stock": stock[best],
-        "stock_label": BENCH_LABELS[best],
-        "limit": gather_limit(report),
-        "ratio": rates["gpuload"] / stock[best],
-    }
+def _about(template: str, root: Path) -> dict[str, str]:
+    """Who gives the talk (the template's ``speaker``) and where the code lives (the README's GitHub
+    address of gpuload, if it gives one; else "this repository")."""
+    speaker = _headmatter(template).get("speaker")
+    if not speaker:
+        raise ValueError(f"{TEMPLATE}'s headmatter has no `speaker:` (who gives the talk)")
+    readme = (root / README).read_text() if (root / README).is_file() else ""
+    address = re.search(r"https://github\.com/[\w.-]+/gpuload\b", readme)
+    repository = address.group(0) if address else "this repository"
+    layout = (
+        f"{repository}: `gpuload/` the library · `experiments/` every number in this talk · "
+        "`slides/` this talk, generated from them"
+    )
+    layout = f'<div class="gl-byline">\n\n{layout[0].upper()}{layout[1:]}\n\n</div>'
+    return {"speaker": speaker, "repository": repository, "repository_layout": layout}
 
 
 # --- sections, in the order of the talk ----------------------------------------------------------
-# Each returns the placeholders of its slides; a missing result fills them with what to run.
+# Each returns the placeholders of its slides, from the results it names in SECTIONS.
 
-Section = Callable[[dict[str, dict], Path], dict[str, str]]
-
-
-def _title(results: dict[str, dict], root: Path) -> dict[str, str]:
-    machines: dict[str, list[str]] = {}
-    for name, result in results.items():
-        line = f"{machine_line(result['machine'])}, {result['machine']['date'][:10]}"
-        machines.setdefault(line, []).append(name)
-    if not machines:
-        return {
-            "title_machines": "No results yet: run `python -m experiments.run`, then `python -m slides.generate`.",
-            "title_device": "",
-        }
-    lines = [f"- {line}: {', '.join(names)}" for line, names in sorted(machines.items())]
-    gpus = sorted({result["machine"]["gpu"] for result in results.values() if result["machine"].get("gpu")})
-    device = (
-        f"GPU results from {', '.join(gpus)}."
-        if gpus
-        else f"**No GPU has run these experiments yet**: every number is a CPU stand-in. On a GPU machine, "
-        f"`{GPU_RUN}` makes this the GPU talk."
-    )
-    return {"title_machines": "Measured on:\n\n" + "\n".join(lines), "title_device": device}
+Section = Callable[[Results, Path], dict[str, str]]
 
 
-def _headline_slides(results: dict[str, dict], root: Path) -> dict[str, str]:
-    stem, report = _bench(results)
-    if report is None:
-        missing = _missing("bench_cpu")
-        return {
-            "headline_number": "?",
-            "headline_text": missing,
-            "bench_table": missing,
-            "bench_takeaway": "",
-            "bench_gap": missing,
-        }
-    headline = _headline(report)
-    limit = headline["limit"]
-    rows = []
-    for contender, result in report["results"].items():
-        rate = result["images_per_second"]
-        rows.append(
-            [BENCH_LABELS[contender], _count(rate), f"{result['gigabytes_per_second']:.1f}", _percent(rate, limit)]
-        )
-    channels, height, width = report["image_shape"]
-    image_mb = channels * height * width * report["batch_size"] / 1e6
-    collate = report["results"].get("collate")
-    gap = []
-    if collate is not None:
-        gap.append(
-            f"- **The stock loader with `Collate`** ({_percent(collate['images_per_second'], limit)} of the limit) "
-            "runs `num_workers=0` (worker processes cannot copy to a GPU): one thread gathers each batch, into "
-            f"a new {image_mb:,.0f} MB tensor every time, fresh pages each faulted in and zeroed by the kernel. "
-            "`gpuload.DataLoader` and the limit gather on every core into buffers they reuse. Two differences, "
-            "not measured apart."
-        )
-    if "image_folder" in report["results"]:
-        gap.append(
-            f"- **`ImageFolder`** ({_percent(report['results']['image_folder']['images_per_second'], limit)}) "
-            "decodes every JPEG again, every epoch, in worker processes."
-        )
-    augment = report["results"].get("gpuload_augment")
-    if augment is not None and _on_cpu(report) and "image_folder_augment" in report["results"]:
-        gap.append(
-            f"- **With a crop**, gpuload crops on the device, here the CPU ({_count(augment['images_per_second'])} "
-            "images/s), with interpolation matrices made for a GPU; torchvision's per-sample crop in workers "
-            "suits a CPU better. On a GPU, that row is what the GPU run measures."
-        )
-    what = "gpuload.DataLoader against the fastest stock DataLoader way measured"
+def _title(results: Results, root: Path) -> dict[str, str]:
+    used = results.used()
+    machines = sorted({machine_line(result["machine"]) for _, result in used})
+    dates = sorted(result["machine"]["date"][:10] for _, result in used)
+    gpus = [name for name, _ in GPU_OWED if results.gpu(name)]
+    gpu = "GPU results on the slide that lists them." if gpus else "No GPU run yet."
     return {
-        "headline_number": _times(headline["ratio"]),
-        "headline_text": (
-            f"{what}: **{_count(headline['gpuload'])}** against **{_count(headline['stock'])} images/s** "
-            f"({headline['stock_label']}), {_percent(headline['gpuload'], limit)} of what the machine can gather "
-            f"({_count(limit)} images/s).\n\n"
-            f"One run of `gpuload bench`: {report['images']} photos of {width}x{height}, batch "
-            f"{report['batch_size']}, batches to `{report['device']}`, on {machine_line(report['machine'])}."
-            + ("" if not _on_cpu(report) else f" A CPU stand-in: `{GPU_RUN}` measures it on a GPU.")
+        "title_machine": f"Measured on {'; '.join(machines)}, {dates[0]} to {dates[-1]}. {gpu}",
+        "title_notes": (
+            f"every number in this talk was measured on {'; '.join(machines)}: a small CPU machine. "
+            "The GPU measurements still owed are listed once, on one slide near the end, with the command "
+            "that makes them."
         ),
-        "bench_table": "\n\n".join(
-            [
-                f"On {_device(report)}: {report['images']} images of {width}x{height}, batch "
-                f"{report['batch_size']}, shuffled, page cache warm:",
-                _table(["way", "images/s", "GB/s", "of the gather limit"], rows),
-                _source(report, stem),
-            ]
-        ),
-        "bench_takeaway": _takeaway(
-            f"`gpuload.DataLoader` gathers at {_percent(headline['gpuload'], limit)} of the machine's limit, "
-            f"{_times(headline['ratio'])} the fastest stock loader measured."
-        ),
-        "bench_gap": "\n".join(gap),
     }
 
 
-def _bottlenecks(results: dict[str, dict], root: Path) -> dict[str, str]:
-    build = results.get("build_memmap")
-    if build is None:
-        return {"build_memory": _missing("build_memmap"), "build_table": _missing("build_memmap")}
-    runs = build["results"]
-    memory = "; ".join(
-        f"{run['images']} photos: tutorial recipe {_mib(run['peak_unreclaimable_bytes']['talk_recipe'])}, "
-        f"gpuload {_mib(run['peak_unreclaimable_bytes']['gpuload'])}"
-        for run in runs
-    )
-    rows = []
-    for run in runs:
-        rates = {name: spread["median"] for name, spread in run["images_per_second"].items()}
-        rows.append(
-            [
-                _count(run["images"]),
-                _count(rates["gpuload"]),
-                _count(rates["talk_recipe"]),
-                _count(rates["pillow_limit"]),
-                _mib(run["peak_unreclaimable_bytes"]["gpuload"]),
-                _mib(run["peak_unreclaimable_bytes"]["talk_recipe"]),
-            ]
-        )
-    first = runs[0]
-    table = _table(["photos", "gpuload img/s", "recipe img/s", "Pillow limit", "gpuload memory", "recipe memory"], rows)
+def _problem(results: Results, root: Path) -> dict[str, str]:
+    store = Store(results["jpeg_store"])
     return {
-        "build_memory": f"Peak memory the OS cannot reclaim while building, on {_device(build)}: {memory}.",
-        "build_table": "\n\n".join(
-            [
-                f"On {_device(build)}: {_kb(first['mean_file_bytes'])} JPEGs, {first['workers']} decode workers, "
-                f"medians of {len(first['images_per_second']['gpuload']['runs'])} runs:",
-                table,
-                _source(build, "build_memmap"),
-            ]
+        "problem_teaser": (
+            f"Same photos, same random crop, same {_cores(store.result)} CPU cores: the stock `DataLoader` serves "
+            f"**{_count(store.rate('stock'))}** images/s, gpuload **{_count(store.rate('raw_crop_host'))}**."
+        ),
+        "problem_notes": (
+            "Those two numbers are the headline: one run of experiments/jpeg_store.py, on "
+            f"{machine_line(store.result['machine'])}. We come back to them after the fixes."
         ),
     }
 
 
-def _storage(results: dict[str, dict], root: Path) -> dict[str, str]:
-    """Raw against jpeg: bytes per image, what fits in RAM, and (from jpeg_store) the speed of each."""
-    stem, store = _pick(results, "jpeg_store")
-    quality = results.get("jpeg_quality")
-    if store is not None:
-        images = store["images"]
-        raw, jpeg = store["bytes_on_disk"]["raw"] / images, store["bytes_on_disk"]["jpeg"] / images
-        memory, where = store["machine"]["memory_gib"] * 2**30, _device(store)
-    elif quality is not None and _original_and_default(quality)[1] is not None:
-        height, width = quality["image_size"]
-        raw, jpeg = 3 * height * width, _original_and_default(quality)[1]["mean_file_bytes"]
-        memory, where = quality["machine"]["memory_gib"] * 2**30, _device(quality)
-    else:
-        missing = _missing("jpeg_store")
-        return {"storage_table": missing, "storage_takeaway": "", "jpeg_store_plot": missing, "jpeg_store_takeaway": ""}
-    gib = memory / 2**30
-    sizes = (
-        f"Per image: raw pixels {_kb(raw, 1)}, `-q:v 3` JPEG bytes {_kb(jpeg, 1)} ({_times(raw / jpeg)} smaller). "
-        f"The {gib:.1f} GiB of RAM of this machine hold {_count(memory / raw)} raw images or "
-        f"{_count(memory / jpeg)} JPEGs."
-    )
-    values = {"jpeg_store_plot": _plot(root, stem, "raw and jpeg stores, warm and cold page cache")}
-    if store is None:
-        return values | {
-            "storage_table": "\n\n".join([f"From `jpeg_quality`, on {where}: {sizes}", _missing("jpeg_store")]),
-            "storage_takeaway": _takeaway(
-                f"A jpeg store is {_times(raw / jpeg)} smaller than raw pixels: what each costs to load is not "
-                "measured yet."
-            ),
-            "jpeg_store_takeaway": "",
-        }
-    rate = {(row["contender"], row["cache"]): row for row in store["rows"]}
-
-    def images(contender: str, cache: str) -> float:
-        return rate[contender, cache]["images_per_second"]["median"]
-
-    labels = {
-        "raw": "raw, whole batches",
-        "jpeg_full": "jpeg, whole decode",
-        "raw_crop": "raw + crop on the device",
-        "jpeg_crop": "jpeg, crop while decoding",
-        "stock": "stock: JPEG files, crop in workers",
-    }
-    rows = [
-        [
-            label,
-            _count(images(name, "warm")),
-            _count(images(name, "cold")),
-            f"{rate[name, 'cold']['megabytes_per_second']['median']:,.0f}",
-        ]
-        for name, label in labels.items()
-        if (name, "warm") in rate and (name, "cold") in rate
-    ]
-    warm, cold = (images("raw", cache) / images("jpeg_full", cache) for cache in ("warm", "cold"))
-    verdict = (
-        "raw while the dataset fits in the page cache, jpeg when it does not."
-        if warm > 1 > cold
-        else f"{'raw' if cold > 1 else 'jpeg'} in both cases here."
-    )
-    storage = (
-        f"Warm, raw batches arrive at {_times(warm)} the rate of jpeg's; cold, raw reads "
-        f"{_times(raw / jpeg)} the bytes from the disk and gets {_times(cold)} jpeg's rate: {verdict}"
-    )
-    crop = (
-        f"With a crop to 224: jpeg crops while decoding, {_count(images('jpeg_crop', 'warm'))} images/s warm, "
-        f"{_times(images('jpeg_crop', 'warm') / images('stock', 'warm'))} the stock loader; raw batches are "
-        f"cropped on the device, {_count(images('raw_crop', 'warm'))} images/s on {_device(store)}."
-    )
-    return values | {
-        "storage_table": "\n\n".join(
-            [
-                sizes,
-                f"Loading {store['images']} photos in batches of {store['batch_size']}, on {where}:",
-                _table(["store", "warm images/s", "cold images/s", "cold MB/s from disk"], rows),
-                _source(store, stem),
-            ]
-        ),
-        "storage_takeaway": _takeaway(storage),
-        "jpeg_store_takeaway": _takeaway(crop)
-        + "\n\n"
-        + _stand_in(store, "the same stores with batches on the GPU, its crop and nvJPEG decoding"),
-    }
-
-
-def _profiling(results: dict[str, dict], root: Path) -> dict[str, str]:
-    stem, result = _pick(results, "train_order")
-    plot = _plot(root, _tagged("train_order_trace", result), "one profiler step drawn from the Chrome trace")
-    if result is None:
-        return {"trace_plot": plot, "trace_takeaway": "", "trace_ranges": _missing("train_order")}
-    last = result["rows"][-1]  # train_order traces its last configuration
-    traced = _grouped(result["rows"], "variant", "height", "width", "batch_size")[
-        (last["height"], last["width"], last["batch_size"])
-    ]
-    names = ("data", "transfer", "cast", "forward", "backward", "optimizer")
-    rows = [
-        [f"`{row['variant']}`"]
-        + [
-            "-" if row["range_ms_per_step"][name] is None else f"{row['range_ms_per_step'][name]:,.2f}"
-            for name in names
-        ]
-        for row in traced.values()
-    ]
-    first = traced["cuda_first"]
-    feeding = sum(first["range_ms_per_step"][name] or 0 for name in ("data", "transfer", "cast"))
-    step = first["step_seconds"]["median"]
-    return {
-        "trace_plot": plot,
-        "trace_takeaway": _takeaway(
-            f"On {_device(result)} a step of {_ms(step)} spends {feeding:.2f} ms ({_percent(feeding / 1e3, step)}) "
-            "getting the batch to the model: the zoom below is the part this talk is about."
-        ),
-        "trace_ranges": "\n\n".join(
-            [
-                f"On {_device(result)}: `record_function` ranges, ms per step, {_size(last)}, "
-                f"batch {last['batch_size']}:",
-                _table(["variant", *names], rows),
-                _source(result, stem),
-            ]
-        ),
-    }
-
-
-def _data_type(results: dict[str, dict], root: Path) -> dict[str, str]:
-    transfer_stem, transfer = _pick(results, "transfer_order")
-    train_stem, train = _pick(results, "train_order")
-    values = {
-        "transfer_order_plot": _plot(root, transfer_stem, "cast-then-copy time over copy-then-cast time"),
-        "train_order_plot": _plot(root, train_stem, "training step time, three ways, per configuration"),
-    }
-    if transfer is None:
-        values |= {
-            "dtype_bytes": _missing("transfer_order"),
-            "transfer_order_takeaway": _missing("transfer_order"),
-            "transfer_order_standin": "",
-            "pinned_summary": _missing("transfer_order"),
-        }
-    else:
-        rows = transfer["rows"]
-        largest = max(rows, key=lambda row: (row["height"] * row["width"], row["batch_size"]))
-        pixels = largest["batch_size"] * 3 * largest["height"] * largest["width"]
-        values["dtype_bytes"] = _table(
-            ["one batch", "uint8", "float16", "float32"],
-            [
-                [f"{largest['batch_size']} x 3 x {largest['height']} x {largest['width']}"]
-                + [f"{pixels * size / 1e6:,.0f} MB" for size in (1, 2, 4)]
-            ],
-        )
-        pairs = _grouped(rows, "order", "height", "width", "batch_size", "memory")
-        ratios = [
-            pair["half_first"]["seconds"]["median"] / pair["cuda_first"]["seconds"]["median"] for pair in pairs.values()
-        ]
-        memory = "pinned" if any(key[3] == "pinned" for key in pairs) else "pageable"
-        example = pairs[(largest["height"], largest["width"], largest["batch_size"], memory)]
-        values["transfer_order_takeaway"] = _takeaway(
-            f"Casting first was slower in **{sum(ratio > 1 for ratio in ratios)} of {len(ratios)}** configurations, "
-            f"{min(ratios):.1f}x to {max(ratios):.1f}x the time ({_size(largest)}, batch {largest['batch_size']}, "
-            f"{memory}: {_ms(example['cuda_first']['seconds']['median'])} against "
-            f"{_ms(example['half_first']['seconds']['median'])})."
-        )
-        values["transfer_order_standin"] = _stand_in(
-            transfer, "the bus, from pageable and pinned memory (here a copy into new host memory stands in)"
-        )
-        values["pinned_summary"] = _pinned(transfer, transfer_stem, results)
-    if train is None:
-        values |= {
-            "train_order_takeaway": _missing("train_order"),
-            "train_order_summary": _missing("train_order"),
-            "train_order_standin": "",
-            "normalize_summary": _missing("train_order"),
-        }
-        return values
-    configurations = _grouped(train["rows"], "variant", "height", "width", "batch_size")
-    lines = []
-    for (height, width, batch), variants in _largest_batch_per_size(configurations):
-        step = {variant: row["step_seconds"]["median"] for variant, row in variants.items()}
-        lines.append(
-            f"- {width}x{height}, batch {batch}: copy-then-cast {_ms(step['cuda_first'])}, "
-            f"cast-then-copy {_ms(step['half_first'])}, Normalize in the model {_ms(step['normalize_in_model'])} "
-            "per step"
-        )
-    feeding = max(
+def _trace(results: Results, root: Path) -> dict[str, str]:
+    result = results["train_order"]
+    last = result["rows"][-1]  # train_order traces its last configuration, copy-then-cast
+    traced = next(
+        row
+        for row in result["rows"]
+        if row["variant"] == "cuda_first" and (row["height"], row["width"], row["batch_size"]) == (
+            last["height"], last["width"], last["batch_size"])
+    )  # fmt: skip
+    ranges = traced["range_ms_per_step"]
+    feeding = sum(ranges[name] or 0 for name in ("data", "transfer", "cast"))
+    step = 1e3 * traced["step_seconds"]["median"]
+    shares = [
         sum(row["range_ms_per_step"][name] or 0 for name in ("data", "transfer", "cast"))
         / (1e3 * row["step_seconds"]["median"])
-        for row in train["rows"]
-    )
-    spread = max(
-        row["step_seconds"]["max"] / row["step_seconds"]["min"] - 1
-        for row in train["rows"]
-        if row["variant"] == "cuda_first"
-    )
-    ratios = [
-        variants["half_first"]["step_seconds"]["median"] / variants["cuda_first"]["step_seconds"]["median"]
-        for variants in configurations.values()
-    ]
-    values["train_order_takeaway"] = _takeaway(
-        f"Feeding the model takes at most {_percent(feeding, 1)} of a step on {_device(train)}; cast-then-copy "
-        f"took {min(ratios):.2f}x to {max(ratios):.2f}x the step time of copy-then-cast, while the same way's "
-        f"steps vary by up to {_percent(spread, 1)}: "
-        + ("within noise here." if _on_cpu(train) else "the order shows in the step time.")
-    )
-    values["train_order_standin"] = _stand_in(
-        train, "how much of a real GPU step the host-to-device copy and the cast take, each way"
-    )
-    values["train_order_summary"] = "\n".join(lines) + "\n\n" + _source(train, train_stem)
-    in_model = [
-        variants["normalize_in_model"]["step_seconds"]["median"] / variants["cuda_first"]["step_seconds"]["median"]
-        for variants in configurations.values()
-    ]
-    values["normalize_summary"] = (
-        f"In the training experiment, `nn.Sequential(Normalize, resnet18)` fed uint8 took "
-        f"{min(in_model):.2f}x to {max(in_model):.2f}x the step time of casting outside the model "
-        f"({len(in_model)} configurations, on {_device(train)})"
-        + (": within this CPU's noise." if _on_cpu(train) else ".")
-    )
-    return values
-
-
-def _pinned(transfer: dict, stem: str, results: dict[str, dict]) -> str:
-    """Pinned against pageable copies: from a GPU transfer_order run (and bench_cuda's copy limit)."""
-    rows = [row for row in transfer["rows"] if row["order"] == "cuda_first"]
-    if not any(row["memory"] == "pinned" for row in rows):
-        return (
-            f'<div class="standin">\n\n**CPU stand-in:** measured on {_device(transfer)}, without a GPU: no pinned '
-            "memory and no bus, so no number for them. On a GPU, `transfer_order` times every batch "
-            "copied from pageable and from pinned memory, and `gpuload bench` the pinned copy limit: "
-            f"run `{GPU_RUN}`, then `python -m slides.generate`.\n\n</div>"
-        )
-    pairs = _grouped(rows, "memory", "height", "width", "batch_size")
-    lines = []
-    for (height, width, batch), memories in _largest_batch_per_size(pairs):
-        if {"pinned", "pageable"} <= set(memories):
-            size = batch * 3 * height * width
-            speed = {memory: size / row["seconds"]["median"] / 1e9 for memory, row in memories.items()}
-            lines.append(
-                f"- {width}x{height}, batch {batch} (uint8, then cast): pageable {speed['pageable']:.1f} GB/s, "
-                f"pinned **{speed['pinned']:.1f} GB/s** ({_times(speed['pinned'] / speed['pageable'])})"
-            )
-    bench = results.get("bench_cuda")
-    if bench is not None and "limit_h2d" in bench["results"]:
-        lines.append(
-            f"- `gpuload bench`: pinned copies back to back, "
-            f"{bench['results']['limit_h2d']['gigabytes_per_second']:.1f} GB/s"
-        )
-    return f"On {_device(transfer)}:\n\n" + "\n".join(lines) + "\n\n" + _source(transfer, stem)
-
-
-def _image_quality(results: dict[str, dict], root: Path) -> dict[str, str]:
-    stem, result = _pick(results, "jpeg_quality")
-    values = {
-        "jpeg_crops_plot": _plot(root, _tagged("jpeg_quality_crops", result), "the same crop at each ffmpeg quality"),
-        "jpeg_quality_plot": _plot(root, stem, "file size, PSNR and folder throughput per quality"),
-    }
-    if result is None:
-        missing = _missing("jpeg_quality")
-        return values | {
-            "jpeg_quality_table": missing,
-            "jpeg_quality_takeaway": missing,
-            "jpeg_crops_takeaway": "",
-        }
-    original, default = _original_and_default(result)
-    table_rows = [
-        [
-            row["name"],
-            _kb(row["mean_file_bytes"]),
-            _times(original["mean_file_bytes"] / row["mean_file_bytes"]) + " smaller" if row is not original else "-",
-            "-" if row["psnr_db"] is None else f"{row['psnr_db']:.1f} dB",
-            _count(row["images_per_second"]["median"]),
-        ]
         for row in result["rows"]
     ]
-    height, width = result["image_size"]
-    values["jpeg_quality_table"] = "\n\n".join(
-        [
-            f"On {_device(result)}: {result['images']} photos of {width}x{height}; ImageFolder + DataLoader, "
-            f"{result['workers']} workers, batch {result['batch_size']}:",
-            _table(["encoding", "mean file", "size", "PSNR", "images/s"], table_rows),
-            _source(result, stem),
-        ]
-    )
-    if default is None:
-        values["jpeg_quality_takeaway"] = "`-q:v 3` was not part of this run."
-        values["jpeg_crops_takeaway"] = ""
-        return values
-    worst = max((row for row in result["rows"] if row["quality"] is not None), key=lambda row: row["quality"])
-    speed = default["images_per_second"]["median"] / original["images_per_second"]["median"]
-    values["jpeg_crops_takeaway"] = _takeaway(
-        f"`-q:v 3` ({default['psnr_db']:.1f} dB) keeps the detail of the original; the blocks show from "
-        f"`-q:v {worst['quality']}` ({worst['psnr_db']:.1f} dB) on."
-    )
-    values["jpeg_quality_takeaway"] = _takeaway(
-        f"`-q:v 3`: {_kb(original['mean_file_bytes'])} to {_kb(default['mean_file_bytes'])} per photo "
-        f"({_times(original['mean_file_bytes'] / default['mean_file_bytes'])} smaller) at "
-        f"{default['psnr_db']:.1f} dB; ImageFolder loads it only {_times(speed)} faster: decoding, not reading, "
-        "costs most once the files are in the page cache."
-    )
-    return values
-
-
-def _memmap(results: dict[str, dict], root: Path) -> dict[str, str]:
-    stem, result = _pick(results, "memmap_vs_folder")
-    values = {"memmap_plot": _plot(root, stem, "three loaders, per image size and batch size")}
-    if result is None:
-        missing = _missing("memmap_vs_folder")
-        return values | {"memmap_device": "the device", "memmap_takeaway": missing, "memmap_numbers": missing}
-    devices = sorted({row["device"] for row in result["rows"]})
-    values["memmap_device"] = " and ".join(device.split(":")[0].upper() for device in devices)
-    blocks, ratios = [], []
-    for device in devices:
-        rows = [row for row in result["rows"] if row["device"] == device]
-        lines = []
-        for (height, width, batch), contenders in _largest_batch_per_size(
-            _grouped(rows, "contender", "height", "width", "batch_size")
-        ):
-            rate = {contender: row["images_per_second"]["median"] for contender, row in contenders.items()}
-            ratios.append(rate["gpuload"] / rate["talk_recipe"])
-            lines.append(
-                f"- {width}x{height}, batch {batch}: ImageFolder {_count(rate['image_folder'])}, "
-                f"tensorclass + `Collate` {_count(rate['talk_recipe'])}, `gpuload.DataLoader` "
-                f"**{_count(rate['gpuload'])}** images/s"
-            )
-        blocks.append(f"To {result['device_names'][device]}, {result['images']} photos:\n\n" + "\n".join(lines))
-    values["memmap_numbers"] = "\n\n".join(blocks) + "\n\n" + _source(result, stem)
-    values["memmap_takeaway"] = _takeaway(
-        f"The same memmap, read {min(ratios):.1f}x to {max(ratios):.1f}x faster by `gpuload.DataLoader` than by "
-        "the stock loader with `Collate` (a smaller run than the headline's, same ranking)."
-    )
-    return values
-
-
-def _augmentation(results: dict[str, dict], root: Path) -> dict[str, str]:
-    stem, result = _pick(results, "gpu_preprocess")
-    train_stem, train = _pick(results, "train_augment")
-    plot = _plot(root, stem, "per-sample crop + flip + normalise, images/s per batch size")
-    values: dict[str, str] = {"gpu_preprocess_plot": plot}
-    parts, sources, stand_ins = [], [], []
-    if result is None:
-        parts.append(_missing("gpu_preprocess"))
-        values |= {"gpu_preprocess_takeaway": "", "gpu_preprocess_summary": _missing("gpu_preprocess")}
-    else:
-        largest = max(row["batch_size"] for row in result["rows"])
-        at = {row["contender"]: row for row in result["rows"] if row["batch_size"] == largest}
-        names = {
-            "torchvision_per_sample": "torchvision v2, per sample",
-            "torchvision_batch": "torchvision v2, one crop per batch",
-            "kornia": "Kornia, per sample",
-            "gpuload_eager": "gpuload, eager",
-            "gpuload_compiled": "gpuload, `torch.compile`",
-            "gpuload_reduce_overhead": "gpuload, `reduce-overhead`",
-        }
-        shares = any("share_of_bandwidth" in row for row in at.values())
-        rows = [
-            [names.get(name, name), _count(row["images_per_second"]["median"])]
-            + ([_percent(row.get("share_of_bandwidth", 0), 1)] if shares else [])
-            for name, row in at.items()
-            if name != "limit_copy"
-        ]
-        header = ["crop + flip + normalise", "images/s"] + (["of memory bandwidth"] if shares else [])
-        height, width = result["input"]
-        parts += [
-            f"On {_device(result)}, batch {largest}, {width}x{height} uint8 to {result['output']}x"
-            f"{result['output']} {result['dtype']}:",
-            _table(header, rows),
-        ]
-        sources.append(_source(result, stem))
-        if _on_cpu(result):
-            stand_ins.append("the same contenders on batches already on the GPU, against its memory bandwidth")
-        ours, theirs = at["gpuload_compiled"], at["torchvision_per_sample"]
-        ratio = ours["images_per_second"]["median"] / theirs["images_per_second"]["median"]
-        verdict = "faster" if ratio > 1 else "slower"
-        why = (
-            ": on a CPU its dense interpolation matrices cost more arithmetic than a direct resize."
-            if _on_cpu(result) and ratio < 1
-            else "."
-        )
-        values["gpu_preprocess_takeaway"] = _takeaway(
-            f"Compiled, gpuload's batched crop is {_times(max(ratio, 1 / ratio))} {verdict} than torchvision "
-            f"per sample at batch {largest}{why}"
-        ) + _stand_in(result, "the same contenders on batches on the GPU")
-        values["gpu_preprocess_summary"] = (
-            f"On {_device(result)}: graph breaks under `torch.compile(fullgraph=True)`: **{result['graph_breaks']}**."
-        )
-    if train is None:
-        parts.append(_missing("train_augment"))
-    else:
-        rate = {row["contender"]: row for row in train["rows"]}
-        stock, ours = rate["stock"], rate["gpuload"]
-        parts.append(
-            f"Training `resnet18` at {train['size']} px, batch {train['batch_size']}, on {_device(train)}: the "
-            f"stock loader cropping in its workers **{_count(stock['images_per_second']['median'])}**, gpuload "
-            f"cropping in the model **{_count(ours['images_per_second']['median'])} images/s**."
-        )
-        sources.append(_source(train, train_stem))
-        if _on_cpu(train):
-            stand_ins.append("whether training waits for data when workers crop and when the GPU does")
-    standin = ""
-    if stand_ins:
-        standin = (
-            f'<div class="standin">\n\n**CPU stand-in:** measured without a GPU. On a GPU these measure '
-            f"{' and '.join(stand_ins)}: run `{GPU_RUN}`, then `python -m slides.generate`.\n\n</div>"
-        )
-    values["augment_numbers"] = "\n\n".join([*parts, standin, *sources])
-    return values
-
-
-def _gpu_bench(results: dict[str, dict], root: Path) -> dict[str, str]:
-    report = results.get("bench_cuda")
-    if report is None:
-        return {
-            "bench_gpu_title": "What the GPU run adds",
-            "bench_gpu": "\n".join(
-                [
-                    "- `gpuload bench --device cuda`: a third limit, pinned host-to-device copies of one batch-sized "
-                    "buffer, and the share of it `gpuload.DataLoader` reaches; with `--augment 224`, the crop on "
-                    "the GPU against torchvision in workers",
-                    "- Copy-then-cast over the real bus, from pageable and from pinned memory",
-                    "- Training steps where feeding the GPU is a real share of the step",
-                    "- Augmentation on the GPU against its memory bandwidth, nvJPEG decoding of the jpeg store",
-                    "",
-                    '<div class="standin">',
-                    "",
-                    f"**No GPU run yet.** On a machine with a GPU, `{GPU_RUN}` writes every `*_cuda` result "
-                    "and `bench_cuda.json`; `python -m slides.generate` then makes this the GPU talk.",
-                    "",
-                    "</div>",
-                ]
-            ),
-        }
-    lines = [f"On {_device(report)}, {report['images']} photos, batch {report['batch_size']}:", ""]
-    rates = {name: result["images_per_second"] for name, result in report["results"].items()}
-    if "limit_h2d" in rates:
-        lines.append(
-            f"- `gpuload.DataLoader` reaches **{_percent(rates['gpuload'], rates['limit_h2d'])}** of the pinned "
-            f"host-to-device limit ({_count(rates['limit_h2d'])} images/s)"
-        )
-    if "gpuload_augment" in rates and "image_folder_augment" in rates:
-        lines.append(
-            f"- with a random resized crop: gpuload on the GPU {_count(rates['gpuload_augment'])}, "
-            f"ImageFolder + torchvision in workers {_count(rates['image_folder_augment'])} images/s"
-        )
     return {
-        "bench_gpu_title": "gpuload bench on a GPU",
-        "bench_gpu": "\n".join(lines) + "\n\n" + _source(report, "bench_cuda"),
+        "trace_plot": _plot(root, "train_order_trace", "one profiler step drawn from the Chrome trace"),
+        "trace_takeaway": _takeaway(
+            f"A {_ms(step)} step on this CPU spends {_ms(feeding)} ({_percent(feeding / step)}) getting its batch "
+            "into the model: "
+            + (
+                "compute-bound, the loader is not its problem. Measure before you optimise."
+                if feeding / step < WAITING
+                else "it waits for data. That is what the rest of this talk fixes."
+            )
+        ),
+        "trace_notes": (
+            f"Ranges per step: data {_ms(ranges['data'] or 0)}, transfer {_ms(ranges['transfer'] or 0)}, cast "
+            f"{_ms(ranges['cast'] or 0)}, forward {_ms(ranges['forward'])}, backward {_ms(ranges['backward'])}. "
+            f"Over the {len(result['rows'])} configurations of the experiment, feeding was "
+            f"{_percent(min(shares))} to {_percent(max(shares))} of a step."
+        ),
     }
 
 
-def _closing(results: dict[str, dict], root: Path) -> dict[str, str]:
+def _quality(results: Results, root: Path) -> dict[str, str]:
+    result = results["jpeg_quality"]
+    original = next(row for row in result["rows"] if row["quality"] is None)
+    default = next(row for row in result["rows"] if row["quality"] == 3)
+    worst = max((row for row in result["rows"] if row["quality"] is not None), key=lambda row: row["quality"])
+    speed = default["images_per_second"]["median"] / original["images_per_second"]["median"]
+    return {
+        "quality_plot": _plot(root, "jpeg_quality_crops", "the same crop of a photo at each ffmpeg quality"),
+        "quality_takeaway": _takeaway(
+            f"`gpuload compress` at `-q:v 3`: {_bytes(original['mean_file_bytes'])} to "
+            f"{_bytes(default['mean_file_bytes'])} a photo, "
+            f"{_times(original['mean_file_bytes'] / default['mean_file_bytes'])} smaller, at "
+            f"{default['psnr_db']:.1f} dB PSNR; the blocks show at `-q:v {worst['quality']}`."
+        ),
+        "quality_notes": (
+            f"{result['images']} photos of {result['image_size'][1]}x{result['image_size'][0]}, originals saved by "
+            f"Pillow at quality 98. Smaller files load only {_times(speed)} faster with ImageFolder "
+            f"({_count(default['images_per_second']['median'])} against "
+            f"{_count(original['images_per_second']['median'])} images/s): once the files are in the page cache, "
+            "decoding, not reading, is the cost. The win is bytes: disk, page cache, network."
+        ),
+    }
+
+
+def _formats(results: Results, root: Path) -> dict[str, str]:
+    store = Store(results["jpeg_store"])
+    images = store.result["images"]
+    raw, jpeg = (store.result["bytes_on_disk"][name] / images for name in ("raw", "jpeg"))
+    memory = store.result["machine"]["memory_gib"] * 2**30
+    rows = [
+        ["stores", "uint8 pixels, one size", "the JPEG bytes, each at its own size"],
+        ["a photo here", _bytes(raw), _bytes(jpeg)],
+        ["a million photos", _bytes(1e6 * raw), _bytes(1e6 * jpeg)],
+        [f"this machine's {store.result['machine']['memory_gib']:.1f} GiB of RAM hold", _count(memory / raw),
+         _count(memory / jpeg)],
+        ["crop", "in the loader's threads, or on the GPU", "while decoding, in the loader's threads"],
+    ]  # fmt: skip
+    return {
+        "formats_table": _table(["", "raw", "jpeg"], rows) + "\n\n" + _source(store.result, "jpeg_store"),
+        "formats_takeaway": _takeaway(
+            f"raw is {_times(raw / jpeg)} the bytes of jpeg: raw while the dataset fits in the page cache, "
+            "jpeg when it does not."
+        ),
+        "formats_notes": (
+            f"Per photo of 640x480 after `-q:v 3`: raw {_bytes(raw)}, jpeg {_bytes(jpeg)}. A million such photos "
+            f"are {_bytes(1e6 * raw)} raw: an ImageNet-sized training set does not fit in RAM raw, and the jpeg "
+            "format is the answer."
+        ),
+    }
+
+
+def _build(results: Results, root: Path) -> dict[str, str]:
+    build = results["build_memmap"]
+    run = build["results"][0]
+    rate = {name: spread["median"] for name, spread in run["images_per_second"].items()}
+    memory = run["peak_unreclaimable_bytes"]
+    rows = [
+        [
+            f"decode alone: libjpeg-turbo, {run['workers']} threads, writes nothing",
+            _count(rate["simplejpeg_limit"]),
+            "-",
+        ]
+    ]
+    if "write_limit" in rate:
+        rows.append(["write alone: the disk, flushed", _count(rate["write_limit"]), "-"])
+    rows += [
+        ["`gpuload build-memmap` (flushed to disk)", f"**{_count(rate['gpuload'])}**", _mib(memory["gpuload"])],
+        ["`gpuload build-memmap --no-sync`", _count(rate["gpuload_no_sync"]), _mib(memory["gpuload_no_sync"])],
+        ["the tensordict tutorial's recipe", _count(rate["talk_recipe"]), _mib(memory["talk_recipe"])],
+    ]  # fmt: skip
+    header = [f"building {_count(run['images'])} photos", "images/s", "memory held"]
+    return {
+        "build_table": _table(header, rows) + "\n\n" + _source(build, "build_memmap"),
+        "build_takeaway": _takeaway(
+            f"{_times(rate['gpuload'] / rate['talk_recipe'])} the tutorial recipe's rate in "
+            f"{_percent(memory['gpuload'] / memory['talk_recipe'])} of its memory; "
+            f"{_percent(rate['gpuload'] / rate['simplejpeg_limit'])} of the decoder's own rate."
+        ),
+        "build_notes": (
+            "Memory held is the peak of the memory the OS cannot reclaim (anonymous pages) while building, "
+            f"sampled. Flushing every file to disk costs {_percent(1 - rate['gpuload'] / rate['gpuload_no_sync'])} "
+            "of the rate here. The tutorial recipe is tensordict's: a DataLoader over ImageFolder with worker "
+            "processes, filling a tensorclass memmap. The build reaches "
+            f"{_percent(rate['gpuload'] / rate['simplejpeg_limit'])} of the decoder's rate, short of what it could: "
+            "say so if asked."
+        ),
+    }
+
+
+def _cache(results: Results, root: Path) -> dict[str, str]:
+    store = Store(results["jpeg_store"])
+    shown = ("raw", "raw_crop_host", "jpeg_crop", "stock")
+    rows = [
+        [LABELS[name], _bytes(store.on_disk(name)), _count(store.rate(name)), _count(store.rate(name, "cold"))]
+        for name in shown
+    ]
+    reads = store.result["reads"]
+    return {
+        "cache_table": _table(["contender", "on disk", "warm, images/s", "cold, images/s"], rows)
+        + "\n\n"
+        + _source(store.result, "jpeg_store"),
+        "cache_takeaway": _takeaway(
+            f"Cold, raw reads at the disk's {_bytes(1e6 * store.megabytes('raw', 'cold'))}/s; the jpeg store, "
+            f"{_times(store.on_disk('raw') / store.on_disk('jpeg_crop'))} smaller, then crops "
+            f"{_compared(store.rate('jpeg_crop', 'cold'), store.rate('raw_crop_host', 'cold'))} raw does "
+            f"({_count(store.rate('jpeg_crop', 'cold'))} against {_count(store.rate('raw_crop_host', 'cold'))} "
+            "images/s)."
+        ),
+        "cache_notes": (
+            f"{store.result['images']} photos, batches of {store.result['batch_size']}, {store.result['workers']} "
+            "threads or workers each. The jpeg store reads each image with one pread: cold, "
+            f"{_count(reads['pread_cold']['median'])} images/s, against {_count(reads['mmap_random_cold']['median'])} "
+            "through a random-access mapping."
+        ),
+    }
+
+
+def _gather(results: Results, root: Path) -> dict[str, str]:
+    store = Store(results["jpeg_store"])
+    return {
+        "gather_takeaway": _takeaway(
+            f"Whole 640x480 batches from the raw store: **{_count(store.rate('raw'))}** images/s "
+            f"({_bytes(1e6 * store.megabytes('raw'))}/s) on {_cores(store.result)} cores, page cache warm."
+        ),
+        "gather_notes": (
+            f"That rate is the raw store with no crop ({LABELS['raw']}), from the same run as the headline. "
+            "The next slides add the copy to the GPU and the crop."
+        ),
+    }
+
+
+def _overlap(results: Results, root: Path) -> dict[str, str]:
+    bench = results.gpu("bench_cuda")
+    rates = bench["results"] if bench else {}
+    if "limit_h2d" in rates and "gpuload" in rates:
+        share = rates["gpuload"]["images_per_second"] / rates["limit_h2d"]["images_per_second"]
+        takeaway = (
+            f"On {bench['machine']['gpu']}: the loader reaches {_percent(share)} of the pinned host-to-device "
+            "copy limit (`gpuload bench --device cuda`)."
+        )
+    else:
+        takeaway = "Not measured on a GPU yet: this is the design, and the CUDA tests that check it await a GPU too."
+    return {
+        "overlap_takeaway": _takeaway(takeaway),
+        "overlap_notes": (
+            "What a GPU run measures here: gpuload bench --device cuda times pinned copies of one batch-sized buffer "
+            "back to back (the bus's limit) and the share of it the loader reaches."
+        ),
+    }
+
+
+def _bytes_over_the_bus(results: Results, root: Path) -> dict[str, str]:
+    transfer = results["transfer_order"]
+    rows = transfer["rows"]
+    largest = max(rows, key=lambda row: (row["height"] * row["width"], row["batch_size"]))
+    # the batch the rest of the talk loads (640x480, 64) when this run has it, else its largest
+    example = next((row for row in rows if (row["height"], row["width"], row["batch_size"]) == (480, 640, 64)), largest)
+    pixels = example["batch_size"] * 3 * example["height"] * example["width"]
+    pairs: dict[tuple, dict[str, dict]] = {}
+    for row in rows:
+        key = (row["height"], row["width"], row["batch_size"], row["memory"])
+        pairs.setdefault(key, {})[row["order"]] = row
+    ratios = [
+        pair["half_first"]["seconds"]["median"] / pair["cuda_first"]["seconds"]["median"] for pair in pairs.values()
+    ]
+    on_cpu = transfer["device"].startswith("cpu")
+    where = (
+        "on this CPU (a copy into new host memory stands in for the bus)" if on_cpu else f"on {transfer['device_name']}"
+    )
+    return {
+        "bytes_plot": _plot(root, "transfer_order", "cast-then-copy time over copy-then-cast time"),
+        "bytes_takeaway": _takeaway(
+            f"A batch of {example['batch_size']} at {example['width']}x{example['height']}: "
+            f"{_bytes(pixels)} as uint8, {_bytes(2 * pixels)} as float16, {_bytes(4 * pixels)} as float32. "
+            f"Casting first was slower in {sum(ratio > 1 for ratio in ratios)} of {len(ratios)} configurations "
+            f"{where}."
+        ),
+        "bytes_notes": (
+            f"Cast-then-copy took {min(ratios):.1f}x to {max(ratios):.1f}x the time of copy-then-cast, "
+            f"{_times(max(ratios))} at most; largest batch measured: {largest['batch_size']} of "
+            f"{largest['width']}x{largest['height']}. "
+            + (
+                "Not measured over a real bus: no GPU run yet. The order matters more there, where the copy is "
+                "the slow part."
+                if on_cpu
+                else ""
+            )
+        ),
+    }  # fmt: skip
+
+
+def _normalize(results: Results, root: Path) -> dict[str, str]:
+    train = results["train_order"]
+    steps: dict[tuple, dict[str, float]] = {}
+    for row in train["rows"]:
+        key = (row["height"], row["width"], row["batch_size"])
+        steps.setdefault(key, {})[row["variant"]] = row["step_seconds"]["median"]
+    ratios = [variants["normalize_in_model"] / variants["cuda_first"] for variants in steps.values()]
+    return {
+        "normalize_notes": (
+            f"In training on this CPU (train_order, {len(ratios)} configurations), Normalize inside the model took "
+            f"{min(ratios):.2f}x to {max(ratios):.2f}x the step time of casting outside it"
+            + (": within the noise. " if min(ratios) <= 1 <= max(ratios) else ". ")
+            + "The point is where preprocessing lives, not speed on a CPU."
+        ),
+    }
+
+
+def _crop(results: Results, root: Path) -> dict[str, str]:
+    costs = results["decode_costs"]["ms_per_image"]
+    store = Store(results["jpeg_store"])
+
+    def ms(name: str) -> float:
+        return costs[name]["median"]
+
+    mcu = (
+        f"With a restart marker at every MCU (libjpeg-turbo's jpegtran, which no PyPI package ships), a crop "
+        f"would decode only its box's MCUs: {_ms(ms('mcu_restarts_decode_only_its_mcus') + ms('mcu_restarts_cut_the_window'))}"
+        " with the cut, a packaging decision left for later. "
+        if "mcu_restarts_decode_only_its_mcus" in costs
+        else ""
+    )
+    return {
+        "crop_plot": _plot(root, "decode_costs", "milliseconds per photo for whole decodes and a crop's decodes"),
+        "crop_takeaway": _takeaway(
+            f"A crop decodes its box's rows only: {_ms(ms('crop_decode_only_its_rows'))} against "
+            f"{_ms(ms('crop_decode_whole'))} whole, then {_ms(ms('resize_400_to_224'))} to resize. On a CPU, crop "
+            "while reading; on a GPU, after the copy (not measured)."
+        ),
+        "crop_notes": (
+            f"{mcu}A raw dataset crops the same way: with decode=RandomResizedCropDecode({SIZE}) the loader's threads "
+            f"read only the box's rows of the memmap and resize them, so only {SIZE}x{SIZE} crosses the bus: "
+            f"{_count(store.rate('raw_crop_host'))} images/s here, against "
+            f"{_count(store.rate('raw_crop_device'))} for whole batches cropped after the copy, a GPU's job done "
+            "on this CPU."
+        ),
+    }  # fmt: skip
+
+
+def _headline(results: Results, root: Path) -> dict[str, str]:
+    store = Store(results["jpeg_store"])
+    ours, stock, jpeg = (store.rate(name) for name in ("raw_crop_host", "stock", "jpeg_crop"))
+    result = store.result
+    return {
+        "headline_ratio": _times(ours / stock),
+        "headline_text": (
+            f"**{_count(ours)}** against **{_count(stock)}** images/s: `gpuload.DataLoader` on a raw dataset, "
+            "cropping in its threads, against the stock `DataLoader(ImageFolder)` with the same "
+            f"RandomResizedCrop({SIZE}) and flip, `num_workers` = cores, persistent workers.\n\n"
+            f'<p class="gl-fact-note">One run: {_count(result["images"])} photos of 640x480, batches of {result["batch_size"]}, '
+            f"page cache warm, on {machine_line(result['machine'])}.</p>"
+        ),
+        "headline_notes": (
+            f"The stock loader is tuned: {result['workers']} workers (the cores), persistent, decode_jpeg and v2 "
+            "transforms, pin_memory on CUDA (no GPU here). Larger than RAM, the jpeg store crops at decode time: "
+            f"{_count(jpeg)} images/s, {_times(jpeg / stock)} the stock loader. Cold page cache: "
+            f"{_count(store.rate('raw_crop_host', 'cold'))} against {_count(store.rate('stock', 'cold'))}."
+        ),
+    }
+
+
+def _store_results(results: Results, root: Path) -> dict[str, str]:
+    store = Store(results["jpeg_store"])
+    every = [name for name in LABELS if (name, "warm") in store.rows]
+    notes = "; ".join(
+        f"{LABELS[name]}: {_count(store.rate(name))} warm, {_count(store.rate(name, 'cold'))} cold" for name in every
+    )
+    return {
+        "store_plot": _plot(root, "jpeg_store", "images/s of every cropping contender, warm and cold"),
+        "store_takeaway": _takeaway(
+            f"Warm, the jpeg store crops at {_times(store.rate('jpeg_crop') / store.rate('stock'))} the stock "
+            f"loader's rate, {_times(store.rate('jpeg_crop', 'cold') / store.rate('stock', 'cold'))} cold. Cropping "
+            f"whole raw batches after the copy, a GPU's job, makes {_count(store.rate('raw_crop_device'))} on this CPU."
+        ),
+        "store_notes": f"Every contender, images/s: {notes}.",
+    }
+
+
+DECODER_NAMES = {
+    "pillow": "Pillow",
+    "torchvision": "torchvision",
+    "torchcodec": "TorchCodec",
+    "simplejpeg": "simplejpeg",
+    "opencv": "OpenCV",
+    "spdl": "SPDL",
+}
+
+
+def _decoders(results: Results, root: Path) -> dict[str, str]:
+    result = results["decoders"]
+    threads = max(row["threads"] for row in result["rows"])
+    rate = {row["decoder"]: row["images_per_second"]["median"] for row in result["rows"] if row["threads"] == threads}
+    ranked = sorted((name for name in DECODER_NAMES if name in rate), key=rate.get, reverse=True)
+    store = Store(results["jpeg_store"])
+    quoted = store.result["ffcv_quoted_not_measured"]
+    return {
+        "decoders_plot": _plot(root, "decoders", "images/s of each JPEG decoder, one and two threads"),
+        "decoders_takeaway": _takeaway(
+            f"On {threads} threads: "
+            + ", ".join(f"{DECODER_NAMES[name]} {_count(rate[name])}" for name in ranked)
+            + " images/s. FFCV does not install with pip here; DALI needs a GPU."
+        ),
+        "decoders_notes": (
+            "gpuload decodes with simplejpeg (libjpeg-turbo) for what the others lack: a strict mode that reports "
+            "damaged files, DCT-domain scaling, and decoding into a reused buffer. As a loader, in the headline's "
+            f"run: SPDL {_count(store.rate('spdl'))} images/s warm, gpuload's jpeg crops "
+            f"{_count(store.rate('jpeg_crop'))}. FFCV, quoted from an earlier run on this machine kind, not measured "
+            f"here: {_count(quoted['ffcv'])} images/s where simplejpeg's accurate decode made "
+            f"{_count(quoted['simplejpeg_accurate'])}."
+        ),
+    }
+
+
+def _limits(results: Results, root: Path) -> dict[str, str]:
+    """Where gpuload does not help, each item only when the results show it."""
+    train = results["train_augment"]
+    rate = {row["contender"]: row for row in train["rows"]}
+    stock, ours = rate["stock"], rate["gpuload"]
+    wait = max(stock["data_wait_share"]["median"], ours["data_wait_share"]["median"])
+    pre = results["gpu_preprocess"]
+    largest = max(row["batch_size"] for row in pre["rows"])
+    at = {row["contender"]: row["images_per_second"]["median"] for row in pre["rows"] if row["batch_size"] == largest}
+    store = Store(results["jpeg_store"])
+    build = results["build_memmap"]["results"][0]["images_per_second"]
+    items, notes = [], []
+    if wait < WAITING:
+        items.append(
+            f"**A compute-bound step**: a ResNet-18 on {_cores(train)} CPU cores trains at "
+            f"{_count(stock['images_per_second']['median'])} images/s with the crop in workers, "
+            f"{_count(ours['images_per_second']['median'])} with it in the model; "
+            + ("it never waits for data." if wait == 0 else f"it waits {_percent(wait)} of the step for data.")
+        )
+        notes.append(
+            f"The training run: ResNet-18 at {train['size']} px, batch {train['batch_size']}, {train['steps']} "
+            f"steps, on {train['device_name']}; steps of {_ms(stock['step_ms']['median'])} and "
+            f"{_ms(ours['step_ms']['median'])}. When the model is this slow nothing waits for data, and where the "
+            "crop runs only changes who does the arithmetic."
+        )
+    if at["gpuload_compiled"] < at["torchvision_per_sample"]:
+        items.append(
+            f"**The batched crop on a CPU**: compiled, {_count(at['gpuload_compiled'])} images/s against "
+            f"torchvision's {_count(at['torchvision_per_sample'])} per sample: its matrix products are for GPUs; "
+            "on a CPU, crop in the loader."
+        )
+        notes.append(
+            f"The batched crop: gpu_preprocess, batch {largest}, {pre['input'][1]}x{pre['input'][0]} to "
+            f"{pre['output']}, on {pre['device_name']}. Eager on a CPU, gpuload's crop resizes each sample with "
+            f"torch's own resize: {_count(at['gpuload_eager'])} images/s. Compiled, it takes the batched "
+            "matrix products meant for GPUs."
+        )
+    items += [
+        f"**Raw past RAM**: cold, raw crops come at the disk's speed ({_count(store.rate('raw_crop_host', 'cold'))} "
+        f"images/s, jpeg's {_count(store.rate('jpeg_crop', 'cold'))}) from "
+        f"{_times(store.on_disk('raw') / store.on_disk('jpeg_crop'))} the bytes.",
+        f"**The build**: {_percent(build['gpuload']['median'] / build['simplejpeg_limit']['median'])} of the "
+        "decoder's own rate here.",
+        "**Accuracy**: `-q:v 3` and resizing to one size are not tested in training.",
+    ]
+    notes.append("A raw dataset larger than the page cache reads every byte from the disk each epoch.")
+    return {"limits_list": "\n".join(f"- {item}" for item in items), "limits_notes": " ".join(notes)}
+
+
+def _gpu_owed(results: Results, root: Path) -> dict[str, str]:
     lines = []
-    _, bench = _bench(results)
-    if bench:
-        headline = _headline(bench)
-        lines.append(
-            f"- **Loading**, on {machine_line(bench['machine'])}: `gpuload.DataLoader` {_count(headline['gpuload'])} "
-            f"images/s, {_times(headline['ratio'])} the fastest stock DataLoader way measured, "
-            f"{_percent(headline['gpuload'], headline['limit'])} of the gather limit"
-        )
-    build = results.get("build_memmap")
-    if build:
-        run = build["results"][0]
-        rates = {name: spread["median"] for name, spread in run["images_per_second"].items()}
-        lines.append(
-            f"- **Building** {run['images']} photos: {_times(rates['gpuload'] / rates['talk_recipe'])} the tutorial "
-            f"recipe's rate in {_mib(run['peak_unreclaimable_bytes']['gpuload'])} of memory against "
-            f"{_mib(run['peak_unreclaimable_bytes']['talk_recipe'])}"
-        )
-    quality = results.get("jpeg_quality")
-    original, default = _original_and_default(quality) if quality else (None, None)
-    if default:
-        lines.append(
-            f"- **`ffmpeg -q:v 3`**: {_times(original['mean_file_bytes'] / default['mean_file_bytes'])} smaller "
-            f"files at {default['psnr_db']:.1f} dB PSNR"
-        )
-    _, transfer = _pick(results, "transfer_order")
-    if transfer:
-        pairs = _grouped(transfer["rows"], "order", "height", "width", "batch_size", "memory").values()
-        count = sum(pair["half_first"]["seconds"]["median"] > pair["cuda_first"]["seconds"]["median"] for pair in pairs)
-        lines.append(
-            f"- **Copy uint8, cast on the device**: casting first was slower in {count} of {len(pairs)} "
-            f"configurations, on {_device(transfer)}"
-        )
-    if not any(result["machine"].get("gpu") for result in results.values()):
-        lines.append(
-            f"- **No GPU has run these experiments yet**: every number here is a CPU stand-in; `{GPU_RUN}` "
-            "on a GPU machine measures the real thing"
-        )
-    return {"closing_numbers": "\n".join(lines) if lines else _missing("bench_cpu")}
+    for stem, what in GPU_OWED:
+        found = results.gpu(stem)
+        status = f" (measured on {found['machine']['gpu']}, {found['machine']['date'][:10]})" if found else ""
+        lines.append(f"- {what}{status}")
+    pending = sum(results.gpu(stem) is None for stem, _ in GPU_OWED)
+    head = (
+        "No GPU has run these experiments yet. One command on a GPU machine makes every one:"
+        if pending == len(GPU_OWED)
+        else "One command on a GPU machine makes them all:"
+    )
+    return {"gpu_owed": "\n".join([head, "", *lines, "", "```bash", GPU_CHECK, "```"])}
 
 
-SECTIONS: tuple[Section, ...] = (
-    _title,
-    _headline_slides,
-    _bottlenecks,
-    _storage,
-    _profiling,
-    _data_type,
-    _image_quality,
-    _memmap,
-    _augmentation,
-    _gpu_bench,
-    _closing,
+def _compile(results: Results, root: Path) -> dict[str, str]:
+    breaks = results["gpu_preprocess"]["graph_breaks"]
+    return {"graph_breaks": f"{breaks} graph break{'s' * (breaks != 1)} with `fullgraph=True`"}
+
+
+def _peers(results: Results, root: Path) -> dict[str, str]:
+    """The README's table of peers when it has one (a table naming DALI and FFCV), else ``PEERS``."""
+    readme = (root / README).read_text() if (root / README).is_file() else ""
+    table = _markdown_table_naming(readme, PEER_NAMES)
+    if table is not None:
+        return {"peers_table": table, "peers_source": '<p class="gl-source">From the README\'s comparison.</p>'}
+    header, *rows = PEERS
+    return {
+        "peers_table": _table(header, rows),
+        "peers_source": (
+            '<p class="gl-source">Features, not speed, read from each project\'s docs and code. *: written, not yet '
+            "run on a GPU. Not checked: we did not find it.</p>"
+        ),
+    }
+
+
+def _markdown_table_naming(text: str, names: tuple[str, ...]) -> str | None:
+    """The first Markdown table of ``text`` whose header row names every one of ``names``, or None."""
+    lines = text.splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith("|") and all(name in line for name in names):
+            end = index
+            while end < len(lines) and lines[end].startswith("|"):
+                end += 1
+            return "\n".join(lines[index:end])
+    return None
+
+
+SECTIONS: tuple[tuple[Section, tuple[str, ...]], ...] = (
+    (_title, tuple(HOW_TO_MEASURE)),
+    (_problem, ("jpeg_store",)),
+    (_trace, ("train_order",)),
+    (_quality, ("jpeg_quality",)),
+    (_formats, ("jpeg_store",)),
+    (_build, ("build_memmap",)),
+    (_cache, ("jpeg_store",)),
+    (_gather, ("jpeg_store",)),
+    (_overlap, ()),
+    (_bytes_over_the_bus, ("transfer_order",)),
+    (_normalize, ("train_order",)),
+    (_crop, ("decode_costs", "jpeg_store")),
+    (_headline, ("jpeg_store",)),
+    (_store_results, ("jpeg_store",)),
+    (_decoders, ("decoders", "jpeg_store")),
+    (_limits, ("train_augment", "gpu_preprocess", "jpeg_store", "build_memmap")),
+    (_gpu_owed, ()),
+    (_compile, ("gpu_preprocess",)),
+    (_peers, ()),
 )
 
 

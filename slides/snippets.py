@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import io
 import textwrap
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +28,8 @@ class Snippet:
         steps: Slidev click steps between two views of the whole block: each highlights the
             lines that contain any of its texts.
         docstring: keep the symbol's docstring (default: dropped, slides are short).
+        comments: keep the source's comments (default: kept; dropped, a slide's lines are shorter and
+            the speaker says what they said).
         max_height: CSS height above which the block scrolls, e.g. ``"380px"``.
 
     Example:
@@ -43,6 +47,7 @@ class Snippet:
     end: str | None = None
     steps: tuple[tuple[str, ...], ...] = ()
     docstring: bool = False
+    comments: bool = True
     max_height: str | None = None
 
     def lines(self, root: Path) -> list[str]:
@@ -60,7 +65,8 @@ class Snippet:
         lines = [source[n - 1] for n in numbers]
         begin = self._index(lines, self.start, 0) if self.start else 0
         stop = self._index(lines, self.end, begin) + 1 if self.end else len(lines)
-        return textwrap.dedent("\n".join(lines[begin:stop])).splitlines()
+        lines = textwrap.dedent("\n".join(lines[begin:stop])).splitlines()
+        return lines if self.comments else _without_comments(lines)
 
     def markdown(self, root: Path) -> str:
         """A caption naming the source and the fenced ``python`` block with its steps."""
@@ -105,6 +111,26 @@ def _names(node: ast.stmt) -> list[str]:
     if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
         return [node.target.id]
     return []
+
+
+def _without_comments(lines: list[str]) -> list[str]:
+    """``lines`` with their ``#`` comments cut (a line that held only a comment dropped), found by
+    Python's tokenizer, so a ``#`` inside a string stays."""
+    comments: dict[int, int] = {}  # line index -> the column its comment starts at
+    try:
+        for token in tokenize.generate_tokens(io.StringIO("\n".join(lines) + "\n").readline):
+            if token.type == tokenize.COMMENT:
+                comments[token.start[0] - 1] = token.start[1]
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass  # a cut that ends inside a bracket: the comments found up to there are cut
+    kept = []
+    for index, line in enumerate(lines):
+        if index in comments:
+            line = line[: comments[index]].rstrip()
+            if not line:
+                continue
+        kept.append(line)
+    return kept
 
 
 def _ranges(numbers: list[int]) -> str:

@@ -176,6 +176,15 @@ class TestLayout:
         layout = torch.channels_last if channels_last else torch.contiguous_format
         assert out.is_contiguous(memory_format=layout) and out.dtype == torch.uint8
 
+    def test_the_batched_resampler_reads_a_channels_last_batch_as_it_lies(self, monkeypatch):
+        """Its first product reads [B, H, W*C], a view of the input: no copy of the (large) input first."""
+        images = photo_tensor(40, 56)[None].repeat(2, 1, 1, 1).float().contiguous(memory_format=torch.channels_last)
+        weights_y, weights_x = torch.rand(2, 8, 40), torch.rand(2, 8, 56)
+        operands, real = [], torch.bmm
+        monkeypatch.setattr(torch, "bmm", lambda first, second: operands.append(second) or real(first, second))
+        resample(images, weights_y, weights_x)
+        assert operands[0].data_ptr() == images.data_ptr() and operands[0].shape == (2, 40, 56 * 3)
+
     @pytest.mark.parametrize("layout", [torch.channels_last, torch.contiguous_format])
     def test_the_batched_resampler_takes_either_layout(self, layout):
         images = photo_tensor(40, 56)[None].repeat(3, 1, 1, 1).float().contiguous(memory_format=layout)

@@ -2,6 +2,7 @@ import shutil
 
 import pytest
 
+from gpuload import MemmapImageDataset
 from gpuload.bench import format_bench, run_bench
 from gpuload.cli import main
 
@@ -130,3 +131,13 @@ def test_cli_prints_the_table_and_writes_json(built_dataset, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "limit: index_select" in printed and "of limit" in printed
     assert '"gpuload"' in out.read_text()
+
+
+def test_the_gather_limit_gathers_in_the_files_order_as_the_loader_does(built_dataset):
+    """A raw dataset is channels-last on disk: a limit gathering into a channel-first buffer would
+    transpose every pixel and measure something slower than the loader it bounds."""
+    from gpuload.bench import _GatherLimit
+
+    limit = _GatherLimit(MemmapImageDataset(built_dataset), 4, split=False)
+    assert limit.source.shape == (20, 48, 64, 3) and limit.source.is_contiguous()
+    assert limit.buffer.shape == (4, 48, 64, 3)

@@ -115,3 +115,13 @@ def test_cuda_batches_are_pinned_non_blocking_channels_last_copies(built_dataset
         assert images.is_cuda and labels.is_cuda and images.is_contiguous(memory_format=torch.channels_last)
         assert torch.equal(images.cpu(), dataset.data.images[labels.cpu()])
     assert copies and all(pinned and non_blocking for pinned, non_blocking in copies)
+
+
+def test_a_gathered_channels_last_batch_is_handed_over_without_a_copy(built_dataset):
+    """The dataset gathers in the file's order; Collate on the CPU passes that batch on as it is."""
+    dataset = MemmapImageDataset(built_dataset)
+    gathered = dataset.__getitems__([3, 0, 5])
+    images, labels = Collate("cpu")(gathered)
+    assert images.data_ptr() == gathered.data.images.data_ptr() and images.stride() == gathered.data.images.stride()
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert labels.tolist() == [dataset.targets[index] for index in (3, 0, 5)]

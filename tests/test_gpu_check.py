@@ -20,7 +20,9 @@ def test_the_steps_cover_the_cuda_tests_both_benches_and_every_cuda_experiment()
     assert commands["tests"][-3:] == ["-m", "cuda", "tests"]
     experiments = {path.stem for path in (ROOT / "experiments").glob("*.py")}
     cuda_experiments = {name for name in experiments if "--device" in (ROOT / "experiments" / f"{name}.py").read_text()}
-    assert cuda_experiments - {"run", "_common", "gpu_check", "trace_figure"} <= set(names)  # train_order draws its trace
+    assert cuda_experiments - {"run", "_common", "gpu_check", "trace_figure"} <= set(
+        names
+    )  # train_order draws its trace
     assert all(
         command[-2:] == ["--device", "cuda"] for name, command in commands.items() if name in gpu_check.EXPERIMENTS
     )

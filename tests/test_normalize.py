@@ -35,6 +35,17 @@ def test_channels_last(images):
     torch.testing.assert_close(out, Normalize(IMAGENET_MEAN, IMAGENET_STD)(images))
 
 
+def test_a_channels_last_batch_is_read_as_it_lies_and_stays_channels_last(images, monkeypatch):
+    """gpuload's batches are channels-last: the one addcmul reads the uint8 as it lies (no copy first)."""
+    batch = images.contiguous(memory_format=torch.channels_last)
+    seen, real = [], torch.addcmul
+    monkeypatch.setattr(
+        torch, "addcmul", lambda shift, pixels, scale: seen.append(pixels) or real(shift, pixels, scale)
+    )
+    out = Normalize(IMAGENET_MEAN, IMAGENET_STD)(batch)
+    assert seen[0] is batch and out.is_contiguous(memory_format=torch.channels_last)
+
+
 def test_scale_and_shift_are_buffers_in_the_state_dict():
     normalize = Normalize([0.5, 0.25], [0.5, 0.125])
     assert set(normalize.state_dict()) == {"scale", "shift"}

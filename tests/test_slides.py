@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import functools
 import http.server
+import inspect
 import json
 import os
 import re
@@ -17,7 +19,10 @@ import pytest
 
 from slides.generate import (
     DECK,
+    GPU_CHECK,
+    GPU_OWED,
     HOW_TO_MEASURE,
+    MAX_SLIDES,
     PLOT_DENSITY,
     SNIPPETS,
     TEMPLATE,
@@ -33,9 +38,34 @@ CHROMIUM = Path("/usr/bin/chromium")
 # The screenshots the browser test keeps (slides/export/ is ignored by git).
 SCREENSHOTS = Path(os.environ.get("GPULOAD_SLIDE_SCREENSHOTS", SLIDES / "export" / "test-screenshots"))
 
+# The back row, on Slidev's 980x552 canvas: text of 18 px or more (at least 90 % of it; a slide's
+# small source line aside), nothing under 12 px, code of 16 px; plots drawn at the size they are shown,
+# with text of at least 14 px; code excerpts of at most 8 lines no wider than the slide.
+CANVAS_WIDTH = 980
+CONTENT_WIDTH = 900  # the canvas less the slide's padding (slides/style.css)
+TEXT_PX, SMALLEST_PX, CODE_PX, PLOT_PX = 18, 12, 16, 14
+TEXT_SHARE = 0.9  # of the deck's characters (code aside) at TEXT_PX or more
+SLIDE_TEXT_SHARE = 0.75  # the same, on any one slide with some prose (SLIDE_PROSE characters)
+SLIDE_PROSE = 80
+CODE_COLUMNS = 88  # 16 px monospace is 9.6 px a character: 88 of them fit in 900 px less the block's padding
+CODE_LINES = 13  # a written example; an excerpt of the source has at most 8
+
 
 def _results(name: str) -> dict:
     return json.loads((ROOT / "assets" / "results" / f"{name}.json").read_text())
+
+
+@pytest.fixture
+def talk_repo(bare_repo: Path) -> Path:
+    """The bare repository with the committed results and plots: it renders the committed talk."""
+    shutil.copytree(ROOT / "assets", bare_repo / "assets", dirs_exist_ok=True)
+    shutil.copy(ROOT / "README.md", bare_repo / "README.md")
+    return bare_repo
+
+
+def _store_rate(result: dict, contender: str, cache: str = "warm") -> float:
+    row = next(row for row in result["rows"] if (row["contender"], row["cache"]) == (contender, cache))
+    return row["images_per_second"]["median"]
 
 
 def test_rendering_is_deterministic_and_fills_every_placeholder():
@@ -51,52 +81,101 @@ def test_committed_deck_matches_the_committed_results():
 
 def test_numbers_come_from_the_results():
     deck = render_slides(ROOT)
-    bench = _results("bench_cpu")["results"]
-    assert f"**{bench['gpuload']['images_per_second']:,.0f}** against" in deck
+    store = _results("jpeg_store")
+    ours, stock = _store_rate(store, "raw_crop_host"), _store_rate(store, "stock")
+    assert f"**{ours:,.0f}** against **{stock:,.0f}** images/s" in deck  # the headline
+    assert f"# {ours / stock:.1f}x" in deck
     quality = next(row for row in _results("jpeg_quality")["rows"] if row["quality"] == 3)
     assert f"{quality['psnr_db']:.1f} dB" in deck
     build = _results("build_memmap")["results"][0]
     assert f"{build['images_per_second']['gpuload']['median']:,.0f}" in deck
 
 
-def test_the_template_types_no_number_of_its_own():
-    """Numbers on the slides come from the results: the template's prose holds none (code aside)."""
-    prose = (ROOT / TEMPLATE).read_text().split("---", 2)[2]  # after the headmatter
-    for code_or_markup in (r"\$\{\w+\}", r"`[^`\n]*`", r"<[^>]+>"):
-        prose = re.sub(code_or_markup, "", prose)
-    assert re.findall(r"(?<![\w.])\d[\d.,]*", prose) == []
+def test_one_loader_measurement_feeds_every_slide():
+    """Every loader rate on the slides is jpeg_store's: bench_cpu, bench_jpeg_cpu and memmap_vs_folder (other
+    runs of the same loaders) are not quoted, and the contenders carry jpeg_store's LABELS."""
+    from experiments.jpeg_store import LABELS
 
-
-def test_a_changed_result_changes_the_deck(bare_repo):
-    shutil.copytree(ROOT / "assets" / "results", bare_repo / "assets" / "results", dirs_exist_ok=True)
-    path = bare_repo / "assets" / "results" / "bench_cpu.json"
-    report = json.loads(path.read_text())
-    report["results"]["gpuload"]["images_per_second"] = 12345.0
-    path.write_text(json.dumps(report))
-    stock = report["results"]["collate"]["images_per_second"]
-    deck = render_slides(bare_repo)
-    assert "**12,345** against" in deck
-    assert f"# {12345.0 / stock:.1f}x" in deck  # the big number
-
-
-def test_missing_results_and_plots_are_said_plainly(bare_repo):
-    deck = render_slides(bare_repo)
-    for name in HOW_TO_MEASURE:
-        assert f"there is no `assets/results/{name}.json`" in deck, name
-    assert "<img" not in deck
-    assert "**No plot yet:** `assets/transfer_order.png`" in deck
-    assert not re.search(r"\d+ images/s", deck)  # no rate without a result
-
-
-def test_a_cpu_only_run_says_it_is_a_stand_in():
     deck = render_slides(ROOT)
-    if any(_results(name)["machine"]["gpu"] for name in ("memmap_vs_folder", "bench_cpu")):
-        pytest.skip("the committed results come from a GPU machine")
-    assert "No GPU has run these experiments yet" in deck
-    assert "**No GPU run yet.**" in deck  # the gpuload bench on a GPU slide
-    assert deck.count("**CPU stand-in:**") >= 4
-    assert "run `python -m experiments.run --device cuda`" in deck
-    assert "x.cuda()" not in deck and "cuda_first" not in deck.split("# The ranges")[0]
+    for name in ("bench_cpu", "bench_jpeg_cpu"):
+        for result in _results(name)["results"].values():
+            assert f"{result['images_per_second']:,.0f} " not in deck, name
+    for row in _results("memmap_vs_folder")["rows"]:
+        assert f"{row['images_per_second']['median']:,.0f} images/s" not in deck
+    for contender in ("raw", "raw_crop_host", "jpeg_crop", "stock"):
+        assert LABELS[contender] in deck, contender
+    for old in ("talk_recipe", "tensorclass + Collate", "gpuload.Collate", "tutorial recipe`"):
+        assert old not in deck, old
+
+
+def _prose(template: str) -> str:
+    """The template's words: headmatter, code, diagrams, placeholders and markup taken out (notes kept)."""
+    prose = template.split("---", 2)[2]
+    for code_or_markup in (r"```.*?```", r"<svg.*?</svg>", r"\$\{\w+\}", r"`[^`\n]*`", r"<[a-zA-Z/][^>]*>"):
+        prose = re.sub(code_or_markup, "", prose, flags=re.DOTALL)
+    return prose
+
+
+def test_the_template_types_no_number_of_its_own():
+    """Numbers on the slides and in the notes come from the results: the template's prose holds none
+    (code examples and the diagrams' coordinates aside)."""
+    prose = _prose((ROOT / TEMPLATE).read_text())
+    assert re.findall(r"(?<![\w.])\d[\d.,]*", prose) == []
+    assert re.findall(r"(?<![\w.])\d", _prose("---\nx: 1\n---\nabout 3 ms\n```\n42\n```\n<!-- 7 -->")) == ["3", "7"]
+
+
+def test_a_changed_result_changes_the_deck(talk_repo):
+    path = talk_repo / "assets" / "results" / "jpeg_store.json"
+    store = json.loads(path.read_text())
+    for row in store["rows"]:
+        if (row["contender"], row["cache"]) == ("raw_crop_host", "warm"):
+            row["images_per_second"]["median"] = 12345.0
+    path.write_text(json.dumps(store))
+    deck = render_slides(talk_repo)
+    assert "**12,345** against" in deck
+    assert f"# {12345.0 / _store_rate(store, 'stock'):.1f}x" in deck  # the big number
+
+
+def test_a_missing_result_is_an_error_naming_its_command(bare_repo):
+    with pytest.raises(ValueError, match=r"assets/results/\w+\.json, which is missing: run `python -m experiments"):
+        render_slides(bare_repo)
+
+
+def test_a_result_without_a_contender_is_named(talk_repo):
+    """A jpeg_store run older than the talk's contender names fails loudly, naming what is missing."""
+    path = talk_repo / "assets" / "results" / "jpeg_store.json"
+    store = json.loads(path.read_text())
+    store["rows"] = [row for row in store["rows"] if row["contender"] != "raw_crop_host"]
+    path.write_text(json.dumps(store))
+    with pytest.raises(ValueError, match=r"jpeg_store.json has no 'raw_crop_host' row \(warm page cache\).*rerun"):
+        render_slides(talk_repo)
+
+
+def test_a_result_without_the_expected_fields_is_named(talk_repo):
+    machine = _results("decoders")["machine"]
+    (talk_repo / "assets" / "results" / "decoders.json").write_text(json.dumps({"machine": machine}))
+    with pytest.raises(ValueError, match=r"decoders.json.* lacks what the decoders slides read .*rerun `python -m"):
+        render_slides(talk_repo)
+
+
+def test_a_missing_plot_is_an_error(talk_repo):
+    (talk_repo / "assets" / "decode_costs.png").unlink()
+    with pytest.raises(ValueError, match=r"assets/decode_costs.png, which is missing"):
+        render_slides(talk_repo)
+
+
+def test_cpu_results_say_what_they_are():
+    """No GPU has run the committed experiments: the GPU measurements owed are listed once, on one slide,
+    with the one command that makes them; no other slide sends the audience to a GPU run."""
+    deck = render_slides(ROOT)
+    slides = _slides(deck)
+    owed = [slide for slide in slides if GPU_CHECK in slide]
+    assert len(owed) == 1 and "# What a GPU run will add" in owed[0]
+    assert "No GPU has run these experiments yet" in owed[0]
+    assert "experiments.run --device cuda" not in deck and "CPU stand-in" not in deck
+    assert "cuda_first" not in deck and "x.cuda()" not in deck
+    titles = re.findall(r"^# (.+)$", deck, flags=re.MULTILINE)
+    assert not [title for title in titles if re.search(r"\bGPU\b.*\b(faster|slower|limit)\b", title)]
 
 
 def _slides(deck: str) -> list[str]:
@@ -122,11 +201,19 @@ def _slides(deck: str) -> list[str]:
     return [*slides, "\n".join(current)]
 
 
+def test_the_talk_fits_its_length_and_every_slide_has_notes():
+    slides = _slides(render_slides(ROOT))
+    assert len(slides) <= MAX_SLIDES
+    for number, slide in enumerate(slides, 1):
+        notes = re.search(r"<!--((?:(?!-->).)*)-->\s*$", slide, flags=re.DOTALL)
+        assert notes and len(notes.group(1).split()) >= 20, f"slide {number} has no speaker notes at its end"
+
+
 def test_every_plot_slide_has_one_takeaway_line():
     for deck in (render_slides(ROOT), (ROOT / DECK).read_text()):
         for slide in _slides(deck):
             if '<img class="plot"' in slide:
-                assert slide.count('<div class="takeaway">') == 1, slide[:200]
+                assert slide.count('<div class="gl-takeaway">') == 1, slide[:200]
 
 
 def test_never_four_code_slides_in_a_row():
@@ -136,14 +223,6 @@ def test_never_four_code_slides_in_a_row():
         assert run < 4, slide[:200]
 
 
-# The back row: code of at least 14 px on Slidev's 980-px canvas, at most 8 lines an excerpt, no line
-# wider than the slide; plots drawn at the size they are shown, with text of at least 14 px.
-CANVAS_WIDTH = 980
-CONTENT_WIDTH = 900  # the canvas less the slide's padding (slides/style.css)
-MIN_PX = 14
-CODE_COLUMNS = 102  # 14 px monospace is about 8.4 px a character: 105 of them fit in 900 px less the padding
-
-
 @pytest.mark.parametrize("name", sorted(SNIPPETS))
 def test_code_excerpts_are_short_and_narrow(name):
     lines = SNIPPETS[name].lines(ROOT)
@@ -151,16 +230,70 @@ def test_code_excerpts_are_short_and_narrow(name):
     assert max(map(len, lines)) <= CODE_COLUMNS, f"{name}: {max(lines, key=len)!r}"
 
 
-def test_code_is_14_px_in_the_style():
+def _written_code(language: str) -> list[str]:
+    """The code blocks the template writes itself (not cut from the source)."""
+    return re.findall(rf"^```{language}\n(.*?)^```", (ROOT / TEMPLATE).read_text(), flags=re.MULTILINE | re.DOTALL)
+
+
+def test_written_code_fits_the_slide():
+    blocks = _written_code(r"\w+")
+    assert len(blocks) >= 4
+    for block in blocks:
+        lines = block.splitlines()
+        assert len(lines) <= CODE_LINES, block
+        assert max(map(len, lines)) <= CODE_COLUMNS, max(lines, key=len)
+
+
+def test_written_python_uses_gpuload_as_it_is():
+    """The examples the talk writes (training loop, Normalize, profiler) parse, and every ``gpuload.X``
+    they call exists and accepts the keywords they pass."""
+    import gpuload
+
+    calls = 0
+    for block in _written_code("python"):
+        for node in ast.walk(ast.parse(block.replace("...", "pass"))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "gpuload":
+                assert hasattr(gpuload, node.attr), f"gpuload has no {node.attr}"
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "gpuload"
+            ):
+                target = getattr(gpuload, node.func.attr)
+                keywords = {keyword.arg: None for keyword in node.keywords}
+                inspect.signature(target).bind_partial(*[None] * len(node.args), **keywords)
+                calls += 1
+    assert calls >= 4
+
+
+def test_the_cli_lines_are_gpuload_commands():
+    from gpuload.cli import main as cli_main
+
+    (block,) = _written_code("bash")
+    commands = [line.split("#")[0].split() for line in block.splitlines() if line.startswith("gpuload ")]
+    assert len(commands) == 3
+    for command in commands:  # each parses: --help exits 0 for a known subcommand
+        with pytest.raises(SystemExit) as exit_:
+            cli_main([command[1], "--help"])
+        assert exit_.value.code == 0
+
+
+def test_code_and_text_sizes_in_the_style():
     style = (SLIDES / "style.css").read_text()
-    assert re.search(r"--slidev-code-font-size:\s*(\d+)px", style).group(1) == str(MIN_PX)
+    assert re.search(r"--slidev-code-font-size:\s*(\d+)px", style).group(1) == str(CODE_PX)
+    sizes = [int(size) for size in re.findall(r"font-size:\s*(\d+)px", style)]
+    assert min(sizes) >= SMALLEST_PX
     assert "lineNumbers: false" in (ROOT / TEMPLATE).read_text()  # line numbers would take the width
+    classes = set(re.findall(r'class="([^"]+)"', (ROOT / TEMPLATE).read_text()))
+    ours = {name for value in classes for name in value.split()}
+    assert all(name.startswith("gl-") for name in ours), ours  # UnoCSS makes utilities of bare words
 
 
 def test_plots_are_shown_at_the_size_they_were_drawn():
     deck = (ROOT / DECK).read_text()
     images = re.findall(r'<img class="plot" src="/([^"]+)" width="(\d+)" height="(\d+)"', deck)
-    assert len(images) >= 7
+    assert len(images) >= 6
     for name, width, height in images:
         png = ROOT / "assets" / name
         assert plot_size(png) == (int(width), int(height)), name
@@ -174,14 +307,14 @@ def test_figures_are_drawn_for_the_back_row(tmp_path, monkeypatch):
     from experiments import _common
 
     assert _common.PIXEL_DENSITY == PLOT_DENSITY
-    assert _common.MIN_FONT_PX >= MIN_PX and _common.CANVAS[0] == CANVAS_WIDTH
+    assert _common.MIN_FONT_PX >= PLOT_PX and _common.CANVAS[0] == CANVAS_WIDTH
     fig, axes = _common.figure(1, 2, size=(900, 360))
     assert tuple(fig.get_size_inches() * fig.dpi) == (900, 360)
     assert fig.dpi == 72  # 1 pt is 1 px of the canvas
     import matplotlib.pyplot as plt
 
     for key in _common.FONT_SIZES:
-        assert plt.rcParams[key] >= MIN_PX, key
+        assert plt.rcParams[key] >= PLOT_PX, key
     monkeypatch.setattr(_common, "ASSETS", tmp_path)
     axes[0][0].set_title("too small to read", fontsize=10)
     with pytest.raises(ValueError, match="too small to read.* at 10.0 px"):
@@ -200,9 +333,19 @@ def _synthetic(name: str) -> dict:
     machine = _results("transfer_order")["machine"]
     spread = {"median": 900.0, "min": 800.0, "max": 1000.0, "runs": [900.0]}
     if name == "jpeg_store":
+        contenders = (
+            "stock",
+            "spdl",
+            "jpeg_crop",
+            "jpeg_crop_exact",
+            "jpeg_full",
+            "raw_crop_host",
+            "raw_crop_device",
+            "raw",
+        )
         rows = [
             {"contender": contender, "cache": cache, "images_per_second": spread, "megabytes_per_second": spread}
-            for contender in ("stock", "spdl", "jpeg_crop", "jpeg_crop_exact", "jpeg_full", "raw_crop", "raw")
+            for contender in contenders
             for cache in ("warm", "cold")
         ]
         return {"experiment": name, "machine": machine, "device": "cpu", "device_name": "cpu (AMD EPYC, 2 cores)",
@@ -226,6 +369,7 @@ PLOTTED = {
     "train_augment": ["train_augment"],
     "jpeg_store": ["jpeg_store"],
     "decoders": ["decoders"],
+    "decode_costs": ["decode_costs"],
 }
 
 
@@ -253,18 +397,38 @@ def test_the_code_on_the_slides_is_the_source():
         assert "\n".join(snippet.lines(ROOT)) in deck
     source = (ROOT / "gpuload" / "transforms" / "normalize.py").read_text()
     assert "return torch.addcmul(self.shift, images, self.scale)" in source
-    assert "```python {all|6|all}\ndef forward(self, images: torch.Tensor) -> torch.Tensor:" in deck
+    assert "    return torch.addcmul(self.shift, images, self.scale)\n```" in deck
 
 
-def test_placeholders_must_match(bare_repo):
-    template = bare_repo / TEMPLATE
+def test_placeholders_must_match(talk_repo):
+    template = talk_repo / TEMPLATE
     text = template.read_text()
     template.write_text(text + "\n${no_such_value}\n")
     with pytest.raises(ValueError, match="no_such_value"):
-        render_slides(bare_repo)
-    template.write_text(text.replace("${closing_numbers}", ""))
-    with pytest.raises(ValueError, match="does not use: \\['closing_numbers'\\]"):
-        render_slides(bare_repo)
+        render_slides(talk_repo)
+    template.write_text(text.replace("${limits_list}", ""))
+    with pytest.raises(ValueError, match="does not use: \\['limits_list'\\]"):
+        render_slides(talk_repo)
+
+
+def test_the_speaker_and_the_repository_fill_the_title(talk_repo):
+    template = talk_repo / TEMPLATE
+    template.write_text(template.read_text().replace("speaker: gpuload team", "speaker: Ada Lovelace"))
+    assert "Ada Lovelace · this repository" in render_slides(talk_repo)
+    readme = talk_repo / "README.md"
+    readme.write_text(readme.read_text() + "\nCode: https://github.com/someone/gpuload\n")
+    assert "Ada Lovelace · https://github.com/someone/gpuload" in render_slides(talk_repo)
+    template.write_text(template.read_text().replace("speaker: Ada Lovelace\n", ""))
+    with pytest.raises(ValueError, match="has no `speaker:`"):
+        render_slides(talk_repo)
+
+
+def test_the_peers_come_from_the_readme_when_it_compares_them(talk_repo):
+    readme = talk_repo / "README.md"
+    table = "| feature | gpuload | DALI | FFCV | SPDL | WebDataset | LitData |\n|---|---|---|---|---|---|---|\n| x | a | b | c | d | e | f |"
+    readme.write_text(readme.read_text() + "\n\n" + table + "\n\nAfter.\n")
+    deck = render_slides(talk_repo)
+    assert table in deck and "From the README's comparison" in deck
 
 
 def test_outside_the_repository_it_says_where_to_run(tmp_path):
@@ -272,25 +436,52 @@ def test_outside_the_repository_it_says_where_to_run(tmp_path):
         render_slides(tmp_path)
 
 
-def test_invalid_result_json_names_the_file(bare_repo):
-    (bare_repo / "assets" / "results" / "train_order.json").write_text("{not json")
+def test_invalid_result_json_names_the_file(talk_repo):
+    (talk_repo / "assets" / "results" / "train_order.json").write_text("{not json")
     with pytest.raises(ValueError, match="train_order.json is not valid JSON"):
-        render_slides(bare_repo)
+        render_slides(talk_repo)
 
 
-def test_a_result_without_the_expected_fields_is_named(bare_repo):
-    machine = _results("memmap_vs_folder")["machine"]
-    (bare_repo / "assets" / "results" / "memmap_vs_folder.json").write_text(json.dumps({"machine": machine}))
-    with pytest.raises(ValueError, match="the memmap slides read .*rerun its experiment"):
-        render_slides(bare_repo)
+def test_write_slides_writes_once(talk_repo):
+    assert write_slides(talk_repo, check=True)
+    assert not (talk_repo / DECK).exists()  # check only compares
+    assert write_slides(talk_repo)
+    assert not write_slides(talk_repo)
+    assert {path.name for path in (talk_repo / "slides").iterdir()} == {"template.md", "slides.md"}  # no temporary
 
 
-def test_write_slides_writes_once(bare_repo):
-    assert write_slides(bare_repo, check=True)
-    assert not (bare_repo / DECK).exists()  # check only compares
-    assert write_slides(bare_repo)
-    assert not write_slides(bare_repo)
-    assert {path.name for path in (bare_repo / "slides").iterdir()} == {"template.md", "slides.md"}  # no temporary left
+def test_gpu_results_are_marked_on_the_gpu_slide(talk_repo):
+    """A GPU run's results (bench_cuda.json, <name>_cuda.json) are marked as measured on the one slide
+    that lists what a GPU run adds, and bench_cuda's copy limit fills the overlap slide."""
+    results = talk_repo / "assets" / "results"
+    gpu = {"gpu": "NVIDIA H100 80GB HBM3", "cuda": "13.0"}
+    bench = _results("bench_cpu")
+    bench["machine"].update(gpu)
+    bench["device"] = "cuda"
+    bench["results"]["limit_h2d"] = dict(bench["results"]["gpuload"], images_per_second=4 * 12345.0)
+    bench["results"]["gpuload"]["images_per_second"] = 12345.0
+    (results / "bench_cuda.json").write_text(json.dumps(bench))
+    deck = render_slides(talk_repo)
+    assert f"{dict(GPU_OWED)['bench_cuda']} (measured on NVIDIA H100 80GB HBM3, " in deck
+    assert "the loader reaches 25 % of the pinned host-to-device copy limit" in deck
+    assert "No GPU has run these experiments yet" not in deck
+    assert "GPU results on the slide that lists them." in deck
+
+
+def test_generate_check_and_write(capsys, talk_repo, bare_repo):
+    assert generate_main(["--repo", str(ROOT), "--check"]) == 0
+    assert "is up to date" in capsys.readouterr().out
+    (talk_repo / "slides" / "slides.md").write_text("old talk")
+    assert generate_main(["--repo", str(talk_repo), "--check"]) == 1
+    assert "stale" in capsys.readouterr().out
+    assert generate_main(["--repo", str(talk_repo)]) == 0
+    assert capsys.readouterr().out.startswith("wrote ")
+    assert set(HOW_TO_MEASURE) <= {path.stem for path in (ROOT / "assets" / "results").glob("*.json")}
+
+
+def test_generate_outside_the_repository(capsys, tmp_path):
+    assert generate_main(["--repo", str(tmp_path)]) == 2
+    assert "run this in the gpuload repository" in capsys.readouterr().err
 
 
 # --- the built deck in a real browser -----------------------------------------------------------
@@ -327,8 +518,9 @@ def built_deck(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def served_deck(built_deck: Path):
+    """The built deck on 127.0.0.1 for one test (its thread stopped and joined after it)."""
     handler = functools.partial(_QuietHandler, directory=str(built_deck))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -336,6 +528,7 @@ def served_deck(built_deck: Path):
     yield f"http://127.0.0.1:{server.server_address[1]}/"
     server.shutdown()
     server.server_close()
+    thread.join()
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -382,15 +575,70 @@ def test_slide_count_reads_frontmatter_blocks():
     assert len(_slides(render_slides(ROOT))) == _slide_count(render_slides(ROOT))
 
 
+# What the browser measures on the slide shown (canvas px: the canvas is scaled to the window by a transform).
+_MEASURE = """(selector) => {
+    const slide = document.querySelector(selector);
+    const canvas = slide.querySelector('.slidev-layout');
+    const layout = canvas.getBoundingClientRect();
+    const scale = layout.width / canvas.offsetWidth;
+    const title = slide.querySelector('h1');
+    const parts = [...slide.querySelectorAll('.slidev-layout h1, p, li, pre, img, table, svg')];
+    const texts = [];
+    const walker = document.createTreeWalker(slide, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+        const element = node.parentElement;
+        const characters = node.textContent.replace(/\\s+/g, '').length;
+        if (!characters || !element.getClientRects().length) continue;
+        const style = getComputedStyle(element);
+        if (style.visibility === 'hidden' || parseFloat(style.opacity) === 0) continue;
+        texts.push({size: parseFloat(style.fontSize), characters, code: !!element.closest('pre'),
+                    sample: node.textContent.trim().slice(0, 40)});
+    }
+    const chapter = slide.querySelector('.gl-chapter');
+    const words = (element) => {  // the box of an element's text, not of its block
+        if (!element) return null;
+        const range = document.createRange();
+        range.selectNodeContents(element);
+        return range.getBoundingClientRect();
+    };
+    const overlaps = (a, b) => a && b && !(a.right <= b.left || b.right <= a.left || a.bottom <= b.top || b.bottom <= a.top);
+    return {
+        body: slide.innerText.replace(title ? title.innerText : '', '').trim(),
+        images: [...slide.querySelectorAll('img')].map(i => ({src: i.src, complete: i.complete, width: i.naturalWidth})),
+        below: parts.filter(e => e.getBoundingClientRect().bottom > layout.bottom + 1).map(e => e.tagName),
+        right: parts.filter(e => e.getBoundingClientRect().right > layout.right + 1).map(e => e.tagName),
+        wide: [...slide.querySelectorAll('pre')].filter(e => e.scrollWidth > e.clientWidth + 1).length,
+        canvasWidth: canvas.offsetWidth,
+        texts: texts,
+        scale: scale,
+        frames: [...slide.querySelectorAll('*')].filter(e => {
+            const style = getComputedStyle(e);
+            return style.boxShadow !== 'none' || (style.outlineStyle !== 'none' && parseFloat(style.outlineWidth) > 0);
+        }).map(e => e.tagName + '.' + String(e.className.baseVal ?? e.className)),
+        chapterOverTitle: overlaps(words(chapter), words(title)),
+        plots: [...slide.querySelectorAll('img.plot')].map(i => ({
+            src: i.src, natural: i.naturalWidth, shown: i.getBoundingClientRect().width / scale,
+        })),
+    };
+}"""
+
+
 @pytest.mark.slides
 def test_every_slide_renders_in_chromium(served_deck):
+    """Every slide of the built deck at 1280x720, every click shown: it loads everything from this machine,
+    stays on the canvas, keeps text, code and plots at the back row's sizes, has no frame that no style of
+    ours drew, and its screenshot is kept; then the sizes of the whole deck."""
     from playwright.sync_api import sync_playwright
 
     slides = _slide_count((ROOT / DECK).read_text())
+    assert slides <= MAX_SLIDES
     flags = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
              "--disable-sync", "--no-first-run"]  # fmt: skip
     problems: list[str] = []
+    report: dict[int, dict] = {}
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    for stale in SCREENSHOTS.glob("slide-*.png"):  # a longer deck's screenshots must not pass for this one's
+        stale.unlink()
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=flags)
         page = browser.new_page(viewport={"width": 1280, "height": 720})
@@ -418,56 +666,9 @@ def test_every_slide_renders_in_chromium(served_deck):
             selector = f".slidev-page-{number}"
             page.wait_for_selector(selector, state="attached", timeout=15_000)
             page.wait_for_timeout(600)  # the slide transition
-            content = page.evaluate(
-                """(selector) => {
-                    const slide = document.querySelector(selector);
-                    const title = slide.querySelector('h1');
-                    const layout = slide.querySelector('.slidev-layout').getBoundingClientRect();
-                    const parts = [...slide.querySelectorAll('.slidev-layout h1, p, li, pre, img, table')];
-                    // the slide canvas is scaled to the window: canvas px = screen px / scale
-                    const canvas = slide.querySelector('.slidev-layout');
-                    const scale = layout.width / canvas.offsetWidth;
-                    return {
-                        body: slide.innerText.replace(title ? title.innerText : '', '').trim(),
-                        images: [...slide.querySelectorAll('img')].map(i => ({src: i.src, complete: i.complete, width: i.naturalWidth})),
-                        below: parts.filter(e => e.getBoundingClientRect().bottom > layout.bottom + 1).map(e => e.tagName),
-                        wide: [...slide.querySelectorAll('pre')].filter(e => e.scrollWidth > e.clientWidth + 1).length,
-                        canvasWidth: canvas.offsetWidth,
-                        // computed font sizes are canvas px (the scale is a transform): on screen, px * scale
-                        code: [...slide.querySelectorAll('pre, .slidev-code, pre code span')].map(
-                            e => parseFloat(getComputedStyle(e).fontSize)),
-                        scale: scale,
-                        plots: [...slide.querySelectorAll('img.plot')].map(i => ({
-                            src: i.src, natural: i.naturalWidth, shown: i.getBoundingClientRect().width / scale,
-                            right: i.getBoundingClientRect().right - layout.right,
-                        })),
-                    };
-                }""",
-                selector,
-            )
-            if content["below"]:
-                problems.append(f"slide {number}: runs off the bottom: {content['below']}")
-            if content["wide"]:
-                problems.append(f"slide {number}: {content['wide']} code block(s) wider than the slide")
-            for image in content["images"]:
-                if not image["complete"] or image["width"] == 0:
-                    problems.append(f"slide {number}: image not loaded: {image['src']}")
-            if content["canvasWidth"] != CANVAS_WIDTH:
-                problems.append(f"slide {number}: the canvas is {content['canvasWidth']} px wide, not {CANVAS_WIDTH}")
-            if content["code"] and min(content["code"]) < MIN_PX:
-                problems.append(
-                    f"slide {number}: code at {min(content['code']):.1f} px on the canvas "
-                    f"({min(content['code']) * content['scale']:.1f} px on the screen), under {MIN_PX}"
-                )
-            for plot in content["plots"]:
-                # drawn at natural / PLOT_DENSITY canvas px with text of at least MIN_PX: shown smaller, it shrinks
-                if plot["shown"] < plot["natural"] / PLOT_DENSITY - 1:
-                    problems.append(
-                        f"slide {number}: {plot['src']} shown {plot['shown']:.0f} px wide, drawn for "
-                        f"{plot['natural'] / PLOT_DENSITY:.0f}: its text is under {MIN_PX} px"
-                    )
-                if plot["right"] > 1:
-                    problems.append(f"slide {number}: {plot['src']} runs off the right edge")
+            content = page.evaluate(_MEASURE, selector)
+            problems += _slide_problems(number, content)
+            report[number] = _sizes(content["texts"])
             screenshot = SCREENSHOTS / f"slide-{number:02d}.png"
             page.screenshot(path=str(screenshot))
             if not (content["body"] or content["images"]) or _inked(screenshot) < 0.01:
@@ -476,70 +677,60 @@ def test_every_slide_renders_in_chromium(served_deck):
         page.wait_for_timeout(600)
         beyond = page.query_selector(f".slidev-page-{slides + 1}")
         browser.close()
+    (SCREENSHOTS / "sizes.json").write_text(json.dumps(report, indent=1))
     assert beyond is None, f"the browser shows more slides than the Markdown's {slides}"
+    text = sum(sizes["text_characters"] for sizes in report.values())
+    large = sum(sizes["large_characters"] for sizes in report.values())
+    if large < TEXT_SHARE * text:
+        problems.append(f"only {large / text:.0%} of the deck's text is at {TEXT_PX} px or more, not {TEXT_SHARE:.0%}")
     assert not problems, "\n".join(problems)
 
 
-def test_results_from_a_gpu_fill_the_gpu_slides(bare_repo):
-    """A GPU run's results (<name>_cuda.json, bench_cuda.json: the committed CPU results dressed up as one)
-    are preferred to the CPU results, and no slide calls itself a CPU stand-in any more."""
-    results = bare_repo / "assets" / "results"
-    shutil.copytree(ROOT / "assets" / "results", results, dirs_exist_ok=True)
-    gpu = {"gpu": "NVIDIA H100 80GB HBM3", "cuda": "13.0"}
-    name = "cuda (NVIDIA H100 80GB HBM3)"
-    for experiment in ("transfer_order", "train_order", "jpeg_quality", "memmap_vs_folder", "gpu_preprocess",
-                       "train_augment"):  # fmt: skip
-        result = _results(experiment)
-        result["machine"].update(gpu)
-        result.update(device="cuda", device_name=name)
-        for row in result["rows"]:
-            if "device" in row:
-                row["device"] = "cuda"
-        if experiment == "memmap_vs_folder":
-            result["device_names"] = {"cuda": name}
-        if experiment == "transfer_order":
-            result["rows"] += [dict(row, memory="pinned", seconds=dict(row["seconds"], median=row["seconds"]["median"] / 2))
-                               for row in result["rows"]]  # fmt: skip
-        (results / f"{experiment}_cuda.json").write_text(json.dumps(result))
-    store = _synthetic("jpeg_store")
-    store["machine"] = dict(store["machine"], **gpu)
-    store.update(device="cuda", device_name=name)
-    (results / "jpeg_store_cuda.json").write_text(json.dumps(store))
-    bench = _results("bench_cpu")
-    bench["machine"].update(gpu)
-    bench["device"] = "cuda"
-    bench["results"]["limit_h2d"] = dict(bench["results"]["gpuload"], images_per_second=20000.0)
-    (results / "bench_cuda.json").write_text(json.dumps(bench))
-
-    deck = render_slides(bare_repo)
-    assert "Not measured yet" not in deck
-    assert "CPU stand-in" not in deck and "No GPU" not in deck
-    assert "NVIDIA H100 80GB HBM3 (CUDA 13.0)" in deck
-    share = f"{100 * bench['results']['gpuload']['images_per_second'] / 20000:.0f} %"
-    assert f"reaches **{share}** of the pinned host-to-device limit" in deck
-    assert "To cuda (NVIDIA H100 80GB HBM3), " in deck
-    assert "# Memmap against folder, to CUDA" in deck
-    assert ", pinned: " in deck  # the transfer example prefers pinned memory on a GPU
-    assert "pinned **" in deck and "(2.0x)" in deck  # pinned against pageable, from transfer_order_cuda
-    for stem in ("transfer_order_cuda", "train_order_cuda", "memmap_vs_folder_cuda", "gpu_preprocess_cuda"):
-        assert f"<code>assets/results/{stem}.json</code>" in deck
-        assert f"`assets/{stem}.png`" in deck  # the GPU plot is the one asked for (none in the bare repo)
-    assert "`assets/train_order_trace_cuda.png`" in deck
-    assert "<code>assets/results/transfer_order.json</code>" not in deck
+def _sizes(texts: list[dict]) -> dict:
+    """A slide's characters of text (code aside) and of them those at ``TEXT_PX`` or more."""
+    prose = [text for text in texts if not text["code"]]
+    return {
+        "text_characters": sum(text["characters"] for text in prose),
+        "large_characters": sum(text["characters"] for text in prose if text["size"] >= TEXT_PX - 0.01),
+        "smallest_px": min((text["size"] for text in texts), default=None),
+        "code_px": min((text["size"] for text in texts if text["code"]), default=None),
+    }
 
 
-def test_generate_check_and_write(capsys, bare_repo):
-    root = Path(__file__).resolve().parent.parent
-    assert generate_main(["--repo", str(root), "--check"]) == 0
-    assert "is up to date" in capsys.readouterr().out
-    (bare_repo / "slides" / "slides.md").write_text("old talk")
-    assert generate_main(["--repo", str(bare_repo), "--check"]) == 1
-    assert "stale" in capsys.readouterr().out
-    assert generate_main(["--repo", str(bare_repo)]) == 0
-    assert capsys.readouterr().out.startswith("wrote ")
-    assert "there is no `assets/results/bench_cpu.json`" in (bare_repo / "slides" / "slides.md").read_text()
-
-
-def test_generate_outside_the_repository(capsys, tmp_path):
-    assert generate_main(["--repo", str(tmp_path)]) == 2
-    assert "run this in the gpuload repository" in capsys.readouterr().err
+def _slide_problems(number: int, content: dict) -> list[str]:
+    """What the back row, or the browser, would hold against one slide."""
+    problems = []
+    if content["below"]:
+        problems.append(f"slide {number}: runs off the bottom: {content['below']}")
+    if content["right"]:
+        problems.append(f"slide {number}: runs off the right: {content['right']}")
+    if content["wide"]:
+        problems.append(f"slide {number}: {content['wide']} code block(s) wider than the slide")
+    for image in content["images"]:
+        if not image["complete"] or image["width"] == 0:
+            problems.append(f"slide {number}: image not loaded: {image['src']}")
+    if content["canvasWidth"] != CANVAS_WIDTH:
+        problems.append(f"slide {number}: the canvas is {content['canvasWidth']} px wide, not {CANVAS_WIDTH}")
+    if content["frames"]:
+        problems.append(f"slide {number}: a frame or shadow no style of ours drew: {content['frames']}")
+    if content["chapterOverTitle"]:
+        problems.append(f"slide {number}: the chapter label overlaps the title")
+    for text in content["texts"]:
+        floor = CODE_PX if text["code"] else SMALLEST_PX
+        if text["size"] < floor - 0.01:
+            problems.append(f"slide {number}: {text['sample']!r} at {text['size']:.1f} px, under {floor}")
+    sizes = _sizes(content["texts"])
+    if (
+        sizes["text_characters"] >= SLIDE_PROSE
+        and sizes["large_characters"] < SLIDE_TEXT_SHARE * sizes["text_characters"]
+    ):
+        share = sizes["large_characters"] / sizes["text_characters"]
+        problems.append(f"slide {number}: only {share:.0%} of its text at {TEXT_PX} px or more")
+    for plot in content["plots"]:
+        # drawn at natural / PLOT_DENSITY canvas px with text of at least PLOT_PX: shown smaller, it shrinks
+        if plot["shown"] < plot["natural"] / PLOT_DENSITY - 1:
+            problems.append(
+                f"slide {number}: {plot['src']} shown {plot['shown']:.0f} px wide, drawn for "
+                f"{plot['natural'] / PLOT_DENSITY:.0f}: its text is under {PLOT_PX} px"
+            )
+    return problems

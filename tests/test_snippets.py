@@ -120,3 +120,16 @@ def test_code_that_moved_on_is_an_error(root, snippet, message):
 def test_a_step_matching_nothing_is_an_error(root):
     with pytest.raises(SnippetError, match="contains any of"):
         Snippet("pkg/module.py", "helper", steps=(("third",),)).markdown(root)
+
+
+def test_comments_can_be_cut(root):
+    (root / "pkg" / "commented.py").write_text(
+        'def f(x):\n    # a whole-line comment\n    y = "#not a comment"  # a trailing one\n    return (x,  # open\n            y)\n'
+    )
+    assert Snippet("pkg/commented.py", "f", comments=False).lines(root) == [
+        "def f(x):",
+        '    y = "#not a comment"',
+        "    return (x,",
+        "            y)",
+    ]
+    assert Snippet("pkg/commented.py", "f").lines(root)[1] == "    # a whole-line comment"

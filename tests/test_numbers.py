@@ -1,0 +1,63 @@
+"""experiments/numbers.py: every measured number of the READMEs comes from the committed results."""
+
+import copy
+
+import pytest
+
+from experiments import numbers
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    return numbers.load_results()
+
+
+def test_the_committed_readmes_match_the_committed_results_and_tag_every_number():
+    assert numbers.main(["--check"]) == 0
+
+
+def test_a_changed_result_changes_its_span_and_its_table(results):
+    changed = copy.deepcopy(results)
+    row = next(
+        row for row in changed["jpeg_store"]["rows"] if (row["contender"], row["cache"]) == ("jpeg_crop", "warm")
+    )
+    row["images_per_second"]["median"] = 12345.6
+    text = (
+        "jpeg crops: <!--n jpeg_store.jpeg_crop.warm-->1<!--/n--> images/s\n<!--t which_format-->\nSTALE\n<!--/t-->\n"
+    )
+    rendered = numbers.render(text, changed)
+    assert "<!--n jpeg_store.jpeg_crop.warm-->12,346<!--/n--> images/s" in rendered
+    assert "| 12,346 (" in rendered and "STALE" not in rendered
+    assert numbers.render(rendered, changed) == rendered  # stable
+
+
+def test_a_span_naming_nothing_is_an_error_naming_it(results):
+    with pytest.raises(KeyError, match="README.md: no result gives the numbers jpeg_store.nothing"):
+        numbers.render("<!--n jpeg_store.nothing-->1<!--/n-->", results, "README.md")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "gpuload serves 1,234 images/s",
+        "3.4x the stock loader",
+        "55 % of the decoder",
+        "a crop takes 0.24 ms",
+        "97.7 MB on disk",
+    ],
+)
+def test_a_number_with_a_unit_outside_a_tag_is_found(text):
+    assert numbers.untagged(f"intro\n{text}\n") == [f"line 2: {numbers.MEASURED.search(text)[0]!r}"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "gpuload serves <!--n bench_cpu.gpuload-->1,234<!--/n--> images/s",
+        "uint8 moves <!--fact-->4x<!--/fact--> fewer bytes than float32",
+        "`--size 480x640` and ```\n12 ms\n```",
+        "photos of 640x480, resnet50, batch 256, -q:v 3, 224x224 crops",
+    ],
+)
+def test_tagged_numbers_code_and_plain_numbers_pass(text):
+    assert numbers.untagged(text) == []
