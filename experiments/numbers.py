@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -268,6 +269,64 @@ def _train_augment(result: dict, into: dict[str, str]) -> None:
     into["train_augment.device"] = result["device_name"]
 
 
+def _remote_reads(result: dict, into: dict[str, str]) -> None:
+    blocks = {(row["client"], row["block_MiB"], row["latency_ms"]): row for row in result["blocks"]}
+    ranges = {(row["client"], row["latency_ms"]): row["ranges_per_s"] for row in result["small_ranges"]}
+    into["remote_reads.latency"] = f"{result['latency_ms']:.0f} ms"
+    into["remote_reads.budget"] = f"{result['budget_MiB']:.0f} MiB"
+    into["remote_reads.repeats"] = str(result["repeats"])
+    ahead = [
+        blocks["obstore", size, latency]["MB_per_s"] / blocks["s3fs", size, latency]["MB_per_s"] - 1
+        for size in (1.0, 4.0)
+        for latency in (0.0, result["latency_ms"])
+    ]
+    into["remote_reads.obstore_ahead.min"], into["remote_reads.obstore_ahead.max"] = (
+        f"{100 * min(ahead):.0f}",
+        percent(max(ahead)),
+    )
+    behind = [
+        blocks["s3fs", 16.0, latency]["MB_per_s"] / blocks["obstore", 16.0, latency]["MB_per_s"] - 1
+        for latency in (0.0, result["latency_ms"])
+    ]
+    into["remote_reads.s3fs_ahead_16.min"], into["remote_reads.s3fs_ahead_16.max"] = (
+        f"{100 * min(behind):.0f}",
+        percent(max(behind)),
+    )
+    into["remote_reads.small_x"] = times(min(ranges["obstore", lat] / ranges["s3fs", lat] for lat in (0.0, result["latency_ms"])))
+    for latency in (0.0, result["latency_ms"]):
+        into[f"remote_reads.get_ranges.{latency:.0f}"] = count(ranges["obstore get_ranges", latency])
+    for row in result["object_size"]:
+        into[f"remote_reads.object.{row['server']}.{row['object_MiB']}"] = f"{row['ms_per_4MiB_get']:.1f} ms"
+
+
+def _remote_reads_table(results: dict[str, dict]) -> str:
+    result = results["remote_reads"]
+    latencies = (0.0, result["latency_ms"])
+    table = []
+
+    def cells(values: dict[str, list[float]], unit: float) -> list[str]:
+        medians = {client: unit / statistics.median(seconds) for client, seconds in values.items()}
+        best = max(medians, key=medians.get)
+        return [
+            (f"**{count(medians[client])}**" if client == best else count(medians[client]))
+            + f" ({count(unit / max(values[client]))}-{count(unit / min(values[client]))})"
+            for client in ("obstore", "s3fs")
+        ]
+
+    for latency in latencies:
+        for size in (1.0, 4.0, 16.0):
+            rows = [row for row in result["blocks"] if row["block_MiB"] == size and row["latency_ms"] == latency]
+            if rows:
+                unit = rows[0]["requests"] * size * 2**20 / 1e6
+                table.append([f"{size:.0f} MiB, {latency:.0f} ms", *cells({r["client"]: r["seconds"] for r in rows}, unit)])
+    for latency in latencies:
+        rows = [r for r in result["small_ranges"] if r["latency_ms"] == latency and r["client"] in ("obstore", "s3fs")]
+        if rows:
+            label = f"{rows[0]['range_bytes'] / 1e3:.0f} KB ranges, {latency:.0f} ms (ranges/s)"
+            table.append([label, *cells({r["client"]: r["seconds"] for r in rows}, rows[0]["ranges"])])
+    return _markdown(["block, added latency", "obstore", "s3fs"], table, "lrr")
+
+
 def _remote_loading(result: dict, into: dict[str, str]) -> None:
     rows = {row["contender"]: row for row in result["rows"]}
     for name, row in rows.items():
@@ -305,6 +364,7 @@ SECTIONS: dict[str, Callable[[dict, dict[str, str]], None]] = {
     "train_order": _train_order,
     "train_augment": _train_augment,
     "remote_loading": _remote_loading,
+    "remote_reads": _remote_reads,
 }
 
 
@@ -431,6 +491,7 @@ TABLES: dict[str, Callable[[dict[str, dict]], str]] = {
     "bench_jpeg_cpu": lambda results: _bench_table(results, "bench_jpeg_cpu"),
     "build_memmap": _build_table,
     "remote_loading": _remote_table,
+    "remote_reads": _remote_reads_table,
 }
 
 

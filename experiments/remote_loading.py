@@ -30,7 +30,7 @@ Contenders take turns, ``--repeats`` times, each repeat starting with another on
 after an untimed epoch of the local contender (imports, threads, page cache).
 
     python -m experiments.remote_loading --mosaic-python /tmp/benchvenv/bin/python
-    python -m experiments.remote_loading --quick      # 200 small photos, one repeat
+    python -m experiments.remote_loading --quick      # 100 small photos, one repeat
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ LABELS = {
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="200 small photos, one repeat, gpuload only")
+    parser.add_argument("--quick", action="store_true", help="100 small photos, one repeat, gpuload only")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--latency-ms", type=float, default=20.0, help="added to every request (default: 20)")
@@ -259,7 +259,7 @@ def prepare(args, root: Path) -> dict:
     """Every contender's copy of the photos under ``root/bench`` (the endpoint's folder); returns their sizes."""
     import gpuload
 
-    images, size = (200, (120, 160)) if args.quick else (args.images, (480, 640))
+    images, size = (100, (120, 160)) if args.quick else (args.images, (480, 640))  # quick: the photos of bench --quick
     _, folder = photo_folders(args.workdir, images, size)
     local = folder.with_suffix(".jpeg")
     if not local.exists():
@@ -487,8 +487,8 @@ def plot(result: dict) -> None:
     axis.set_xlabel("images/s (RandomResizedCrop(224) + flip, batches of 64)")
     axis.grid(True, axis="x", alpha=0.3)
     axis.set_title(
-        f"{result['images']:,} photos from loopback S3, {result['latency_ms']:.0f} ms a request, "
-        f"{result['workers']} threads/workers, {result['device_name']}",
+        f"{result['images']:,} photos, loopback S3 + {result['latency_ms']:.0f} ms a request, "
+        f"{result['workers']} threads/workers",
         loc="left",
     )
     print(f"wrote {save_figure(fig, 'remote_loading', result)}")

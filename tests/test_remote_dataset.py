@@ -220,19 +220,31 @@ class TestDatasetAtUrl:
             expected = DataLoader(MemmapImageDataset(local), batch_size=4, shuffle=True, seed=0, device="cpu", decode=decoder(dataset.storage))
             assert same(batches(loader), batches(expected))
 
-    def test_over_https_with_a_signed_url(self, jpeg_dataset, http, http_root, tmp_path):
-        push_memmap(jpeg_dataset, (http_root / "photos.jpeg").as_uri(), progress=False)
-        url = f"{http.proxy.url}/photos.jpeg?X-Amz-Signature=SECRET"
+    @pytest.mark.parametrize("storage", ["jpeg", "raw"])
+    def test_over_https_with_a_signed_url(self, storage, jpeg_dataset, built_dataset, http, http_root, tmp_path):
+        local = jpeg_dataset if storage == "jpeg" else built_dataset
+        push_memmap(local, (http_root / local.name).as_uri(), progress=False)
+        url = f"{http.proxy.url}/{local.name}?X-Amz-Signature=SECRET"
+        assert verify_remote(url, progress=False) == []
         with open_at(url, tmp_path / "cache") as dataset:
             assert "SECRET" not in dataset.path + repr(dataset) + dataset.describe(0)
-            loader = DataLoader(dataset, batch_size=5, shuffle=True, seed=1, device="cpu", decode=CenterCropDecode(24))
-            expected = DataLoader(
-                MemmapImageDataset(jpeg_dataset), batch_size=5, shuffle=True, seed=1, device="cpu",
-                decode=CenterCropDecode(24), block_shuffle=loader.block_shuffle,
-            )  # fmt: skip
-            mine, theirs = batches(loader), batches(expected)
-            assert sorted(torch.cat([labels for _, labels in mine]).tolist()) == sorted(torch.cat([labels for _, labels in theirs]).tolist())
-            assert all(request.path.endswith("X-Amz-Signature=SECRET") for request in http.proxy.gets("data.memmap"))
+            options = dict(batch_size=5, shuffle=True, seed=1, device="cpu", decode=CenterCropDecode(24))
+            loader = DataLoader(dataset, **options)
+            assert loader.block_shuffle == 32
+            expected = DataLoader(MemmapImageDataset(local), **options)
+            loader.set_epoch(2)
+            served = batches(loader)
+            assert sorted(torch.cat([labels for _, labels in served]).tolist()) == sorted(dataset.targets)
+            loader.set_epoch(2)
+            first = [batch for _, batch in zip(range(2), loader)]
+            resumed = DataLoader(dataset, **options)
+            resumed.load_state_dict(loader.state_dict())
+            assert same([(i.clone(), l.clone()) for i, l in first] + batches(resumed), served)  # exact resume
+            exact = DataLoader(dataset, **options, block_shuffle=0)
+            assert same(batches(exact), batches(expected))
+        name = dataset.image_file.name
+        assert all(request.path.endswith("X-Amz-Signature=SECRET") for request in http.proxy.gets(name))
+        assert not [path for path in (tmp_path / "cache").rglob("*") if path.is_file() and b"SECRET" in path.read_bytes()]
 
     def test_bad_arguments(self, pushed, jpeg_dataset, tmp_path):
         _, url = pushed
@@ -363,3 +375,13 @@ def test_two_nodes_of_two_ranks_with_torchrun(s3, s3_server, built_dataset, tmp_
 def blocks_of_size(request, size: int) -> list[int]:
     first, last = (int(side) for side in request.headers["Range"].removeprefix("bytes=").split("-"))
     return list(range(first // size, last // size + 1))
+
+
+def test_a_forked_worker_is_told_to_spawn(s3, pushed, tmp_path):
+    """obstore's runtime cannot run in a forked process: a stock DataLoader worker started with fork gets
+    a clear error instead of a hang."""
+    _, url = pushed
+    with open_at(url, tmp_path / "cache") as dataset:
+        loader = torch.utils.data.DataLoader(dataset, batch_size=2, num_workers=1, multiprocessing_context="fork")
+        with pytest.raises(UsageError, match="obstore cannot run in a forked process: pass multiprocessing_context='spawn'"):
+            next(iter(loader))

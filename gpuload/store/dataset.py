@@ -149,7 +149,10 @@ class MemmapImageDataset(torch.utils.data.Dataset):
     dataset's ``data`` then holds its labels only (``data.images`` stays in storage). ``path`` is the
     redacted URL.
 
-    Pickling it (for DataLoader workers) sends the path (or URL and cache settings), not the data.
+    Pickling it (for DataLoader workers) sends the path (or URL and cache settings), not the data. A
+    dataset at a URL read through obstore (``s3://``, ``gs://``, ``az://``) cannot be used in a process
+    forked after it was opened (obstore's runtime is not fork-safe): give torch's DataLoader
+    ``multiprocessing_context="spawn"``, or use :class:`gpuload.DataLoader` (threads).
     The files must not change while a process reads them: a raw file truncated under a running
     reader ends that process with ``SIGBUS`` (the kernel's answer to reading a page that no longer exists).
 
@@ -246,6 +249,7 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         self._starts, self._lengths = index.starts.copy(), index.lengths.copy()
         self._checksums = index.checksums()
         self._file = index.image_file(cache=cache, block_size=self.block_size)
+        self._pid = os.getpid()
         if self.storage == "raw":
             self.image_shape = tuple(self.manifest.image_shape)
             self.data = RemoteRawData(labels=labels, batch_size=[len(labels)]).lock_()
@@ -295,6 +299,8 @@ class MemmapImageDataset(torch.utils.data.Dataset):
                 return [self.read_jpeg(index) for index in indices]
             stored, _ = storage_order(self.data.images)
             return [stored[int(index)].numpy().tobytes() for index in indices]
+        if self._pid != os.getpid():
+            self._after_fork()
         indices = [int(index) for index in indices]
         ranges = self.image_ranges(indices)
         found = self._file.read_many(ranges)
@@ -312,6 +318,23 @@ class MemmapImageDataset(torch.utils.data.Dataset):
                     )
                 found[row] = data
         return found
+
+    def _after_fork(self) -> None:
+        """In a process forked after the open (a stock DataLoader worker started with ``fork``): an fsspec
+        store is opened again here; obstore's runtime cannot run in a forked process at all."""
+        from .remote import open_store
+        from .remote_file import RemoteFile
+
+        if self._file.store.backend == "obstore":
+            raise UsageError(
+                f"{self.path} was opened before this process was forked (a DataLoader worker started with 'fork'), "
+                "and obstore cannot run in a forked process: pass multiprocessing_context='spawn' (or 'forkserver') "
+                "to torch's DataLoader, or use gpuload.DataLoader, whose threads need no worker processes"
+            )
+        old = self._file
+        store = open_store(self._url, backend=old.store.backend, retry=old.store.retry, storage_options=self._options)
+        self._file = RemoteFile(store, old.name, info=old.info, cache=self.cache, block_size=self.block_size)
+        self._pid = os.getpid()
 
     def raw_pixels(self, data: bytes) -> torch.Tensor:
         """A raw image's stored bytes as ``[3, H, W]`` (channels-last memory where the dataset stores it so)."""
