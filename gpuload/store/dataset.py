@@ -306,8 +306,8 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         found = self._file.read_many(ranges)
         bad = [row for row, data in enumerate(found) if xxhash.xxh3_64_intdigest(data) != self._checksums[indices[row]]]
         if bad:
-            for row in bad:  # a block damaged in the cache (a power cut): fetched again, once
-                self._file.invalidate(*ranges[row])
+            for row in bad:  # a block damaged in the cache (a power cut): fetched again, once per node
+                self._file.invalidate(*ranges[row], int(self._checksums[indices[row]]))
             for row, data in zip(bad, self._file.read_many([ranges[row] for row in bad])):
                 if xxhash.xxh3_64_intdigest(data) != self._checksums[indices[row]]:
                     start, length = ranges[row]

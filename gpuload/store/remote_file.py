@@ -133,7 +133,7 @@ class RemoteFile:
         if not bad:
             return results
         for position in bad:
-            self.invalidate(*ranges[position])
+            self.invalidate(*ranges[position], checksums[position])
         again = self._read([ranges[position] for position in bad])
         for position, data in zip(bad, again):
             if xxhash.xxh3_64_intdigest(data) != checksums[position]:
@@ -145,13 +145,36 @@ class RemoteFile:
             results[position] = data
         return results
 
-    def invalidate(self, start: int, length: int) -> None:
+    def invalidate(self, start: int, length: int, checksum: int | None = None) -> None:
         """Drop the cached blocks holding bytes ``start`` to ``start + length`` (after a checksum failure):
-        the next read fetches them again. Without a cache, nothing to do."""
+        the next read fetches them again. With ``checksum``, only while the cached bytes still fail it:
+        another thread or process that met the same damage may have fetched them again already, and a
+        second drop would download them twice. Without a cache, nothing to do."""
         if self.cache is None or length <= 0:
             return
-        for index in range(start // self.block_size, (start + length - 1) // self.block_size + 1):
-            with self.cache.writing(self._space, index):
+        blocks = range(start // self.block_size, (start + length - 1) // self.block_size + 1)
+        with ExitStack() as locks:
+            stripes = {}
+            for index in blocks:  # in one order, as _fetch_run takes them
+                stripes.setdefault(self.cache.stripe(self._space, index), index)
+            for _, index in sorted(stripes.items()):
+                locks.enter_context(self.cache.writing(self._space, index))
+            if checksum is not None:
+                pieces = [
+                    self.cache.get(
+                        self._space,
+                        index,
+                        self._block_length(index),
+                        max(start, index * self.block_size) - index * self.block_size,
+                        min(start + length, (index + 1) * self.block_size) - max(start, index * self.block_size),
+                    )
+                    for index in blocks
+                ]
+                if any(piece is None for piece in pieces):
+                    return  # dropped by another reader: the next read fetches it
+                if xxhash.xxh3_64_intdigest(b"".join(pieces)) == checksum:
+                    return  # fetched again by another reader: good now
+            for index in blocks:
                 self.cache.drop(self._space, index)
 
     def prefetch(self, blocks: Sequence[int]) -> int:
