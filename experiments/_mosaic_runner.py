@@ -90,7 +90,10 @@ def read(remote: str, local: str, epochs: str, batch_size: str, workers: str) ->
     dataset = Photos(remote=remote, local=local, shuffle=True, shuffle_seed=0, batch_size=int(batch_size))
     opened = time.perf_counter() - started
     loader = torch.utils.data.DataLoader(
-        dataset, batch_size=int(batch_size), num_workers=int(workers), persistent_workers=True,
+        dataset,
+        batch_size=int(batch_size),
+        num_workers=int(workers),
+        persistent_workers=True,
         multiprocessing_context="forkserver",
     )
     for epoch in range(int(epochs)):

@@ -292,7 +292,9 @@ def _remote_reads(result: dict, into: dict[str, str]) -> None:
         f"{100 * min(behind):.0f}",
         percent(max(behind)),
     )
-    into["remote_reads.small_x"] = times(min(ranges["obstore", lat] / ranges["s3fs", lat] for lat in (0.0, result["latency_ms"])))
+    into["remote_reads.small_x"] = times(
+        min(ranges["obstore", lat] / ranges["s3fs", lat] for lat in (0.0, result["latency_ms"]))
+    )
     for latency in (0.0, result["latency_ms"]):
         into[f"remote_reads.get_ranges.{latency:.0f}"] = count(ranges["obstore get_ranges", latency])
     for row in result["object_size"]:
@@ -318,7 +320,9 @@ def _remote_reads_table(results: dict[str, dict]) -> str:
             rows = [row for row in result["blocks"] if row["block_MiB"] == size and row["latency_ms"] == latency]
             if rows:
                 unit = rows[0]["requests"] * size * 2**20 / 1e6
-                table.append([f"{size:.0f} MiB, {latency:.0f} ms", *cells({r["client"]: r["seconds"] for r in rows}, unit)])
+                table.append(
+                    [f"{size:.0f} MiB, {latency:.0f} ms", *cells({r["client"]: r["seconds"] for r in rows}, unit)]
+                )
     for latency in latencies:
         rows = [r for r in result["small_ranges"] if r["latency_ms"] == latency and r["client"] in ("obstore", "s3fs")]
         if rows:
@@ -339,7 +343,11 @@ def _remote_loading(result: dict, into: dict[str, str]) -> None:
     for name, bar in result["bars"].items():
         value = f"{bar['value']:.2f} s" if name == "first_batch_s" else times(bar["value"])
         into[f"remote_loading.bar.{name}"] = value
-    for ours, theirs in (("gpuload_cold", "litdata_cold"), ("gpuload_cold", "webdataset"), ("gpuload_cold", "mosaic_cold")):
+    for ours, theirs in (
+        ("gpuload_cold", "litdata_cold"),
+        ("gpuload_cold", "webdataset"),
+        ("gpuload_cold", "mosaic_cold"),
+    ):
         if ours in rows and theirs in rows:
             for kind in ("images_per_second", "steady_images_per_second"):
                 ratio = rows[ours][kind]["median"] / rows[theirs][kind]["median"]

@@ -93,7 +93,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mosaic-python", default=os.environ.get("GPULOAD_MOSAIC_PYTHON"),
                         help="an interpreter with mosaicml-streaming, torch and torchvision (it pins numpy<2.2)")  # fmt: skip
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "gpuload-experiments")
-    parser.add_argument("--only", nargs="+", help="run only these contenders (gpuload, gpuload_local, gpuload_exact, litdata, webdataset, mosaic)")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        help="run only these contenders (gpuload, gpuload_local, gpuload_exact, litdata, webdataset, mosaic)",
+    )
     parser.add_argument("--plot-only", action="store_true")
     parser.add_argument("--serve", help=argparse.SUPPRESS)  # internal: the S3 endpoint's process
     add_device_argument(parser)  # accepted for experiments.run; batches stay on the CPU here
@@ -129,7 +133,15 @@ class Endpoint:
     """The server process: its URL and its counters."""
 
     def __init__(self, root: Path, latency_ms: float) -> None:
-        command = [sys.executable, "-m", "experiments.remote_loading", "--serve", str(root), "--latency-ms", str(latency_ms)]
+        command = [
+            sys.executable,
+            "-m",
+            "experiments.remote_loading",
+            "--serve",
+            str(root),
+            "--latency-ms",
+            str(latency_ms),
+        ]
         self.process = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.url = self.process.stdout.readline().strip()
         if not self.url.startswith("http://"):
@@ -229,7 +241,9 @@ def litdata_loader(url: str, cache: Path, args):
         from experiments._litdata_photos import Photos
 
         dataset = Photos(url, cache_dir=str(cache), shuffle=True, seed=0)
-        return StreamingDataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers, persistent_workers=True)
+        return StreamingDataLoader(
+            dataset, batch_size=args.batch_size, num_workers=args.workers, persistent_workers=True
+        )
 
     return make
 
@@ -377,7 +391,10 @@ def _contenders(args, url: str, caches: Path, server: Endpoint, sizes: dict) -> 
     contenders = {
         "gpuload": two("gpuload", gpuload_loader(url, caches / "gpuload", args), caches / "gpuload"),
         "gpuload_local": lambda: {
-            "gpuload_local": {**epochs(gpuload_loader(str(sizes["local"]), None, args), 2, server)[1], "disk_bytes": sizes["gpuload"]}
+            "gpuload_local": {
+                **epochs(gpuload_loader(str(sizes["local"]), None, args), 2, server)[1],
+                "disk_bytes": sizes["gpuload"],
+            }
         },
         "gpuload_exact": two(
             "gpuload_exact", gpuload_loader(url, caches / "exact", args, block_shuffle=0), caches / "exact"
@@ -385,7 +402,9 @@ def _contenders(args, url: str, caches: Path, server: Endpoint, sizes: dict) -> 
     }
     if args.quick:
         return contenders
-    contenders["litdata"] = two("litdata", litdata_loader(f"s3://{BUCKET}/litdata", caches / "litdata", args), caches / "litdata")
+    contenders["litdata"] = two(
+        "litdata", litdata_loader(f"s3://{BUCKET}/litdata", caches / "litdata", args), caches / "litdata"
+    )
     last = sizes["shards"] - 1
     pattern = f"{server.url}/{BUCKET}/wds/shard-{{000000..{last:06d}}}.tar"
     contenders["webdataset"] = lambda: {
@@ -481,7 +500,9 @@ def plot(result: dict) -> None:
     positions = np.arange(len(rows))
     axis.barh(positions, medians, 0.6, xerr=whiskers, color=colours, capsize=3)
     for y, value, row in zip(positions, medians, rows):
-        axis.text(value, y, f" {value:,.0f}  ({row['downloaded_over_dataset']:.2f}x downloaded)", va="center", fontsize=14)
+        axis.text(
+            value, y, f" {value:,.0f}  ({row['downloaded_over_dataset']:.2f}x downloaded)", va="center", fontsize=14
+        )
     axis.set_yticks(positions, [row["label"] for row in rows])
     axis.set_xlim(0, 1.6 * axis.get_xlim()[1])
     axis.set_xlabel("images/s (RandomResizedCrop(224) + flip, batches of 64)")

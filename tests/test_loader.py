@@ -1182,8 +1182,16 @@ class TestBlockShuffle:
     @pytest.mark.parametrize(
         ("options", "error", "match"),
         [
-            ({"block_shuffle": -1}, ValueError, "block_shuffle must be 0 .exact shuffle. or a positive number of blocks, got -1"),
-            ({"block_shuffle": 2, "shuffle": False}, ValueError, "block_shuffle=2 orders a shuffled epoch; pass shuffle=True"),
+            (
+                {"block_shuffle": -1},
+                ValueError,
+                "block_shuffle must be 0 .exact shuffle. or a positive number of blocks, got -1",
+            ),
+            (
+                {"block_shuffle": 2, "shuffle": False},
+                ValueError,
+                "block_shuffle=2 orders a shuffled epoch; pass shuffle=True",
+            ),
             ({"block_shuffle": 1.5}, TypeError, "block_shuffle must be an int, got float: 1.5"),
         ],
     )
@@ -1199,7 +1207,9 @@ class TestBlockShuffle:
 
     def test_a_state_of_another_order_is_refused(self):
         loader = self.loader(23, window=2)
-        with pytest.raises(ValueError, match="saved with block_shuffle=0, this loader has block_shuffle=2: another order"):
+        with pytest.raises(
+            ValueError, match="saved with block_shuffle=0, this loader has block_shuffle=2: another order"
+        ):
             loader.load_state_dict(state(0, 8, seed=5))
 
     def test_the_position_may_count_the_padding_inside_the_order(self):

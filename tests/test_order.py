@@ -183,10 +183,11 @@ class TestBlockOrder:
 
     def test_without_blocks_or_shuffle_it_is_the_exact_order(self):
         blocks = image_blocks(30, 4, uneven=False)
+        assert torch.equal(epoch_order(30, epoch=1, seed=2, shuffle=False, blocks=blocks, window=3), torch.arange(30))
         assert torch.equal(
-            epoch_order(30, epoch=1, seed=2, shuffle=False, blocks=blocks, window=3), torch.arange(30)
+            global_order(30, epoch=1, seed=2, shuffle=True),
+            torch.randperm(30, generator=torch.Generator().manual_seed(3)),
         )
-        assert torch.equal(global_order(30, epoch=1, seed=2, shuffle=True), torch.randperm(30, generator=torch.Generator().manual_seed(3)))
 
     def test_bad_window(self):
         with pytest.raises(ValueError, match="window must be a positive int of blocks, got 0"):

@@ -8,9 +8,9 @@ import pytest
 import torch
 from conftest import FAST_RETRY
 
+from gpuload.loading.prefetch import BlockPrefetcher
 from gpuload.store.cache import BlockCache
 from gpuload.store.remote import open_store
-from gpuload.loading.prefetch import BlockPrefetcher
 from gpuload.store.remote_file import RemoteFile
 
 BLOCK = 1_000

@@ -171,7 +171,12 @@ class TestDatasetAtUrl:
     def test_it_serves_what_the_local_dataset_serves(self, at_url):
         local, dataset, url = at_url
         here = MemmapImageDataset(local)
-        assert (dataset.path, dataset.storage, dataset.classes, len(dataset)) == (url, here.storage, here.classes, len(here))
+        assert (dataset.path, dataset.storage, dataset.classes, len(dataset)) == (
+            url,
+            here.storage,
+            here.classes,
+            len(here),
+        )
         assert torch.equal(dataset.data.labels, here.data.labels)
         for index in (0, 7, len(here) - 1):
             (image, label), (expected, expected_label) = dataset[index], here[index]
@@ -182,7 +187,9 @@ class TestDatasetAtUrl:
 
     def test_the_exact_shuffle_is_the_local_loaders(self, at_url):
         local, dataset, _ = at_url
-        options = dict(batch_size=3, shuffle=True, seed=2, device="cpu", decode=decoder(dataset.storage), block_shuffle=0)
+        options = dict(
+            batch_size=3, shuffle=True, seed=2, device="cpu", decode=decoder(dataset.storage), block_shuffle=0
+        )
         assert same(batches(DataLoader(dataset, **options)), batches(DataLoader(MemmapImageDataset(local), **options)))
 
     def test_the_block_order_is_the_default_and_reads_each_block_once(self, s3, at_url):
@@ -210,14 +217,25 @@ class TestDatasetAtUrl:
         with open_at(url, dataset.cache.path) as again:
             resumed = DataLoader(again, **options)
             resumed.load_state_dict(state)
-            assert same([(i.clone(), l.clone()) for i, l in first] + batches(resumed), uninterrupted)
+            assert same(
+                [(images.clone(), labels.clone()) for images, labels in first] + batches(resumed), uninterrupted
+            )
 
     def test_without_a_cache_each_image_is_a_ranged_read(self, s3, pushed):
         local, url = pushed
         with open_at(url, None) as dataset:
-            loader = DataLoader(dataset, batch_size=4, shuffle=True, seed=0, device="cpu", decode=decoder(dataset.storage))
+            loader = DataLoader(
+                dataset, batch_size=4, shuffle=True, seed=0, device="cpu", decode=decoder(dataset.storage)
+            )
             assert loader.block_shuffle == 0 and dataset.cache is None
-            expected = DataLoader(MemmapImageDataset(local), batch_size=4, shuffle=True, seed=0, device="cpu", decode=decoder(dataset.storage))
+            expected = DataLoader(
+                MemmapImageDataset(local),
+                batch_size=4,
+                shuffle=True,
+                seed=0,
+                device="cpu",
+                decode=decoder(dataset.storage),
+            )
             assert same(batches(loader), batches(expected))
 
     @pytest.mark.parametrize("storage", ["jpeg", "raw"])
@@ -239,16 +257,22 @@ class TestDatasetAtUrl:
             first = [batch for _, batch in zip(range(2), loader)]
             resumed = DataLoader(dataset, **options)
             resumed.load_state_dict(loader.state_dict())
-            assert same([(i.clone(), l.clone()) for i, l in first] + batches(resumed), served)  # exact resume
+            assert same(
+                [(images.clone(), labels.clone()) for images, labels in first] + batches(resumed), served
+            )  # exact resume
             exact = DataLoader(dataset, **options, block_shuffle=0)
             assert same(batches(exact), batches(expected))
         name = dataset.image_file.name
         assert all(request.path.endswith("X-Amz-Signature=SECRET") for request in http.proxy.gets(name))
-        assert not [path for path in (tmp_path / "cache").rglob("*") if path.is_file() and b"SECRET" in path.read_bytes()]
+        assert not [
+            path for path in (tmp_path / "cache").rglob("*") if path.is_file() and b"SECRET" in path.read_bytes()
+        ]
 
     def test_bad_arguments(self, pushed, jpeg_dataset, tmp_path):
         _, url = pushed
-        with pytest.raises(UsageError, match=r"needs cache_size, the most bytes it may keep on that disk, e.g. cache_size='200GB'"):
+        with pytest.raises(
+            UsageError, match=r"needs cache_size, the most bytes it may keep on that disk, e.g. cache_size='200GB'"
+        ):
             MemmapImageDataset(url, cache=tmp_path / "cache")
         with pytest.raises(UsageError, match="cache_size='1GB' was given without a cache folder"):
             MemmapImageDataset(url, cache_size="1GB")
@@ -270,7 +294,9 @@ class TestFaults:
         local, url = pushed
         name = "data.memmap" if (local / "data.memmap").exists() else "images.memmap"
         with open_at(url, None) as dataset:  # no cache, no read-ahead: the second batch reads after the change
-            loader = DataLoader(dataset, batch_size=4, device="cpu", decode=decoder(dataset.storage), prefetch=1, threads=1)
+            loader = DataLoader(
+                dataset, batch_size=4, device="cpu", decode=decoder(dataset.storage), prefetch=1, threads=1
+            )
             iterator = iter(loader)
             next(iterator)
             data = bytearray((local / name).read_bytes())
@@ -281,17 +307,23 @@ class TestFaults:
             assert str(caught.value).startswith(f"{url}/{name} changed since it was opened (ETag ")
             assert "open the dataset again to read the new version" in str(caught.value)
 
-    def test_an_object_replaced_before_its_blocks_are_cached_stops_the_read_ahead_and_the_readers(self, pushed, s3, tmp_path):
+    def test_an_object_replaced_before_its_blocks_are_cached_stops_the_read_ahead_and_the_readers(
+        self, pushed, s3, tmp_path
+    ):
         local, url = pushed
         name = "data.memmap" if (local / "data.memmap").exists() else "images.memmap"
         with open_at(url, tmp_path / "cache") as dataset:
             data = bytearray((local / name).read_bytes())
             data[0] ^= 0xFF
             s3.client().put_object(Bucket=s3.bucket, Key=f"{local.name}/{name}", Body=bytes(data))
-            loader = DataLoader(dataset, batch_size=4, shuffle=True, seed=0, device="cpu", decode=decoder(dataset.storage))
+            loader = DataLoader(
+                dataset, batch_size=4, shuffle=True, seed=0, device="cpu", decode=decoder(dataset.storage)
+            )
             with pytest.raises(ObjectChangedError, match=f"{name} changed since it was opened"):
                 batches(loader)
-            assert not [path for path in (tmp_path / "cache").glob("objects/*/[0-9]*")]  # nothing of the new version kept
+            assert not [
+                path for path in (tmp_path / "cache").glob("objects/*/[0-9]*")
+            ]  # nothing of the new version kept
 
     def test_a_damaged_cached_block_is_dropped_and_fetched_again_once(self, at_url, s3):
         local, dataset, _ = at_url
@@ -316,7 +348,10 @@ class TestFaults:
         s3.client().upload_file(str(local / "manifest.json"), s3.bucket, f"{local.name}/manifest.json")
         with open_at(url, tmp_path / "cache") as dataset:
             loader = DataLoader(dataset, batch_size=4, device="cpu", decode=decoder(dataset.storage))
-            with pytest.raises(DatasetError, match=r"image \d+ \(.*\) does not match its build checksum, also when downloaded again: .* is damaged at bytes \d+-\d+; run gpuload verify on the URL, then push the dataset again"):
+            with pytest.raises(
+                DatasetError,
+                match=r"image \d+ \(.*\) does not match its build checksum, also when downloaded again: .* is damaged at bytes \d+-\d+; run gpuload verify on the URL, then push the dataset again",
+            ):
                 batches(loader)
 
     @pytest.mark.parametrize("fault", ["503", "reset", "short"])
@@ -326,7 +361,9 @@ class TestFaults:
             options = dict(batch_size=4, shuffle=True, seed=1, device="cpu", decode=decoder(dataset.storage), threads=1)
             s3.proxy.clear()
             s3.proxy.fail(fault, times=3)
-            assert same(batches(DataLoader(dataset, **options)), batches(DataLoader(MemmapImageDataset(local), **options)))
+            assert same(
+                batches(DataLoader(dataset, **options)), batches(DataLoader(MemmapImageDataset(local), **options))
+            )
         assert len(s3.proxy.gets()) == 5 + 3  # a request per batch, 3 of them faulted and retried
 
 
@@ -346,9 +383,14 @@ def test_two_nodes_of_two_ranks_with_torchrun(s3, s3_server, built_dataset, tmp_
                 script, url, str(built_dataset), str(tmp_path / "caches"), ",".join(node.url for node in nodes), mode,
                 str(tmp_path),
             ]  # fmt: skip
-            result = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            result = subprocess.run(
+                command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+            )
             assert result.returncode == 0, result.stderr[-3000:]
-        downloads = [[block for request in node.gets("images.memmap") for block in blocks_of_size(request, 32_768)] for node in nodes]
+        downloads = [
+            [block for request in node.gets("images.memmap") for block in blocks_of_size(request, 32_768)]
+            for node in nodes
+        ]
     run = [json.loads((tmp_path / f"run{rank}.json").read_text())["served"] for rank in range(4)]
     rest = [json.loads((tmp_path / f"resume{rank}.json").read_text())["served"] for rank in range(2)]
     state = json.loads((tmp_path / "state.json").read_text())
@@ -364,8 +406,12 @@ def test_two_nodes_of_two_ranks_with_torchrun(s3, s3_server, built_dataset, tmp_
     assert sorted(sum((served["epoch0"]["indices"] for served in run), [])) == list(range(20))
     assert {served["epoch0"]["length"] for served in run} == {3}  # 5 images a rank, batches of 2
     assert (state["global_position"], state["order_world_size"], state["world_size"]) == (16, 4, 4)
-    assert [served["epoch1_rest"]["indices"] for served in rest] == [expected(1, rank, 2, start=16) for rank in range(2)]
-    epoch1 = sum((served["epoch1_start"]["indices"] for served in run), []) + sum((s["epoch1_rest"]["indices"] for s in rest), [])
+    assert [served["epoch1_rest"]["indices"] for served in rest] == [
+        expected(1, rank, 2, start=16) for rank in range(2)
+    ]
+    epoch1 = sum((served["epoch1_start"]["indices"] for served in run), []) + sum(
+        (s["epoch1_rest"]["indices"] for s in rest), []
+    )
     assert sorted(epoch1) == list(range(20))  # every image once, across the stop and the resume on 2 ranks
     for node in downloads:  # a node's cache serves its ranks: a block downloaded at most once per node
         assert len(node) == len(set(node)) and node
@@ -383,5 +429,7 @@ def test_a_forked_worker_is_told_to_spawn(s3, pushed, tmp_path):
     _, url = pushed
     with open_at(url, tmp_path / "cache") as dataset:
         loader = torch.utils.data.DataLoader(dataset, batch_size=2, num_workers=1, multiprocessing_context="fork")
-        with pytest.raises(UsageError, match="obstore cannot run in a forked process: pass multiprocessing_context='spawn'"):
+        with pytest.raises(
+            UsageError, match="obstore cannot run in a forked process: pass multiprocessing_context='spawn'"
+        ):
             next(iter(loader))

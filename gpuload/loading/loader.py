@@ -24,7 +24,7 @@ from ..errors import UsageError
 from ..machine import default_workers, limit_torch_threads
 from ..store.dataset import ImageData, MemmapImageDataset, storage_order
 from .crop import CenterCropDecode, RandomResizedCropDecode, crop_raw, crop_remote_raw, decode_batch, decode_crops
-from .order import distributed_rank, epoch_order, global_order
+from .order import distributed_rank, epoch_order
 from .prefetch import DEFAULT_AHEAD_BLOCKS, BlockPrefetcher
 
 __all__ = ["DataLoader"]
@@ -189,7 +189,9 @@ class DataLoader:
         if block_shuffle is not None:
             _check_int("block_shuffle", block_shuffle)
             if block_shuffle < 0:
-                raise ValueError(f"block_shuffle must be 0 (exact shuffle) or a positive number of blocks, got {block_shuffle}")
+                raise ValueError(
+                    f"block_shuffle must be 0 (exact shuffle) or a positive number of blocks, got {block_shuffle}"
+                )
             if block_shuffle and not shuffle:
                 raise ValueError(
                     f"block_shuffle={block_shuffle} orders a shuffled epoch; pass shuffle=True, or leave block_shuffle out"
@@ -372,7 +374,7 @@ class DataLoader:
             return math.ceil(length / order_world_size) * order_world_size
         return length
 
-    def image_blocks(self) -> torch.Tensor:
+    def _image_blocks(self) -> torch.Tensor:
         """int64 ``[N]``: the block each image starts in, which the block-aware order groups by."""
         if self._blocks is None:
             if isinstance(self.dataset, MemmapImageDataset):
@@ -396,7 +398,7 @@ class DataLoader:
         epoch, start = self.epoch, self._start
         order_world_size = self._order_world_size or world_size  # the world size that started the epoch
         self.epoch, self._start, self._order_world_size = epoch + 1, 0, None
-        blocks = self.image_blocks() if self.shuffle and self.block_shuffle and self.sampler is None else None
+        blocks = self._image_blocks() if self.shuffle and self.block_shuffle and self.sampler is None else None
         order = epoch_order(
             len(self._labels),
             epoch=epoch,
@@ -451,7 +453,8 @@ class DataLoader:
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(images={len(self._labels)}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
-            f"drop_last={self.drop_last}, device={str(self.device)!r}, prefetch={self.prefetch})"
+            f"drop_last={self.drop_last}, device={str(self.device)!r}, prefetch={self.prefetch}, "
+            f"block_shuffle={self.block_shuffle})"
         )
 
 

@@ -230,7 +230,9 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         from .remote_file import DEFAULT_BLOCK_SIZE
 
         if cache is None and cache_size is not None:
-            raise UsageError(f"cache_size={cache_size!r} was given without a cache folder; pass cache='/local/disk/gpuload-cache'")
+            raise UsageError(
+                f"cache_size={cache_size!r} was given without a cache folder; pass cache='/local/disk/gpuload-cache'"
+            )
         if cache is not None and not isinstance(cache, BlockCache):
             if cache_size is None:
                 raise UsageError(
@@ -340,7 +342,9 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         """A raw image's stored bytes as ``[3, H, W]`` (channels-last memory where the dataset stores it so)."""
         channels, height, width = self.image_shape
         if self.manifest.layout == "channels_last":
-            return torch.from_numpy(np.frombuffer(data, np.uint8).reshape(height, width, channels).copy()).permute(2, 0, 1)
+            return torch.from_numpy(np.frombuffer(data, np.uint8).reshape(height, width, channels).copy()).permute(
+                2, 0, 1
+            )
         return torch.from_numpy(np.frombuffer(data, np.uint8).reshape(channels, height, width).copy())
 
     def close(self) -> None:
