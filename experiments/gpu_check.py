@@ -88,7 +88,11 @@ def run_steps(budget: float, out: Path | None, *, only: list[str] | None = None,
     if not dry_run and not torch.cuda.is_available():
         raise SystemExit("gpu_check run: torch sees no CUDA GPU here; run it on a GPU machine (the device tool)")
     started = time.monotonic()
+    import gpuload
+
     summary = {
+        "experiment": "gpu_check",
+        "machine": gpuload.describe_machine(),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
@@ -127,10 +131,11 @@ def run_steps(budget: float, out: Path | None, *, only: list[str] | None = None,
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / "gpu_check_cuda.json"
-    if path.is_file():  # an earlier call of the same lease: keep its steps that this one did not run
+    earlier = json.loads(path.read_text()) if path.is_file() else None
+    if earlier and (earlier.get("gpu"), earlier.get("date", "")[:10]) == (summary["gpu"], summary["date"][:10]):
+        # an earlier call of the same lease (same GPU, same day): keep its steps that this one did not run
         ran = {step["step"] for step in summary["steps"]}
-        earlier = [step for step in json.loads(path.read_text())["steps"] if step["step"] not in ran]
-        summary["steps"] = earlier + summary["steps"]
+        summary["steps"] = [step for step in earlier["steps"] if step["step"] not in ran] + summary["steps"]
     path.write_text(json.dumps(summary, indent=1) + "\n")
     if out is not None:
         pack(RESULTS.parent, out / "gpu_check_results.tar.gz")

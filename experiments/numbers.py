@@ -31,7 +31,8 @@ FACT = re.compile(r"<!--fact-->.*?<!--/fact-->", re.S)
 CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
 # A number with a unit of measurement, or a ratio: what a reader takes for a measurement.
 MEASURED = re.compile(
-    r"(?<![\w.,/-])\d[\d,]*(?:\.\d+)?\s?(?:images/s|img/s|ms\b|µs\b|s\b|MB/s|GB/s|MB\b|GB\b|KB\b|MiB\b|GiB\b|TB\b|%|x\b)"
+    r"(?<![\w.,/])\d[\d,]*(?:\.\d+)?(?:\s?-\s?\d[\d,]*(?:\.\d+)?)?\s?"
+    r"(?:[A-Za-z]+/s\b|ms\b|µs\b|s\b|MB\b|GB\b|KB\b|MiB\b|GiB\b|TB\b|%|x\b)"
 )
 
 
@@ -47,7 +48,8 @@ def spread(stats: dict) -> str:
 
 
 def times(value: float) -> str:
-    return f"{value:.2f}x" if value < 10 else f"{value:.0f}x"
+    """A ratio as the README and the talk write it: ``4.6x``, ``0.95x``, ``23x``."""
+    return f"{value:.2f}x" if value < 1 else f"{value:.1f}x" if value < 10 else f"{value:.0f}x"
 
 
 def percent(value: float) -> str:
@@ -66,15 +68,11 @@ def mebibytes(value: float) -> str:
     return f"{value / 2**20:,.0f} MiB"
 
 
-def machine_line(result: dict) -> str:
-    machine = result["machine"]
-    gpu = machine.get("gpu") or "no GPU"
-    return f"{machine['cores']}-core {machine['cpu']} VM, {machine['memory_gib']:.1f} GiB, {gpu}"
-
-
 def _describe(prefix: str, result: dict, into: dict[str, str]) -> None:
+    from gpuload.machine import machine_line
+
     into[f"{prefix}.date"] = result["machine"]["date"][:10]
-    into[f"{prefix}.machine"] = machine_line(result)
+    into[f"{prefix}.machine"] = machine_line(result["machine"])
     into[f"{prefix}.torch"] = result["machine"]["torch"].split("+")[0]
 
 
@@ -156,24 +154,17 @@ def _build_memmap(result: dict, into: dict[str, str]) -> None:
 
 
 def _bench(result: dict, into: dict[str, str], prefix: str) -> None:
-    rates = {name: stats["images_per_second"] for name, stats in result["results"].items()}
-    limit = max(rate for name, rate in rates.items() if name.startswith(("limit_gather", "limit_decode")))
-    for name, stats in result["results"].items():
-        into[f"{prefix}.{name}"] = count(stats["images_per_second"])
-        into[f"{prefix}.{name}.gbps"] = f"{stats['gigabytes_per_second']:.1f}"
-        into[f"{prefix}.{name}.of_limit"] = percent(stats["images_per_second"] / limit)
-    for ours, theirs in (
-        ("gpuload", "image_folder"),
-        ("gpuload", "collate"),
-        ("collate", "image_folder"),
-        ("gpuload_crop", "image_folder_augment"),
-        ("gpuload_augment", "image_folder_augment"),
-        ("gpuload_decode", "image_folder_augment"),
-        ("gpuload_decode_exact", "image_folder_augment"),
-        ("gpuload_decode_gpu", "image_folder_augment"),
-    ):
-        if ours in rates and theirs in rates:
-            into[f"{prefix}.{ours}_x_{theirs}"] = times(rates[ours] / rates[theirs])
+    """Each contender's rate, GB/s, share of the limit and speed-up over the stock loader doing the
+    same work, as ``gpuload bench`` prints them (:func:`gpuload.bench.bench_rows`)."""
+    from gpuload.bench import bench_rows
+
+    for row in bench_rows(result):
+        into[f"{prefix}.{row['name']}"] = count(row["images_per_second"])
+        into[f"{prefix}.{row['name']}.gbps"] = f"{row['gigabytes_per_second']:.1f}"
+        if row["of_limit"] is not None:
+            into[f"{prefix}.{row['name']}.of_limit"] = percent(row["of_limit"])
+        if row["x_stock"] is not None:
+            into[f"{prefix}.{row['name']}.x_stock"] = times(row["x_stock"])
     into[f"{prefix}.images"] = count(result["images"])
     into[f"{prefix}.batch_size"] = str(result["batch_size"])
 

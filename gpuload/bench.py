@@ -206,10 +206,10 @@ def _raw_contenders(
 
 def _gpu_decode_loads(device: torch.device) -> bool:
     """Whether ``gpu=True`` decoding (TorchCodec's nvJPEG) loads here; said on stderr when not."""
-    from .loading.loader import _check_gpu_decode
+    from .loading.loader import check_gpu_decode
 
     try:
-        _check_gpu_decode(device)
+        check_gpu_decode(device)
     except UsageError as error:
         print(f"gpuload bench: the nvJPEG contender is left out: {error}", file=sys.stderr)
         return False

@@ -88,12 +88,17 @@ def _steps(root: Path, images: int, size: tuple[int, int]) -> Path:
         pin_memory=loader.device.type == "cuda",
         persistent_workers=True,
     )
+    device = loader.device
     rates = {}
     for name, batches in (("gpuload.DataLoader", loader), (f"torch DataLoader with {workers} workers", stock)):
-        for _ in batches:  # warm-up epoch: page cache, buffers
+        for _ in batches:  # warm-up epoch: page cache, buffers, workers
             pass
+        _synchronize(device)
         started = time.perf_counter()
-        seen = sum(len(labels) for _, labels in batches)
+        seen = 0
+        for images, _ in batches:  # on the device, as training uses them
+            seen += len(images.to(device, non_blocking=True))
+        _synchronize(device)
         rates[name] = seen / (time.perf_counter() - started)
     print(
         f"5/5 read back: shuffled epochs of {seen} images in batches of 64 to {loader.device}: "
@@ -101,3 +106,8 @@ def _steps(root: Path, images: int, size: tuple[int, int]) -> Path:
         + " (gpuload bench DATASET compares more)"
     )
     return out
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -29,6 +29,8 @@ from pathlib import Path
 from string import Template
 
 from experiments.jpeg_store import LABELS, SIZE
+from experiments.numbers import count as _count
+from experiments.numbers import times as _times
 from gpuload.machine import machine_line
 
 from .snippets import Snippet
@@ -133,6 +135,8 @@ def render_slides(root: str | os.PathLike = ".") -> str:
         try:
             values.update(section(results, root))
         except (KeyError, IndexError, TypeError, ZeroDivisionError) as error:
+            if not reads:  # a section that reads no result fields of its own: the error is a bug here
+                raise
             files = ", ".join(f"assets/results/{name}.json" for name in reads)
             commands = " and ".join(f"`{HOW_TO_MEASURE[name]}`" for name in reads)
             raise ValueError(
@@ -230,14 +234,6 @@ class Store:
 
 
 # --- formatting -------------------------------------------------------------------------------
-
-
-def _count(value: float) -> str:
-    return f"{value:,.0f}"
-
-
-def _times(value: float) -> str:
-    return f"{value:.1f}x"
 
 
 def _percent(share: float) -> str:

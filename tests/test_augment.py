@@ -134,7 +134,7 @@ class TestPixels:
 
     def test_float_output_and_channels_last(self):
         images = photo_tensor(48, 64)[None].repeat(2, 1, 1, 1)
-        out = RandomResizedCrop(16, dtype=torch.bfloat16, channels_last=True)(images)
+        out = RandomResizedCrop(16, dtype=torch.bfloat16, memory_format=torch.channels_last)(images)
         assert out.dtype == torch.bfloat16 and out.is_contiguous(memory_format=torch.channels_last)
         assert 0 <= float(out.min()) and float(out.max()) <= 255
 
@@ -164,17 +164,19 @@ class TestLayout:
 
     @pytest.mark.parametrize("train", [True, False])
     @pytest.mark.parametrize("options", [{}, {"crop": False, "flip": True}, {"brightness": 0.2}])
-    @pytest.mark.parametrize("channels_last", [True, False])
+    @pytest.mark.parametrize("memory_format", [torch.channels_last, torch.contiguous_format, torch.preserve_format])
     @pytest.mark.parametrize("compiled", [False, True])
-    def test_output_layout(self, train, options, channels_last, compiled):
+    def test_output_layout(self, train, options, memory_format, compiled):
         images = photo_tensor(40, 56)[None].repeat(2, 1, 1, 1)
         images = images.contiguous(memory_format=torch.channels_last) if train else images
-        augment = RandomResizedCrop(16, channels_last=channels_last, **options).train(train)
+        augment = RandomResizedCrop(16, memory_format=memory_format, **options).train(train)
         if compiled:
             torch.compiler.reset()  # each case is a new module: no recompile limit across cases
         out = (torch.compile(augment, fullgraph=True) if compiled else augment)(images)
-        layout = torch.channels_last if channels_last else torch.contiguous_format
-        assert out.is_contiguous(memory_format=layout) and out.dtype == torch.uint8
+        if memory_format == torch.preserve_format:  # the input's: channels-last in train, NCHW in eval here
+            memory_format = torch.channels_last if train else torch.contiguous_format
+        assert out.is_contiguous(memory_format=memory_format) and out.dtype == torch.uint8
+        assert out.is_contiguous() == (memory_format == torch.contiguous_format)
 
     def test_the_batched_resampler_reads_a_channels_last_batch_as_it_lies(self, monkeypatch):
         """Its first product reads [B, H, W*C], a view of the input: no copy of the (large) input first."""
@@ -252,7 +254,7 @@ class TestCompile:
         augment.train()
         assert compiled(images).shape == (2, 3, 24, 24)  # recompiled for train mode, still one graph
 
-    def test_eval_exports_to_onnx_and_runs_the_same_in_onnx_runtime(self, tmp_path):
+    def test_eval_exports_to_onnx_and_runs_the_same_in_onnx_runtime(self, tmp_path, monkeypatch):
         onnxruntime = pytest.importorskip("onnxruntime")
         pytest.importorskip("onnxscript")
         torch.manual_seed(0)
@@ -263,12 +265,18 @@ class TestCompile:
         ).eval()
         images = photo_tensor(48, 64)[None].repeat(2, 1, 1, 1)
         path = tmp_path / "model.onnx"
-        torch.onnx.export(model, (images,), path, input_names=["images"], dynamo=True)
+
+        def per_sample(*args):
+            raise AssertionError("the export traced the per-sample CPU path, not the batched resampler")
+
+        with monkeypatch.context() as patch:  # exported, the module must take the batched resampler
+            patch.setattr(RandomResizedCrop, "_crop_each", per_sample)
+            torch.onnx.export(model, (images,), path, input_names=["images"], dynamo=True)
+            traced = torch.export.export(model, (images,)).module()
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         (ours,) = session.run(None, {"images": images.numpy()})
         with torch.no_grad():  # the exported graph is the batched resampler's, as torch.export traces it
-            traced = torch.export.export(model, (images,)).module()(images)
-            torch.testing.assert_close(torch.from_numpy(ours), traced, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(torch.from_numpy(ours), traced(images), rtol=1e-4, atol=1e-4)
             assert mad(torch.from_numpy(ours), model(images)) <= 0.05  # eager resizes each sample on the CPU
 
 
@@ -286,6 +294,10 @@ class TestBadInput:
             ({"size": 8, "brightness": -1}, "brightness must be a number >= 0"),
             ({"size": 8, "dtype": torch.int32}, "dtype must be torch.uint8 or a float dtype"),
             ({"size": 8, "flip": "yes"}, "must be bools"),
+            (
+                {"size": 8, "memory_format": True},
+                "memory_format must be torch.channels_last, torch.contiguous_format or",
+            ),
         ],
     )
     def test_bad_arguments(self, kwargs, message):

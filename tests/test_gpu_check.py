@@ -85,8 +85,10 @@ def test_two_calls_of_one_lease_merge_their_steps(tmp_path, monkeypatch, earlier
     )
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     monkeypatch.setattr("torch.cuda.get_device_name", lambda: "a test GPU")
-    if earlier:
-        (tmp_path / "gpu_check_cuda.json").write_text(json.dumps({"steps": [{"step": "b", "outcome": "passed"}]}))
+    if earlier:  # an earlier call of the same lease; one of another GPU is not merged
+        today = __import__("time").strftime("%Y-%m-%dT%H:%M:%S%z")
+        steps = [{"step": "b", "outcome": "passed"}]
+        (tmp_path / "gpu_check_cuda.json").write_text(json.dumps({"gpu": "a test GPU", "date": today, "steps": steps}))
     gpu_check.run_steps(60, None, only=["a"])
     summary = json.loads((tmp_path / "gpu_check_cuda.json").read_text())
     assert [(step["step"], step["outcome"]) for step in summary["steps"]] == [("b", "passed")] * earlier + [
@@ -95,4 +97,17 @@ def test_two_calls_of_one_lease_merge_their_steps(tmp_path, monkeypatch, earlier
     gpu_check.run_steps(60, None, only=["b"])
     summary = json.loads((tmp_path / "gpu_check_cuda.json").read_text())
     assert {step["step"]: step["outcome"] for step in summary["steps"]} == {"a": "passed", "b": "failed (exit 3)"}
-    assert summary["gpu"] == "a test GPU"
+    assert summary["gpu"] == "a test GPU" and summary["machine"]["cores"] >= 1  # what the talk reads
+
+
+def test_an_earlier_summary_of_another_gpu_is_not_merged(tmp_path, monkeypatch):
+    import experiments._common
+
+    monkeypatch.setattr(experiments._common, "RESULTS", tmp_path)
+    monkeypatch.setattr(gpu_check, "steps", lambda python: [("a", [python, "-c", "pass"], 60)])
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda: "this GPU")
+    old = {"gpu": "another GPU", "date": "2026-01-01T00:00:00", "steps": [{"step": "b", "outcome": "passed"}]}
+    (tmp_path / "gpu_check_cuda.json").write_text(json.dumps(old))
+    gpu_check.run_steps(60, None)
+    assert [step["step"] for step in json.loads((tmp_path / "gpu_check_cuda.json").read_text())["steps"]] == ["a"]

@@ -220,6 +220,12 @@ class TestBatches:
             next(iterator)
         assert not gather_threads()
 
+    def test_a_refused_sampler_skips_no_epoch(self):
+        loader = DataLoader(indexed_data(), batch_size=2, sampler=[0, 99], device="cpu")
+        with pytest.raises(UsageError, match="the sampler gave index 99"):
+            iter(loader)
+        assert loader.epoch == 0 and loader.state_dict()["epoch"] == 0
+
     @pytest.mark.parametrize("bad", [99, -1])
     @pytest.mark.parametrize("kind", ["raw", "jpeg"])
     def test_a_sampler_index_outside_the_dataset_is_refused_before_any_read(
@@ -769,7 +775,7 @@ class TestJpegDatasets:
         with pytest.raises(
             UsageError, match=r"TorchCodec 0.16 or newer.*pip install 'gpuload\[cuda\]', or use gpu=False"
         ):
-            loader_module._check_gpu_decode(torch.device("cuda"))
+            loader_module.check_gpu_decode(torch.device("cuda"))
 
     def test_a_loader_made_before_set_device_under_nccl_is_refused_before_the_broadcast(self, monkeypatch):
         """NCCL broadcasts the seed through the current device: every rank on cuda:0 hangs or fails."""
@@ -783,9 +789,13 @@ class TestJpegDatasets:
         with pytest.raises(UsageError, match=r"cuda:0 while LOCAL_RANK is 3: call torch.cuda.set_device\(local_rank\)"):
             loader_module._draw_seed(None, broadcast=True)
         assert broadcasts == []
-        monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+        for device in (3, 6):  # its own GPU, or any other mapping the user chose (two GPUs a rank)
+            monkeypatch.setattr(torch.cuda, "current_device", lambda device=device: device)
+            loader_module._draw_seed(None, broadcast=True)
+        monkeypatch.setenv("LOCAL_RANK", "0")  # the node's first rank on cuda:0 is right
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
         loader_module._draw_seed(None, broadcast=True)
-        assert broadcasts == [1]
+        assert broadcasts == [1, 1, 1]
 
     def test_cuda_graphs_are_told_from_the_compiled_transform(self):
         identity = torch.nn.Identity()
@@ -874,25 +884,32 @@ class TestLayout:
 class TestRawCrops:
     """``decode=`` on a raw dataset: the loader's threads crop each image from the mapped pixels."""
 
-    @pytest.mark.parametrize("path", ["built", "v2"])
-    def test_the_same_crops_as_the_jpeg_path_draws_for_the_same_images(self, built_dataset, path):
-        dataset = MemmapImageDataset(built_dataset if path == "built" else PINNED_V2 / "raw.memmap")
-        decode = RandomResizedCropDecode(8, fast=False)
+    @pytest.mark.parametrize("channels_last", [True, False])
+    def test_the_same_crops_as_the_jpeg_path_of_the_same_pixels(self, jpeg_dataset, channels_last):
+        """A raw dataset of the jpeg dataset's own decoded pixels: crop_raw gives exactly what the jpeg
+        path gives (accurate decode, boxes under twice the output: no DCT scaling), for the same draws."""
+        jpeg = MemmapImageDataset(jpeg_dataset)
+        pixels = torch.stack([jpeg[index][0] for index in range(len(jpeg))])
+        pixels = pixels.contiguous(memory_format=torch.channels_last) if channels_last else pixels.contiguous()
+        raw = ImageData(images=pixels, labels=jpeg.data.labels, batch_size=[len(jpeg)])
+        decode = RandomResizedCropDecode(40, scale=(0.3, 0.5), fast=False)
+        indices = torch.tensor([5, 0, 17, 9, 0])
+        made = [torch.empty(5, 40, 40, 3, dtype=torch.uint8).permute(0, 3, 1, 2) for _ in range(2)]
+        gpuload.loading.crop.crop_raw(raw.images, indices, made[0], decode, seed=4, epoch=2)
+        decode_crops(jpeg, indices, made[1], decode, seed=4, epoch=2)
+        assert torch.equal(made[0], made[1])
+
+    def test_the_loader_serves_crop_raw_in_the_epochs_order(self, built_dataset):
+        dataset = MemmapImageDataset(built_dataset)
+        decode = RandomResizedCropDecode(8)
         loader = DataLoader(dataset, batch_size=3, shuffle=True, seed=5, decode=decode, device="cpu")
-        height, width = dataset.image_shape[1:]
         for epoch in range(2):
             loader.set_epoch(epoch)
-            order = epoch_order(len(dataset), epoch=epoch, seed=5, shuffle=True)
             served = torch.cat([images for images, _ in loader])
-            shapes = torch.tensor([[height, width]]).expand(len(order), 2)
-            boxes, flips = decode.draw(shapes, order, seed=5, epoch=epoch)
-            for row, index in enumerate(order.tolist()):
-                top, left, box_height, box_width = (int(side) for side in boxes[row])
-                box = dataset[index][0][None, :, top : top + box_height, left : left + box_width]
-                expected = torch.nn.functional.interpolate(
-                    box.contiguous(memory_format=torch.channels_last), size=(8, 8), mode="bilinear", antialias=True
-                )[0]
-                assert torch.equal(served[row], expected.flip(-1) if flips[row] else expected)
+            order = epoch_order(len(dataset), epoch=epoch, seed=5, shuffle=True)
+            expected = torch.empty(len(order), 8, 8, 3, dtype=torch.uint8).permute(0, 3, 1, 2)
+            gpuload.loading.crop.crop_raw(dataset.data.images, order, expected, decode, seed=5, epoch=epoch)
+            assert torch.equal(served, expected)
 
     def test_centre_crops_are_torchvision_resize_then_centre_crop(self, built_dataset):
         from torchvision.transforms import v2
@@ -969,19 +986,16 @@ def test_distributed_shards_with_torchrun(built_dataset, tmp_path):
     assert ranks[0]["served"]["rank0_only"]["length"] == 4  # and the run did not hang on a collective
 
 
-# The CUDA stream protocol has parts that no CPU test exercises. Each scenario of
-# TestCuda::test_every_batch_is_exact_under_overlap fails when one part is deleted from
-# gpuload/loading/loader.py (delete the line, run `pytest -m cuda tests/test_loader.py`, expect the failure):
-#   "fast"    <- `stream.wait_event(event)` in _EpochIterator.__next__: the consumer, which waits for each
-#                batch, would read it while its copy is still in flight. Also the
-#                `torch.cuda.stream(self.stream)` in _PinnedSlot.fill (the copies would leave the stream
-#                whose event the consumer waits for).
-#   "slow"    <- `images.record_stream(stream)` (or `labels.record_stream(stream)`) in _EpochIterator.__next__:
-#                the caching allocator would give a dropped batch's memory to the next copy while the
-#                consumer's stream, far behind, has still to read it.
-#   "lagging" <- `self.event.synchronize()` in _PinnedSlot.fill: the producer would refill a pinned buffer
-#                whose copy, queued behind a sleep on the side stream, has not read it yet.
-# This deletion check has NOT been run: the machine these tests were written on has no GPU.
+# The CUDA stream protocol's three steps are functions of gpuload/loading/loader.py that the deletion
+# check (test_the_overlap_tests_fail_without_each_step_of_the_protocol, experiments/gpu_check.py) replaces
+# with nothing, one at a time, through GPULOAD_DELETE_STEP (tests/conftest.py); each scenario of
+# test_every_batch_is_exact_under_overlap should then fail:
+#   "fast"/"lagging" <- `_stream_waits`: the consumer would read a batch while its copy is still in flight;
+#   "slow"           <- `_record_on`: the caching allocator would give a dropped batch's memory to the next
+#                       copy while the consumer's stream, far behind, has still to read it;
+#   "lagging"        <- `_host_waits`: a producer would refill a pinned buffer whose copy, queued behind a
+#                       sleep on its side stream, has not read it yet.
+# Not run yet: no GPU has run these tests.
 SLEEP_CYCLES = 20_000_000  # about 10 ms of GPU time
 EPOCHS = 2
 # The tests that guard the stream protocol (see the deletion check below).

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments.numbers import times
 from slides.generate import (
     DECK,
     GPU_CHECK,
@@ -133,7 +134,7 @@ def test_a_changed_result_changes_the_deck(talk_repo):
     path.write_text(json.dumps(store))
     deck = render_slides(talk_repo)
     assert "**12,345** against" in deck
-    assert f"# {12345.0 / _store_rate(store, 'stock'):.1f}x" in deck  # the big number
+    assert f"# {times(12345.0 / _store_rate(store, 'stock'))}" in deck  # the big number, as the README writes it
 
 
 def test_a_missing_result_is_an_error_naming_its_command(bare_repo):

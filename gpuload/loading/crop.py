@@ -38,11 +38,13 @@ from ..store.jpeg import frame_size, row_window, scale_is_exact
 from ..transforms.augment import (
     CROP_DRAWS,
     centre_offset,
+    centre_window,
     check_range,
     check_size,
     interpolation_weights,
     resample,
     resized_crop_boxes,
+    resized_size,
 )
 
 __all__ = [
@@ -60,10 +62,12 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 class RandomResizedCropDecode:
-    """Decode each image of a jpeg dataset already cropped: a random resized crop (torchvision's
-    distribution), optionally mirrored, for training.
+    """Load each image of a dataset already cropped: a random resized crop (torchvision's
+    distribution), optionally mirrored, for training. "Decode" as in "at load time": a jpeg dataset's
+    images are decoded only as far as the crop needs, a raw dataset's are read only where the box
+    lies (``fast`` and ``gpu`` apply to jpeg datasets only).
 
-    Each image is decoded at the smallest DCT scale (1/8, 1/4, 1/2 or 1) at which its box is still
+    Each jpeg image is decoded at the smallest DCT scale (1/8, 1/4, 1/2 or 1) at which its box is still
     at least the output's size (and which libjpeg-turbo takes exactly: not for images a few pixels
     across), and only down to the box's last rows (from its first rows too where restart markers
     begin MCU rows, as in the JPEGs ``gpuload compress`` writes); the box is then cut out on that
@@ -188,10 +192,11 @@ def scaled_window(start: float, length: float, denominator: int, scaled: int) ->
 
 
 class CenterCropDecode:
-    """Decode each image of a jpeg dataset at full scale, then torchvision's evaluation transform:
-    the shorter side resized to ``round(size / ratio)`` (``Resize(256)`` for 224) and the centre
-    cut out (``CenterCrop(224)``, which pads an image too small with zeros). With ``ratio=1`` and
-    images already at ``size``, the whole images, decoded straight into the batch.
+    """Load each image of a dataset (a jpeg one decoded at full scale, a raw one as stored), then
+    torchvision's evaluation transform: the shorter side resized to ``round(size / ratio)``
+    (``Resize(256)`` for 224) and the centre cut out (``CenterCrop(224)``, which pads an image too
+    small with zeros). With ``ratio=1`` and jpeg images already at ``size``, the whole images,
+    decoded straight into the batch (``fast`` and ``gpu`` apply to jpeg datasets only).
 
     Args:
         size: output side, or ``(height, width)``.
@@ -233,8 +238,7 @@ class CenterCropDecode:
         centre cut out. An image already at the output's size is decoded straight into ``out``."""
         height, width = shape
         _check_header(data, shape, name)
-        short = round(min(self.size) / self.ratio)
-        resized = (short, int(short * width / height)) if height <= width else (int(short * height / width), short)
+        resized = resized_size(height, width, self.size, self.ratio)
         if resized == (height, width) == self.size and out.permute(1, 2, 0).is_contiguous():
             whole = decode_jpeg_bytes(data, name, fast=self.fast, buffer=out.permute(1, 2, 0).numpy())
             _check_size(whole.shape[:2], self.size, shape, name)
@@ -247,12 +251,11 @@ class CenterCropDecode:
         """One image's pixels (``[H, W, 3]``: decoded, or a view of a raw dataset's) into ``out``
         (``[3, S, S]``): resized as torchvision's ``Resize``, its centre cut out."""
         height, width = pixels.shape[:2]
-        short = round(min(self.size) / self.ratio)
-        resized = (short, int(short * width / height)) if height <= width else (int(short * height / width), short)
+        resized = resized_size(height, width, self.size, self.ratio)
         image = _resize_hwc(pixels, resized)
         (top, to_top, rows), (left, to_left, columns) = (
-            _centre_window(resized[0], self.size[0]),
-            _centre_window(resized[1], self.size[1]),
+            centre_window(resized[0], self.size[0]),
+            centre_window(resized[1], self.size[1]),
         )
         if rows < self.size[0] or columns < self.size[1]:
             out.zero_()  # CenterCrop pads an image smaller than the output with zeros
@@ -315,12 +318,6 @@ def _resize_into(pixels: np.ndarray | torch.Tensor, flip: bool, out: torch.Tenso
     when ``flip``."""
     resized = _resize_hwc(pixels, tuple(out.shape[1:]))
     out.copy_(resized.flip(-1) if flip else resized)
-
-
-def _centre_window(side: int, out: int) -> tuple[int, int, int]:
-    """torchvision's ``CenterCrop`` along one side: (start in the image, start in the output, length)."""
-    offset = centre_offset(side, out)
-    return max(0, offset), max(0, -offset), min(side, out)
 
 
 def decode_crops(
@@ -406,8 +403,9 @@ def crop_remote_raw(
 
 
 # The float working set of one resampling step of decode_batch: the images of a chunk (same size)
-# in the compute dtype, at most this many bytes (a single image may exceed it: a build refuses images
-# over Pillow's pixel limit, 89.5 MP, so one image is at most about 540 MB in float16).
+# in the compute dtype, at most this many bytes. A single image may exceed it: with Pillow's default
+# pixel limit (89.5 MP) one image is at most about 540 MB in float16; a build with --max-pixels 0 can
+# store larger ones, for which --max-side bounds what the GPU decode holds.
 GPU_CHUNK_BYTES = 512 * 2**20
 _PARAMS = 10  # per sample: start, step, low, high (rows), the same (columns), flip, its batch row
 
@@ -496,7 +494,7 @@ def _decode_all(blobs: list[bytes], names: list[Callable[[], str]], device: torc
     if device.type == "cuda":
         from torchcodec.decoders import decode_jpeg
 
-        return decode_jpeg(blobs, device=device)
+        return decode_jpeg(blobs, mode="RGB", device=device)  # grayscale JPEGs (stored as they are) too
     return [torch.from_numpy(decode_jpeg_bytes(blob, name)).permute(2, 0, 1) for blob, name in zip(blobs, names)]
 
 
@@ -527,23 +525,17 @@ def _resample_params(
             left + box_width,
         )
         params[:, 8] = flips.double()
-    else:
-        short = round(min(decode.size) / decode.ratio)  # torchvision's Resize(short), then CenterCrop(size)
-        landscape = height <= width
-        resized_height = torch.where(landscape, torch.full_like(height, short), torch.floor(short * height / width))
-        resized_width = torch.where(landscape, torch.floor(short * width / height), torch.full_like(width, short))
-        step_y, step_x = height / resized_height, width / resized_width
-        top = _centre_offsets(resized_height, out_height) * step_y
-        left = _centre_offsets(resized_width, out_width) * step_x
+    else:  # torchvision's Resize(round(size / ratio)), then CenterCrop(size), in input pixels
+        resized = torch.tensor(
+            [resized_size(h, w, decode.size, decode.ratio) for h, w in shapes.tolist()], dtype=torch.float64
+        ).reshape(-1, 2)
+        step_y, step_x = height / resized[:, 0], width / resized[:, 1]
+        top = torch.tensor([centre_offset(int(side), out_height) for side in resized[:, 0]], dtype=torch.float64)
+        left = torch.tensor([centre_offset(int(side), out_width) for side in resized[:, 1]], dtype=torch.float64)
         zero = torch.zeros_like(height)
-        columns = (top, step_y, zero, height, left, step_x, zero, width)
+        columns = (top * step_y, step_y, zero, height, left * step_x, step_x, zero, width)
     params[:, :8] = torch.stack(columns, dim=1)
     return params.float()
-
-
-def _centre_offsets(sides: torch.Tensor, out: int) -> torch.Tensor:
-    """:func:`gpuload.transforms.augment.centre_offset` for a tensor of sides."""
-    return torch.where(out <= sides, torch.round((sides - out) / 2), -torch.floor((out - sides) / 2))
 
 
 def counter_uniforms(seed: int, epoch: int, indices: torch.Tensor, count: int) -> torch.Tensor:

@@ -27,7 +27,7 @@ from .crop import CenterCropDecode, RandomResizedCropDecode, crop_raw, crop_remo
 from .order import distributed_rank, epoch_order
 from .prefetch import DEFAULT_AHEAD_BLOCKS, BlockPrefetcher
 
-__all__ = ["DataLoader"]
+__all__ = ["DataLoader", "check_gpu_decode", "current_device", "resolve_device", "uses_cuda_graphs"]
 
 # As torch's DataLoader: what shapes the batches is fixed once made (here also the buffers' device and count).
 _FIXED = frozenset(
@@ -57,7 +57,8 @@ class DataLoader:
 
     Yields ``(images, labels)``: uint8 ``[B, 3, H, W]`` in channels-last memory (as raw datasets
     store pixels, as decoders write them and as convolutions on tensor cores read them;
-    ``.contiguous()`` gives NCHW) and int64 ``[B]``, on ``device``. On the CPU the batch is yours to
+    ``.contiguous()`` gives NCHW; whole batches of a channel-first dataset, format version 1 or 2 or
+    an NCHW :class:`ImageData`, keep its layout) and int64 ``[B]``, on ``device``. On the CPU the batch is yours to
     keep: its buffer is only reused once nothing references it.
 
     Each ``iter()`` is an independent iterator over the next epoch with a ring of buffers of its
@@ -242,7 +243,7 @@ class DataLoader:
         self.seed = seed if seed is not None else _draw_seed(generator, broadcast=random)
         self.device = resolve_device(device)
         if decode is not None and decode.gpu:
-            _check_gpu_decode(self.device)
+            check_gpu_decode(self.device)
         self.prefetch = prefetch
         self.threads = threads
         self.transform = transform
@@ -262,7 +263,14 @@ class DataLoader:
         # One batch ahead per cropping thread; nvJPEG batches are made on the device, so their ring
         # holds pinned labels only (no host image buffer a GPU decode would never use).
         self._ahead = max(prefetch, threads) if decode is not None and not gpu_decode else prefetch
-        self._ring_shape = (shape, batch_size, self._ahead + 2, channels_last, not gpu_decode)
+        self._make_ring = partial(
+            _Ring,
+            shape=shape,
+            batch_size=batch_size,
+            slots=self._ahead + 2,
+            channels_last=channels_last,
+            host_images=not gpu_decode,
+        )
         self._rings: dict[torch.device, _RingPool] = {}  # per device: "cuda" resolves at each iteration
         self._initialized = True
 
@@ -390,14 +398,13 @@ class DataLoader:
 
     def _ring_pool(self, device: torch.device) -> _RingPool:
         if device not in self._rings:
-            self._rings[device] = _RingPool(partial(_Ring, *self._ring_shape[:3], device, *self._ring_shape[3:]))
+            self._rings[device] = _RingPool(partial(self._make_ring, device=device))
         return self._rings[device]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         rank, world_size = distributed_rank()
         epoch, start = self.epoch, self._start
         order_world_size = self._order_world_size or world_size  # the world size that started the epoch
-        self.epoch, self._start, self._order_world_size = epoch + 1, 0, None
         blocks = self._image_blocks() if self.shuffle and self.block_shuffle and self.sampler is None else None
         order = epoch_order(
             len(self._labels),
@@ -413,7 +420,8 @@ class DataLoader:
             order_world_size=order_world_size,
         )
         if self.sampler is not None:
-            _check_indices(order, len(self._labels))
+            _check_indices(order, len(self._labels))  # before anything changes: a caught error skips no epoch
+        self.epoch, self._start, self._order_world_size = epoch + 1, 0, None
         batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
         if self.drop_last and batches and len(batches[-1]) < self.batch_size:
             batches.pop()
@@ -524,7 +532,9 @@ def _check_rank_device() -> None:
     local_rank = os.environ.get("LOCAL_RANK")
     if dist.get_backend() != "nccl" or local_rank is None or not local_rank.isdigit():
         return
-    if torch.cuda.current_device() != int(local_rank) % max(1, torch.cuda.device_count()):
+    # The mistake: still on cuda:0, where torch starts, on a rank that is not the node's first; any
+    # other mapping of ranks to devices (several GPUs a rank, a custom order) is the user's choice.
+    if int(local_rank) != 0 and torch.cuda.device_count() > 1 and torch.cuda.current_device() == 0:
         raise UsageError(
             f"this rank's current CUDA device is cuda:{torch.cuda.current_device()} while LOCAL_RANK is "
             f"{local_rank}: call torch.cuda.set_device(local_rank) before constructing gpuload.DataLoader "
@@ -591,7 +601,7 @@ def current_device(device: torch.device) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def _check_gpu_decode(device: torch.device) -> None:
+def check_gpu_decode(device: torch.device) -> None:
     """``gpu=True`` decodes with nvJPEG through TorchCodec on the loader's CUDA device: refuse it
     where it would quietly run a slower path."""
     if device.type != "cuda":

@@ -39,7 +39,7 @@ from .files import (
 )
 from .jpeg import REENCODE_REASONS, StoredJpeg, store_jpeg
 from .manifest import ARRAYS, BUILD_PATHS, MANIFEST_NAME, Manifest, holds_build_files
-from .scan import ImageFolderIndex, scan_image_folder
+from .scan import ImageFolderIndex, scan_image_folder, shown_names
 from .writer import BlockWriter
 
 __all__ = ["build_memmap"]
@@ -180,7 +180,7 @@ def build_memmap(
                 if emptied:
                     warnings.warn(
                         f"{len(emptied)} classes have no image left in {out}, all of their files skipped: "
-                        f"{', '.join(emptied)}; their labels are kept",
+                        f"{shown_names(emptied)}; their labels are kept",
                         stacklevel=2,
                     )
                 with full_disk_says(

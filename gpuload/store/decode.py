@@ -162,9 +162,9 @@ def decode_into(path: str | os.PathLike, out: np.ndarray, resize: Resize = "crop
     """Decode ``path`` as :func:`decode_image` does, fitted to ``out``'s size, into ``out``: uint8
     ``[height, width, 3]`` (channels-last, as decoders write pixels and raw datasets store them).
 
-    An upright RGB JPEG already at that size, nearly every photo of a dataset that ``gpuload
-    compress`` and a fixed ``--size`` made, is decoded by libjpeg-turbo straight into ``out``: no
-    transposition and no copy. Anything else is copied into it once.
+    An upright RGB JPEG already at that size (a dataset of photos of one size, built at that size:
+    the common case) is decoded by libjpeg-turbo straight into ``out``: no transposition and no copy.
+    Anything else is copied into it once.
 
     Raises:
         DecodeError: see :func:`decode_image`.

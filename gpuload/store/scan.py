@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 
-__all__ = ["IMG_EXTENSIONS", "ImageFolderIndex", "scan_image_folder", "walk_images"]
+__all__ = ["IMG_EXTENSIONS", "ImageFolderIndex", "scan_image_folder", "shown_names", "walk_images"]
 
 # torchvision.datasets.folder.IMG_EXTENSIONS (without importing torchvision)
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -147,10 +147,20 @@ def _scan_flat_folder(root: Path, classes: Sequence[str] | None) -> ImageFolderI
 def _warn_empty(root: Path, empty: list[str]) -> None:
     """One warning naming the given classes that have no image under ``root``."""
     if empty:
-        shown = ", ".join(empty[:10]) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
         warnings.warn(
-            f"{len(empty)} of the given classes have no image in {root}: {shown}; their labels are kept", stacklevel=3
+            f"{len(empty)} of the given classes have no image in {root}: {shown_names(empty)}; their labels are kept",
+            stacklevel=3,
         )
+
+
+def shown_names(names: list[str], limit: int = 10) -> str:
+    """``names`` for a message, the first ``limit`` of them and how many more.
+
+    Example:
+        >>> shown_names(["a", "b", "c"], limit=2)
+        'a, b and 1 more'
+    """
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def walk_images(root: Path) -> tuple[list[str], list[tuple[str, str]]]:

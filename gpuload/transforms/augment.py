@@ -22,7 +22,16 @@ from torch import nn
 
 from ..errors import UsageError
 
-__all__ = ["CROP_DRAWS", "RandomResizedCrop", "interpolation_weights", "resized_crop_boxes", "resized_crop_params"]
+__all__ = [
+    "CROP_DRAWS",
+    "RandomResizedCrop",
+    "centre_offset",
+    "centre_window",
+    "interpolation_weights",
+    "resized_crop_boxes",
+    "resized_crop_params",
+    "resized_size",
+]
 
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 boxes, then falls back to a centre crop
 CROP_DRAWS = _ATTEMPTS + 1  # pairs of uniform draws per box: (area, aspect) per attempt, then (top, left)
@@ -177,8 +186,9 @@ class RandomResizedCrop(nn.Module):
             the input's size), for batches already cropped at decode time.
         dtype: output dtype: ``torch.uint8`` (rounded) or a float dtype on the 0..255 scale. The
             arithmetic runs in float32 on a CPU and float16 on a GPU at least, whatever the dtype.
-        channels_last: emit channels-last output (the default, the layout of gpuload's batches and
-            of convolutions on tensor cores); ``False``: contiguous NCHW.
+        memory_format: of the output: ``torch.channels_last`` (the default: the layout of gpuload's
+            batches and of convolutions on tensor cores), ``torch.contiguous_format`` (NCHW) or
+            ``torch.preserve_format`` (the input's, where it is one of those two).
         eval_ratio: in ``eval()``, ``size`` over the side the image is first resized to.
 
     Example:
@@ -200,7 +210,7 @@ class RandomResizedCrop(nn.Module):
         saturation: float = 0.0,
         crop: bool = True,
         dtype: torch.dtype = torch.uint8,
-        channels_last: bool = True,
+        memory_format: torch.memory_format = torch.channels_last,
         eval_ratio: float = 224 / 256,
     ) -> None:
         super().__init__()
@@ -210,17 +220,22 @@ class RandomResizedCrop(nn.Module):
         for name, value in (("brightness", brightness), ("contrast", contrast), ("saturation", saturation)):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise UsageError(f"{name} must be a number >= 0 (0 turns it off), got {value!r}")
-        if not isinstance(flip, bool) or not isinstance(crop, bool) or not isinstance(channels_last, bool):
-            raise UsageError(f"flip, crop and channels_last must be bools, got {flip!r}, {crop!r}, {channels_last!r}")
+        if not isinstance(flip, bool) or not isinstance(crop, bool):
+            raise UsageError(f"flip and crop must be bools, got {flip!r} and {crop!r}")
+        if memory_format not in (torch.channels_last, torch.contiguous_format, torch.preserve_format):
+            raise UsageError(
+                f"memory_format must be torch.channels_last, torch.contiguous_format or torch.preserve_format, "
+                f"got {memory_format!r}"
+            )
         if dtype != torch.uint8 and not dtype.is_floating_point:
             raise UsageError(f"dtype must be torch.uint8 or a float dtype, got {dtype}")
         if not 0 < eval_ratio <= 1:
             raise UsageError(f"eval_ratio must be in (0, 1], got {eval_ratio!r}")
-        self.flip, self.crop, self.dtype, self.channels_last, self.eval_ratio = (
+        self.flip, self.crop, self.dtype, self.memory_format, self.eval_ratio = (
             flip,
             crop,
             dtype,
-            channels_last,
+            memory_format,
             eval_ratio,
         )
         self.jitter = (float(brightness), float(contrast), float(saturation))
@@ -248,11 +263,12 @@ class RandomResizedCrop(nn.Module):
             pixels = images
         if self.training and any(self.jitter):
             pixels = _jitter(pixels.to(compute), self._factors(batch, images.device, generator, compute))
-        return self._output(pixels)
+        return self._output(
+            pixels, _layout(images) if self.memory_format == torch.preserve_format else self.memory_format
+        )
 
-    def _output(self, pixels: torch.Tensor) -> torch.Tensor:
-        """``pixels`` (0..255) cast to the output dtype, rounded for uint8, written once in the output layout."""
-        layout = torch.channels_last if self.channels_last else torch.contiguous_format
+    def _output(self, pixels: torch.Tensor, layout: torch.memory_format) -> torch.Tensor:
+        """``pixels`` (0..255) cast to the output dtype, rounded for uint8, written once in ``layout``."""
         if pixels.dtype == self.dtype and pixels.is_contiguous(memory_format=layout):
             return pixels
         if self.dtype == torch.uint8 and pixels.is_floating_point():
@@ -268,10 +284,7 @@ class RandomResizedCrop(nn.Module):
         pixels = images if images.dtype == torch.uint8 else images.to(compute)
         pixels = pixels.contiguous(memory_format=torch.channels_last)
         if not self.training:
-            short = round(min(self.size) / self.eval_ratio)
-            resized = (short, int(short * width / height)) if height <= width else (int(short * height / width), short)
-            whole = _resize(pixels, resized)
-            return _centre(whole, self.size)
+            return _centre(_resize(pixels, resized_size(height, width, self.size, self.eval_ratio)), self.size)
         boxes = resized_crop_params(
             batch, height, width, self.scale, self.ratio, device=images.device, generator=generator
         ).tolist()
@@ -302,11 +315,7 @@ class RandomResizedCrop(nn.Module):
     def _eval_weights(self, height: int, width: int, device: torch.device, batch: int) -> tuple[torch.Tensor, ...]:
         """Resize the shorter side to ``round(size / eval_ratio)`` (torchvision ``Resize``), then take the centre."""
         out_height, out_width = self.size
-        short = round(min(self.size) / self.eval_ratio)
-        if height <= width:
-            resized = (short, int(short * width / height))
-        else:
-            resized = (int(short * height / width), short)
+        resized = resized_size(height, width, self.size, self.eval_ratio)
         top, left = centre_offset(resized[0], out_height), centre_offset(resized[1], out_width)
         ones = torch.ones(batch, device=device)
         step_y, step_x = height / resized[0], width / resized[1]
@@ -337,9 +346,31 @@ class RandomResizedCrop(nn.Module):
         )
 
 
+def resized_size(height: int, width: int, size: tuple[int, int], ratio: float) -> tuple[int, int]:
+    """torchvision's ``Resize(round(min(size) / ratio))`` of an image: its shorter side to that length.
+
+    Example:
+        >>> resized_size(480, 640, (224, 224), 224 / 256)
+        (256, 341)
+    """
+    short = round(min(size) / ratio)
+    return (short, int(short * width / height)) if height <= width else (int(short * height / width), short)
+
+
 def centre_offset(resized: int, out: int) -> int:
     """Where torchvision's ``CenterCrop`` starts in a side of ``resized`` pixels: negative when it pads."""
     return int(round((resized - out) / 2.0)) if out <= resized else -((out - resized) // 2)
+
+
+def centre_window(side: int, out: int) -> tuple[int, int, int]:
+    """torchvision's ``CenterCrop`` along one side: (start in the image, start in the output, length).
+
+    Example:
+        >>> centre_window(256, 224), centre_window(200, 224)
+        ((16, 0, 224), (0, 12, 200))
+    """
+    offset = centre_offset(side, out)
+    return max(0, offset), max(0, -offset), min(side, out)
 
 
 def resample(pixels: torch.Tensor, weights_y: torch.Tensor, weights_x: torch.Tensor) -> torch.Tensor:
@@ -396,6 +427,12 @@ def _traced() -> bool:
     return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
 
 
+def _layout(images: torch.Tensor) -> torch.memory_format:
+    """The memory format of a ``[B, C, H, W]`` batch: channels-last, or else contiguous."""
+    channels_last = images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous()
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
 def _resize(pixels: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """torch's antialiased bilinear resize of ``[B, C, H, W]`` (channels-last: its fast uint8 path)."""
     if tuple(pixels.shape[-2:]) == tuple(size):
@@ -405,14 +442,14 @@ def _resize(pixels: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
 
 def _centre(pixels: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """torchvision's ``CenterCrop(size)`` of ``[B, C, H, W]``: zeros where the image is smaller."""
-    (height, width), (out_height, out_width) = pixels.shape[-2:], size
-    top, left = centre_offset(height, out_height), centre_offset(width, out_width)
-    if top >= 0 and left >= 0:
-        return pixels[..., top : top + out_height, left : left + out_width]
+    (top, to_top, rows), (left, to_left, columns) = (
+        centre_window(pixels.shape[-2], size[0]),
+        centre_window(pixels.shape[-1], size[1]),
+    )
+    if (rows, columns) == tuple(size):
+        return pixels[..., top : top + rows, left : left + columns]
     out = torch.zeros((*pixels.shape[:2], *size), dtype=pixels.dtype).contiguous(memory_format=torch.channels_last)
-    rows, columns = min(height, out_height), min(width, out_width)
-    source = pixels[..., max(0, top) : max(0, top) + rows, max(0, left) : max(0, left) + columns]
-    out[..., max(0, -top) : max(0, -top) + rows, max(0, -left) : max(0, -left) + columns] = source
+    out[..., to_top : to_top + rows, to_left : to_left + columns] = pixels[..., top : top + rows, left : left + columns]
     return out
 
 
