@@ -268,6 +268,19 @@ class TestDatasetAtUrl:
             path for path in (tmp_path / "cache").rglob("*") if path.is_file() and b"SECRET" in path.read_bytes()
         ]
 
+    def test_a_file_url_through_fsspec(self, jpeg_dataset, tmp_path):
+        url = (tmp_path / "bucket" / "photos.jpeg").as_uri()
+        push_memmap(jpeg_dataset, url, progress=False)
+        with open_at(url, tmp_path / "cache") as dataset:
+            assert dataset.image_file.store.backend == "fsspec"
+            options = dict(
+                batch_size=6, shuffle=True, seed=3, device="cpu", decode=CenterCropDecode(24), block_shuffle=0
+            )
+            assert same(
+                batches(DataLoader(dataset, **options)),
+                batches(DataLoader(MemmapImageDataset(jpeg_dataset), **options)),
+            )
+
     def test_bad_arguments(self, pushed, jpeg_dataset, tmp_path):
         _, url = pushed
         with pytest.raises(
