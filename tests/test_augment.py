@@ -159,6 +159,21 @@ class TestPixels:
             assert torch.equal(sample, expected.flip(2) if flip else expected)
 
 
+@pytest.mark.parametrize("ratio", [(1e-9, 1e-9), (1e9, 1e9)])
+def test_a_ratio_range_far_from_the_images_still_gives_a_box_inside_it(ratio):
+    """torchvision falls back to the centre crop narrowed to the ratio: here to one pixel, not zero."""
+    boxes = resized_crop_params(8, 48, 64, ratio=ratio, generator=torch.Generator().manual_seed(0))
+    top, left, height, width = boxes.unbind(1)
+    assert (height >= 1).all() and (width >= 1).all() and (top + height <= 48).all() and (left + width <= 64).all()
+    out = RandomResizedCrop(4, ratio=ratio)(torch.zeros(2, 3, 48, 64, dtype=torch.uint8))
+    assert out.shape == (2, 3, 4, 4)
+
+
+def test_an_empty_image_is_refused():
+    with pytest.raises(UsageError, match=r"images of at least 1x1 pixels, got \[2, 3, 0, 5\]"):
+        RandomResizedCrop(4)(torch.zeros(2, 3, 0, 5, dtype=torch.uint8))
+
+
 class TestLayout:
     """Every output is channels-last unless asked otherwise, whatever the path that made it."""
 
@@ -291,12 +306,18 @@ class TestBadInput:
             ({"size": 8, "scale": (0.0, 1.0)}, "scale must be"),
             ({"size": 8, "ratio": (2.0, 1.0)}, "ratio must be"),
             ({"size": 8, "ratio": (1.0,)}, r"ratio must be \(min, max\)"),
-            ({"size": 8, "brightness": -1}, "brightness must be a number >= 0"),
+            ({"size": 8, "brightness": -1}, "brightness must be a finite number >= 0"),
             ({"size": 8, "dtype": torch.int32}, "dtype must be torch.uint8 or a float dtype"),
             ({"size": 8, "flip": "yes"}, "must be bools"),
             (
                 {"size": 8, "memory_format": True},
                 "memory_format must be torch.channels_last, torch.contiguous_format or",
+            ),
+            ({"size": 8, "ratio": (1.0, float("inf"))}, "finite"),
+            ({"size": 8, "brightness": float("nan")}, "brightness must be a finite number"),
+            (
+                {"size": 8, "eval_ratio": 1e-9},
+                r"eval_ratio=1e-09 would resize the shorter side to 8,000,000,000 pixels",
             ),
         ],
     )

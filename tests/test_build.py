@@ -439,6 +439,52 @@ class TestOverwriteOnlyReplacesADataset:
         assert leftovers(tmp_path) == []
 
 
+def test_an_old_dataset_that_cannot_be_removed_after_the_swap_is_a_warning(
+    photo_folder, built_dataset, tmp_path, monkeypatch
+):
+    """The new dataset is in place (an NFS .nfsXXXX file of a reader still mapping the old one, an
+    immutable file): the build succeeded, and says where the old copy is."""
+    out = Path(shutil.copytree(built_dataset, tmp_path / "out.memmap"))
+    real = shutil.rmtree
+
+    def refused(path, *args, **kwargs):
+        if ".out.memmap." in Path(path).name:
+            raise PermissionError(1, "Operation not permitted", str(Path(path) / "labels.memmap"))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(gpuload.store.build.shutil, "rmtree", refused)
+    with pytest.warns(
+        UserWarning, match=r"out.memmap holds the new dataset; the old one, moved to .*could not be removed"
+    ):
+        build_memmap(photo_folder, out, size=(24, 32), overwrite=True, progress=False)
+    assert MemmapImageDataset(out).image_shape == (3, 24, 32)
+
+
+def test_a_source_another_run_is_still_writing_is_refused(photo_folder, tmp_path):
+    """compress SRC DST & build-memmap DST: the build would take the photos written so far."""
+    from gpuload.store.files import OutputLock
+
+    with (
+        OutputLock(photo_folder),
+        pytest.raises(BusyError, match=f"another gpuload run is still writing {photo_folder}"),
+    ):
+        build_memmap(photo_folder, tmp_path / "early.memmap", progress=False)
+    assert not (tmp_path / "early.memmap").exists()
+    build_memmap(photo_folder, tmp_path / "later.memmap", progress=False)  # once it is done
+
+
+class TestOutInsideADataset:
+    @pytest.mark.parametrize("name", ["labels.memmap", "sub/new.memmap"])
+    def test_is_refused_before_its_lock_file_lands_in_the_dataset(self, photo_folder, built_dataset, tmp_path, name):
+        """A lock file left in a dataset would make its --overwrite refuse it as holding foreign files."""
+        dataset = Path(shutil.copytree(built_dataset, tmp_path / "d.memmap"))
+        before = sorted(path.relative_to(dataset).as_posix() for path in dataset.rglob("*"))
+        with pytest.raises(UsageError, match=f"lies inside the gpuload dataset {dataset}; choose an out outside"):
+            build_memmap(photo_folder, dataset / name, progress=False)
+        assert sorted(path.relative_to(dataset).as_posix() for path in dataset.rglob("*")) == before
+        build_memmap(photo_folder, dataset, size=(24, 32), overwrite=True, progress=False)  # still replaceable
+
+
 class TestLock:
     def test_a_second_build_of_the_same_out_fails_at_once(self, photo_folder, tmp_path):
         out = tmp_path / "out.memmap"

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -381,6 +382,18 @@ class TestLockAndLinks:
         with OutputLock(tmp_path / "q"), pytest.raises(BusyError, match="another gpuload run is writing"):
             compress_folder(photo_folder, tmp_path / "q", progress=False)
 
+    def test_a_link_in_src_to_dst_does_not_compress_the_outputs_again(self, photo_copy, tmp_path):
+        dst = tmp_path / "dst"
+        (photo_copy / "link").symlink_to(dst, target_is_directory=True)
+        for _ in range(3):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                report = compress_folder(photo_copy, dst, progress=False)
+        assert not report.failed
+        assert sorted(path.relative_to(dst).parts[0] for path in dst.rglob("*.jpg")) == sorted(
+            path.relative_to(photo_copy).parts[0] for path in photo_copy.rglob("*.jpg") if "link" not in path.parts
+        )
+
     def test_symlink_loops_are_walked_once(self, photo_copy, tmp_path):
         (photo_copy / "face" / "up").symlink_to(photo_copy)
         (photo_copy / "collar" / "sideways").symlink_to(photo_copy / "face")
@@ -413,12 +426,15 @@ class TestArguments:
         with pytest.raises(ValueError, match="quality must be an integer from 1"):
             compress_folder(photo_folder, tmp_path / "q", quality=quality, progress=False)
 
-    def test_a_dataset_is_not_a_dst(self, photo_folder, built_dataset):
-        """Class folders written into a dataset would be files gpuload did not write there: its
-        --overwrite would then refuse it."""
+    @pytest.mark.parametrize("inside", [False, True])
+    def test_a_dataset_is_not_a_dst_nor_holds_one(self, photo_folder, built_dataset, inside):
+        """Class folders (or a lock file) written into a dataset would be files gpuload did not write
+        there: its --overwrite would then refuse it."""
         before = sorted(path.name for path in built_dataset.iterdir())
-        with pytest.raises(UsageError, match=f"DST {built_dataset} is a gpuload dataset; choose another DST"):
-            compress_folder(photo_folder, built_dataset, progress=False)
+        dst = built_dataset / "sub" if inside else built_dataset
+        where = f"lies inside {built_dataset}," if inside else "is"
+        with pytest.raises(UsageError, match=f"DST {dst} {where} a gpuload dataset; choose another DST"):
+            compress_folder(photo_folder, dst, progress=False)
         assert sorted(path.name for path in built_dataset.iterdir()) == before
 
     def test_dst_inside_src(self, photo_folder):

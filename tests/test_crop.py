@@ -405,6 +405,17 @@ def epoch_order_of(loader: DataLoader) -> torch.Tensor:
     return epoch_order(len(loader._labels), epoch=loader.epoch, seed=loader.seed, shuffle=loader.shuffle)
 
 
+def test_a_centre_crop_ratio_that_would_resize_beyond_any_image_is_refused():
+    with pytest.raises(UsageError, match=r"ratio=1e-09 would resize the shorter side"):
+        CenterCropDecode(4, ratio=1e-9)
+
+
+def test_a_raw_crop_with_a_degenerate_ratio_range_serves_one_pixel_boxes(built_dataset):
+    decode = RandomResizedCropDecode(4, ratio=(1e-9, 1e-9))
+    loader = DataLoader(MemmapImageDataset(built_dataset), batch_size=4, device="cpu", decode=decode)
+    assert next(iter(loader))[0].shape == (4, 3, 4, 4)
+
+
 class TestChunks:
     @settings(max_examples=100, deadline=None)
     @given(

@@ -149,14 +149,15 @@ class TestLargerThanMemory:
         folder = tmp_path / "huge.memmap"
         folder.mkdir()
         manifest = json.loads((built_dataset / "manifest.json").read_text())
+        meta = json.dumps({"images": {"shape": [count, 480, 640, 3]}})  # what tensordict records
         manifest.update(
             samples=[["face/0000.jpg", 0]] * count,
             checksums=["0" * 16] * count,
             image_shape=list(shape),
-            files={"images.memmap": count * 3 * 480 * 640, "labels.memmap": count * 8, "meta.json": 2},
+            files={"images.memmap": count * 3 * 480 * 640, "labels.memmap": count * 8, "meta.json": len(meta)},
         )
         (folder / "manifest.json").write_text(json.dumps(manifest))
-        (folder / "meta.json").write_text("{}")
+        (folder / "meta.json").write_text(meta)
         for name, size in (("images.memmap", count * 3 * 480 * 640), ("labels.memmap", count * 8)):
             with open(folder / name, "wb") as file:
                 file.truncate(size)
@@ -238,6 +239,29 @@ class TestDamagedFolders:
             DatasetError, match=r"images.memmap has 184,320 bytes, the manifest says 188,160 \(20 x \[64, 49, 3\]"
         ):
             MemmapImageDataset(copy)
+
+    @pytest.mark.parametrize(
+        "edit",
+        [
+            {"layout": "channels_first"},
+            {"image_shape": [3, SIZE[1], SIZE[0]]},
+            {"format_version": 2, "layout": None},  # an old version's manifest: channel-first
+        ],
+    )
+    def test_a_manifest_edited_to_another_layout_or_shape_is_refused(self, built_dataset, tmp_path, edit):
+        """The same bytes read in another order are scrambled pixels: refused at open, and by verify."""
+        copy = self.damage(built_dataset, tmp_path)
+        manifest = json.loads((copy / "manifest.json").read_text())
+        for name, value in edit.items():
+            if value is None:
+                del manifest[name]
+            else:
+                manifest[name] = value
+        (copy / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(DatasetError, match="meta.json recorded .* when it was built: the manifest was edited"):
+            MemmapImageDataset(copy)
+        problems = verify_memmap(copy, progress=False)
+        assert len(problems) == 1 and "the manifest was edited" in problems[0]
 
     def test_not_a_folder(self, tmp_path):
         (tmp_path / "file").touch()

@@ -220,6 +220,74 @@ class TestBatches:
             next(iterator)
         assert not gather_threads()
 
+    @pytest.mark.parametrize(
+        ("sampler", "shown"),
+        [
+            ([1.7, 2.9], "float: 1.7"),
+            ([[1, 2], [3, 4]], r"list: \[1, 2\]"),
+            (["1"], "str: '1'"),
+            ([True, 0], "bool: True"),
+            (torch.utils.data.BatchSampler(range(4), 2, False), r"list: \[0, 1\]"),
+        ],
+    )
+    def test_a_sampler_must_give_integer_indices(self, sampler, shown):
+        loader = DataLoader(indexed_data(), batch_size=2, sampler=sampler, device="cpu")
+        with pytest.raises(UsageError, match=f"a sampler gives one integer index at a time, got {shown}"):
+            iter(loader)
+
+    def test_integer_indices_of_any_kind_are_taken(self):
+        loader = DataLoader(indexed_data(), batch_size=2, sampler=torch.tensor([5, 0]), device="cpu")
+        ((images, labels),) = list(loader)
+        assert labels.tolist() == [5, 0]
+        loader = DataLoader(indexed_data(), batch_size=2, sampler=np.array([3, 1]), device="cpu")
+        assert [labels.tolist() for _, labels in loader] == [[3, 1]]
+
+    def test_a_sampler_without_a_length_has_no_len(self):
+        """As torch's DataLoader: the number of batches of an iterator is unknown."""
+        loader = DataLoader(indexed_data(), batch_size=2, sampler=iter(range(4)), device="cpu")
+        with pytest.raises(TypeError, match="has no len"):
+            len(loader)
+        assert len(list(loader)) == 2
+
+    def test_a_state_past_a_samplers_end_is_refused(self):
+        loader = DataLoader(indexed_data(), batch_size=2, sampler=[0, 1, 2], device="cpu")
+        state = loader.state_dict() | {"global_position": 9}
+        with pytest.raises(ValueError, match=r"global_position 9 is not in \[0, 3\]"):
+            loader.load_state_dict(state)
+
+    @pytest.mark.parametrize(("epoch", "error"), [(1.5, TypeError), (-1, ValueError), (2**70, ValueError)])
+    def test_set_epoch_checks_its_argument(self, epoch, error):
+        with pytest.raises(error, match="epoch must be"):
+            DataLoader(indexed_data(), batch_size=2, device="cpu").set_epoch(epoch)
+
+    def test_a_batch_size_larger_than_the_dataset_allocates_what_an_epoch_needs(self):
+        loader = DataLoader(indexed_data(), batch_size=10**9, device="cpu")  # buffers of 10**9 would not fit
+        ((images, labels),) = list(loader)
+        assert len(images) == len(indexed_data().labels)
+
+    @pytest.mark.parametrize(
+        ("images", "labels", "message"),
+        [
+            (torch.zeros(4, 3, 2, 2), torch.arange(4), r"uint8 images \[N, C, H, W\], got torch.float32"),
+            (
+                torch.zeros(4, 2, 2, dtype=torch.uint8),
+                torch.arange(4),
+                r"uint8 images \[N, C, H, W\], got torch.uint8 \[4, 2, 2\]",
+            ),
+            (torch.zeros(4, 3, 2, 2, dtype=torch.uint8), torch.arange(4, dtype=torch.int32), "int64 labels"),
+            (torch.zeros(4, 3, 2, 2, dtype=torch.uint8), torch.zeros(4, 2, dtype=torch.int64), "int64 labels"),
+        ],
+    )
+    def test_an_image_data_of_other_dtypes_or_shapes_is_refused(self, images, labels, message):
+        data = ImageData(images=images, labels=labels, batch_size=[4])
+        with pytest.raises(UsageError, match=message):
+            DataLoader(data, batch_size=2, device="cpu")
+
+    def test_crops_of_images_that_are_not_rgb_are_refused(self):
+        data = ImageData(images=torch.zeros(4, 1, 8, 8, dtype=torch.uint8), labels=torch.arange(4), batch_size=[4])
+        with pytest.raises(UsageError, match="decode= crops RGB images"):
+            DataLoader(data, batch_size=2, device="cpu", decode=CenterCropDecode(4))
+
     def test_a_refused_sampler_skips_no_epoch(self):
         loader = DataLoader(indexed_data(), batch_size=2, sampler=[0, 99], device="cpu")
         with pytest.raises(UsageError, match="the sampler gave index 99"):

@@ -105,6 +105,29 @@ class TestSymlinks:
             str(photo_copy)
         ).samples
 
+    @pytest.mark.parametrize("where", ["top", "class"])
+    def test_a_symlink_loop_that_leads_nowhere_is_skipped_with_a_warning(self, photo_copy, where):
+        """``ln -s self self`` or two links to each other: their stat never ends (ELOOP)."""
+        folder = photo_copy if where == "top" else photo_copy / "face"
+        (folder / "self").symlink_to("self")
+        (folder / "l1.jpg").symlink_to("l2.jpg")
+        (folder / "l2.jpg").symlink_to("l1.jpg")
+        with pytest.warns(UserWarning, match="leads nowhere: a symlink loop; skipped") as caught:
+            index = scan_with_timeout(scan_image_folder, photo_copy)
+        assert len(index.samples) == 20 and len(caught) == 3
+        files, _ = walk_images(photo_copy)
+        assert len(files) == 20
+
+    def test_a_link_into_the_output_is_skipped(self, photo_copy, tmp_path):
+        """compress SRC DST with a link in SRC to DST would compress its own outputs again."""
+        output = tmp_path / "out"
+        (output / "a").mkdir(parents=True)
+        (output / "a" / "old.jpg").write_bytes((photo_copy / "face" / "0000.jpg").read_bytes())
+        (photo_copy / "face" / "link").symlink_to(output)
+        with pytest.warns(UserWarning, match=f"face/link leads to the output folder {output}; skipped"):
+            files, _ = walk_images(photo_copy, exclude=output)
+        assert len(files) == 20 and not any("old.jpg" in name for name in files)
+
     def test_walk_images_visits_each_folder_once(self, looped):
         with pytest.warns(UserWarning, match="already scanned"):
             files, repeats = scan_with_timeout(walk_images, looped)

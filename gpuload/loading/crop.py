@@ -39,6 +39,7 @@ from ..transforms.augment import (
     CROP_DRAWS,
     centre_offset,
     centre_window,
+    check_eval_ratio,
     check_range,
     check_size,
     interpolation_weights,
@@ -214,8 +215,7 @@ class CenterCropDecode:
         self, size: int | Sequence[int], *, ratio: float = 224 / 256, fast: bool = False, gpu: bool = False
     ) -> None:
         self.size = check_size(size)
-        if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not 0 < ratio <= 1:
-            raise UsageError(f"ratio must be in (0, 1], got {ratio!r}")
+        check_eval_ratio("ratio", ratio, self.size)
         if not all(isinstance(flag, bool) for flag in (fast, gpu)):
             raise UsageError(f"fast and gpu must be bools, got {fast!r} and {gpu!r}")
         self.ratio, self.fast, self.gpu = float(ratio), fast, gpu

@@ -217,6 +217,8 @@ class DataLoader:
                 "gpu=True decodes JPEGs on the GPU, and a raw dataset holds decoded pixels: crop them in the "
                 "loader's threads with gpu=False, or on the device with transform=gpuload.RandomResizedCrop(...)"
             )
+        if not isinstance(dataset, MemmapImageDataset):  # a dataset's arrays are checked when it opens
+            _check_image_data(data, decode)
         self.dataset = dataset
         self.decode = decode
         # Plain tensors over the same memory, in the order of the file's bytes (a raw dataset's
@@ -266,7 +268,7 @@ class DataLoader:
         self._make_ring = partial(
             _Ring,
             shape=shape,
-            batch_size=batch_size,
+            batch_size=_largest_batch(batch_size, sampler, len(self._labels)),
             slots=self._ahead + 2,
             channels_last=channels_last,
             host_images=not gpu_decode,
@@ -285,7 +287,13 @@ class DataLoader:
         """Use the order of ``epoch`` for the next iteration (as ``DistributedSampler.set_epoch``).
 
         A state loaded for another epoch is discarded.
+
+        Raises:
+            TypeError: ``epoch`` is not an int. ValueError: it is negative or past ``2**62``.
         """
+        _check_int("epoch", epoch)
+        if not 0 <= epoch < 2**62:  # seed + epoch seeds a 64-bit generator
+            raise ValueError(f"epoch must be in [0, 2**62), got {epoch}")
         if epoch != self.epoch:
             self._start = 0
             self._order_world_size = None
@@ -299,7 +307,9 @@ class DataLoader:
         return samples // self.batch_size if self.drop_last else math.ceil(samples / self.batch_size)
 
     def __len__(self) -> int:
-        if self.sampler is not None and hasattr(self.sampler, "__len__"):
+        if self.sampler is not None:
+            if not hasattr(self.sampler, "__len__"):  # as torch's DataLoader: an iterator's length is unknown
+                raise TypeError(f"the loader's sampler ({type(self.sampler).__name__}) has no len()")
             return self._batches(len(self.sampler))
         _, world_size = distributed_rank()
         return self._batches(math.ceil(len(self._labels) / world_size))  # a shard: see epoch_order
@@ -366,8 +376,11 @@ class DataLoader:
                 f"state_dict was saved with block_shuffle={window}, this loader has block_shuffle={self.block_shuffle}: "
                 f"another order; pass block_shuffle={window} to resume it"
             )
-        end = self._order_length(order_world_size)
-        if self.sampler is None and not 0 <= position <= end:
+        if self.sampler is None:
+            end = self._order_length(order_world_size)
+        else:  # a sampler's indices on every rank, where its length is known
+            end = len(self.sampler) * world_size if hasattr(self.sampler, "__len__") else None
+        if end is not None and not 0 <= position <= end:
             raise ValueError(f"global_position {position} is not in [0, {end}]")
         self.seed, self.epoch, self._start = int(state["seed"]), int(state["epoch"]), position
         self._order_world_size = order_world_size
@@ -540,6 +553,32 @@ def _check_rank_device() -> None:
             f"{local_rank}: call torch.cuda.set_device(local_rank) before constructing gpuload.DataLoader "
             "(its seed is broadcast with NCCL through the current device)"
         )
+
+
+def _check_image_data(data: ImageData, decode: object) -> None:
+    """An :class:`ImageData` given to the loader: uint8 images ``[N, C, H, W]`` (3 channels to crop) and
+    int64 labels ``[N]``, what the loader's buffers hold."""
+    images, labels = data.images, data.labels
+    if images.dtype != torch.uint8 or images.dim() != 4:
+        raise UsageError(
+            f"DataLoader serves uint8 images [N, C, H, W], got {images.dtype} {list(images.shape)}: convert them "
+            "(a float image: (x * 255).round().to(torch.uint8))"
+        )
+    if labels.dtype != torch.int64 or labels.shape != images.shape[:1]:
+        raise UsageError(
+            f"DataLoader serves int64 labels [N] beside images [N, ...], got {labels.dtype} {list(labels.shape)} "
+            f"for {len(images)} images: pass labels.long()"
+        )
+    if decode is not None and images.shape[1] != 3:
+        raise UsageError(f"decode= crops RGB images [N, 3, H, W], got {images.shape[1]} channels")
+
+
+def _largest_batch(batch_size: int, sampler: Iterable[int] | None, length: int) -> int:
+    """The largest batch an epoch can have, what the buffers hold: a batch is never larger than the
+    epoch (the dataset's shard, or a sampler's indices where it has a length), whatever ``batch_size``."""
+    if sampler is None:
+        return min(batch_size, max(1, length))
+    return min(batch_size, max(1, len(sampler))) if hasattr(sampler, "__len__") else batch_size
 
 
 def _check_indices(order: torch.Tensor, length: int) -> None:

@@ -15,12 +15,43 @@ Two orders of a shuffled epoch, both a pure function of (seed, epoch):
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["block_sequence", "deal_pieces", "distributed_rank", "epoch_order", "global_order"]
+from ..errors import UsageError
+
+__all__ = ["block_sequence", "deal_pieces", "distributed_rank", "epoch_order", "global_order", "sampler_indices"]
+
+
+def sampler_indices(sampler: Iterable[int]) -> torch.Tensor:
+    """The int64 indices a sampler gives (ints, numpy or 0-d torch integers).
+
+    Raises:
+        UsageError: a value that is not an integer index (a float, a string, a batch of indices
+            from a ``BatchSampler``...) or one out of int64's range, named.
+
+    Example:
+        >>> sampler_indices(iter(torch.tensor([3, 1]))).tolist()
+        [3, 1]
+    """
+    indices = []
+    for value in sampler:
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            index = operator.index(value)
+        except TypeError:
+            raise UsageError(
+                f"a sampler gives one integer index at a time, got {type(value).__name__}: {value!r}; "
+                "for batches of indices (a BatchSampler), pass its sampler and batch_size instead"
+            ) from None
+        if not -(2**63) <= index < 2**63:
+            raise UsageError(f"the sampler gave index {index}, beyond int64; give indices into the dataset")
+        indices.append(index)
+    return torch.tensor(indices, dtype=torch.int64)
 
 
 def distributed_rank() -> tuple[int, int]:
@@ -157,7 +188,7 @@ def epoch_order(
     if sampler is not None:
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
-        return torch.as_tensor(list(sampler), dtype=torch.int64).reshape(-1)[start // world_size :]
+        return sampler_indices(sampler)[start // world_size :]
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in [0, {world_size})")
     order = global_order(

@@ -29,6 +29,7 @@ from .decode import Resize, check_target, decode_into, read_size
 from .files import (
     OutputLock,
     check_apart,
+    check_not_written,
     fsync_file,
     fsync_folder,
     full_disk_says,
@@ -38,7 +39,7 @@ from .files import (
     resolve,
 )
 from .jpeg import REENCODE_REASONS, StoredJpeg, store_jpeg
-from .manifest import ARRAYS, BUILD_PATHS, MANIFEST_NAME, Manifest, holds_build_files
+from .manifest import ARRAYS, BUILD_PATHS, MANIFEST_NAME, Manifest, dataset_around, holds_build_files
 from .scan import ImageFolderIndex, scan_image_folder, shown_names
 from .writer import BlockWriter
 
@@ -146,6 +147,10 @@ def build_memmap(
         raise UsageError(f"quality must be an integer from 1 to 100, got {quality!r}")
     workers = resolve_workers(workers)
     check_apart(src, out, source_name="src", output_name="out")
+    inside = dataset_around(out.parent)
+    if inside is not None:  # checked before the lock, whose file would land in that dataset
+        raise UsageError(f"out {out} lies inside the gpuload dataset {inside}; choose an out outside any dataset")
+    check_not_written(src)  # a compress still filling src
     with OutputLock(out):
         _tidy(out)
         if os.path.lexists(out):
@@ -591,4 +596,11 @@ def _move_into_place(tmp: Path, out: Path, sync: bool) -> None:
     if sync:
         fsync_folder(out.parent)
     if old is not None:
-        shutil.rmtree(old)
+        try:
+            shutil.rmtree(old)
+        except OSError as error:  # the new dataset is in place: that is the build's result
+            warnings.warn(
+                f"{out} holds the new dataset; the old one, moved to {old}, could not be removed "
+                f"({error.strerror or error}: {error.filename}); remove it yourself, or the next build of {out} will",
+                stacklevel=3,
+            )

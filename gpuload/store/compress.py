@@ -19,9 +19,18 @@ from tqdm.auto import tqdm
 from ..errors import CompressError, DecodeError, UsageError
 from ..machine import resolve_workers
 from .decode import check_image, read_bytes, upright_pixels
-from .files import OutputLock, byte_count, check_apart, fsync_folder, full_disk_says, no_room, resolve
+from .files import (
+    OutputLock,
+    byte_count,
+    check_apart,
+    check_not_written,
+    fsync_folder,
+    full_disk_says,
+    no_room,
+    resolve,
+)
 from .jpeg import arithmetic_coded
-from .manifest import holds_build_files
+from .manifest import dataset_around
 from .scan import IMG_EXTENSIONS, walk_images
 
 __all__ = ["JOURNAL_NAME", "CompressReport", "compress_folder", "find_ffmpeg"]
@@ -150,8 +159,11 @@ def compress_folder(
     if not src.is_dir():
         raise FileNotFoundError(f"{src} is not a folder; pass the folder of photos to compress")
     check_apart(src, dst, source_name="SRC", output_name="DST")
-    if dst.is_dir() and holds_build_files(dst):
-        raise UsageError(f"DST {dst} is a gpuload dataset; choose another DST")
+    check_not_written(src)  # another compress still filling src
+    dataset = dataset_around(dst)
+    if dataset is not None:
+        where = "is" if dataset == dst else f"lies inside {dataset},"
+        raise UsageError(f"DST {dst} {where} a gpuload dataset; choose another DST, outside any dataset")
     ffmpeg = ffmpeg or find_ffmpeg()
     jobs = _plan(src, dst)
     report = CompressReport()
@@ -204,7 +216,7 @@ def _fail(report: CompressReport, source: Path, reason: str, strict: bool) -> No
 
 def _plan(src: Path, dst: Path) -> list[tuple[Path, Path, str]]:
     """``(source, target, problem)`` for every image under ``src``, in sorted order."""
-    names, _ = walk_images(src)
+    names, _ = walk_images(src, exclude=dst)  # a link in SRC to DST would compress its own outputs again
     if not names:
         raise FileNotFoundError(f"{src} holds no image; supported extensions are: {', '.join(IMG_EXTENSIONS)}")
     jobs, claimed = [], {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import sys
@@ -571,9 +572,31 @@ def _check_files(path: Path, manifest: Manifest) -> None:
             )
 
 
+def _check_meta(path: Path, manifest: Manifest) -> None:
+    """The manifest's image layout and shape must be those tensordict's ``meta.json`` recorded for the
+    file (format version 2 on): a manifest edited by hand (``layout``, ``image_shape``, an older
+    ``format_version``) would otherwise serve the same bytes as scrambled pixels, without an error."""
+    if manifest.format_version < 2:
+        return  # version 1's metadata records no shapes
+    try:
+        recorded = json.loads((path / "meta.json").read_text())["images"]["shape"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise DatasetError(
+            f"{path} is damaged: meta.json does not give the images' shape ({error!r}); rebuild it"
+        ) from None
+    expected = list(manifest.array_shapes["images"])
+    if recorded != expected:
+        raise DatasetError(
+            f"{path} is damaged: its manifest ({manifest.layout}, image_shape {manifest.image_shape}) means "
+            f"images.memmap is {expected}, and meta.json recorded {recorded} when it was built: the manifest was "
+            "edited; run gpuload verify, then rebuild the dataset"
+        )
+
+
 def _open_raw(path: Path, manifest: Manifest) -> ImageData:
     shapes = manifest.array_shapes
     images = _map(path, manifest.array_path("images"), torch.uint8, shapes["images"])
+    _check_meta(path, manifest)  # the bytes fit the manifest's shape: is it the shape they were written in?
     if manifest.layout == "channels_last":
         images = images.permute(0, 3, 1, 2)  # [N, 3, H, W] with channels-last strides: a view
     labels = _map(path, manifest.array_path("labels"), torch.int64, shapes["labels"])

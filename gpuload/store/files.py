@@ -207,6 +207,38 @@ class OutputLock:
         self._fd = -1
 
 
+def check_not_written(path: Path) -> None:
+    """Refuse to read ``path`` while another gpuload run writes it (holds its :class:`OutputLock`):
+    a build of a folder that ``compress`` is still filling would take what is there so far.
+    Nothing is created: a folder no run has written has no lock file.
+
+    Raises:
+        BusyError: another process holds the lock.
+
+    Example:
+        >>> import tempfile
+        >>> out = Path(tempfile.mkdtemp()) / "photos-q3"
+        >>> with OutputLock(out):
+        ...     check_not_written(out)
+        Traceback (most recent call last):
+        ...
+        gpuload.errors.BusyError: another gpuload run is still writing .../photos-q3 ...
+    """
+    lock_path = path.with_name(f".{path.name}.lock")
+    try:
+        fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return  # no lock file (or none we may read): no gpuload run writes it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise BusyError(
+            f"another gpuload run is still writing {path} (it holds {lock_path}); wait for it to finish, then run this again"
+        ) from None
+    finally:
+        os.close(fd)
+
+
 def fsync_file(path: Path) -> None:
     """Flush a file's data and size to disk."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)

@@ -31,6 +31,7 @@ __all__ = [
     "RESIZE_MODES",
     "DatasetError",
     "Manifest",
+    "dataset_around",
     "holds_build_files",
 ]
 
@@ -70,6 +71,21 @@ def holds_build_files(folder: Path) -> bool:
         False
     """
     return any((folder / name).exists() for name in BUILD_FILES)
+
+
+def dataset_around(path: Path) -> Path | None:
+    """The folder among ``path`` and its parents that holds a dataset (see :func:`holds_build_files`),
+    or ``None``: an output there would write into a dataset.
+
+    Example:
+        >>> import tempfile
+        >>> dataset_around(Path(tempfile.mkdtemp()) / "new") is None
+        True
+    """
+    for folder in (path, *path.parents):
+        if folder.is_dir() and holds_build_files(folder):
+            return folder
+    return None
 
 
 _HEX16 = re.compile(r"[0-9a-f]{16}")

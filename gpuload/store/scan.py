@@ -8,6 +8,7 @@ Each such repeat is reported with a warning naming the link.
 
 from __future__ import annotations
 
+import errno
 import os
 import warnings
 from collections.abc import Sequence
@@ -79,8 +80,9 @@ def scan_image_folder(root: str | os.PathLike, *, classes: Sequence[str] | None 
         raise FileNotFoundError(f"{root} does not exist; pass a folder of images (one subfolder per class)")
     if not root.is_dir():
         raise NotADirectoryError(f"{root} is not a folder; pass a folder of images (one subfolder per class)")
+    loops: list[tuple[str, str]] = []
     try:
-        folders = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+        folders = sorted(entry.name for entry in os.scandir(root) if _is_folder(entry, root, loops))
     except PermissionError as error:
         raise PermissionError(f"cannot read {root}: {error.strerror}") from None
     if not folders:
@@ -88,7 +90,7 @@ def scan_image_folder(root: str | os.PathLike, *, classes: Sequence[str] | None 
     names = folders if classes is None else _check_classes(root, folders, classes)
     # The class folders belong to their classes: a link to one from elsewhere is a repeat.
     seen = {_identity(root)} | {_identity(root / name) for name in folders}
-    samples, repeats = [], []
+    samples, repeats = [], loops
     for label, name in enumerate(names):
         if name not in folders:
             continue
@@ -163,9 +165,11 @@ def shown_names(names: list[str], limit: int = 10) -> str:
     return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def walk_images(root: Path) -> tuple[list[str], list[tuple[str, str]]]:
+def walk_images(root: Path, *, exclude: Path | None = None) -> tuple[list[str], list[tuple[str, str]]]:
     """The images under ``root`` (paths relative to it, in ImageFolder's order), each folder visited
-    once, and the ``(link, folder it leads to)`` of each folder symlink that led to a folder already seen.
+    once, and the ``(link, folder it leads to)`` of each folder symlink that led to a folder already
+    seen, to ``exclude`` (a command's output folder, which a link inside ``root`` may reach), or
+    nowhere (a symlink loop such as ``ln -s self self``): each is skipped with a warning.
 
     Example:
         >>> import tempfile, pathlib
@@ -174,8 +178,14 @@ def walk_images(root: Path) -> tuple[list[str], list[tuple[str, str]]]:
         >>> walk_images(root)
         (['2.png', 'a/1.jpg'], [])
     """
-    files, repeats = _walk(root, root, {_identity(root)})
-    _warn(repeats)
+    seen = {_identity(root)}
+    output = str(exclude.resolve()) if exclude is not None and exclude.is_dir() else None
+    if output is not None:
+        seen.add(_identity(exclude))  # a link into the output: skipped like a folder already seen
+    files, repeats = _walk(root, root, seen)
+    for link, _ in (repeat for repeat in repeats if repeat[1] == output):
+        warnings.warn(f"{link} leads to the output folder {output}; skipped", stacklevel=2)
+    _warn([repeat for repeat in repeats if repeat[1] != output])
     return files, repeats
 
 
@@ -192,11 +202,12 @@ def _walk(root: Path, top: Path, seen: set[tuple[int, int]]) -> tuple[list[str],
             entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
         except OSError:  # unreadable or gone: skipped, as os.walk (and so ImageFolder) does
             continue
-        names = [entry.name for entry in entries if not entry.is_dir() and entry.name.lower().endswith(IMG_EXTENSIONS)]
+        folders = {entry.name for entry in entries if _is_folder(entry, root, repeats)}
+        names = [entry.name for entry in entries if entry.name not in folders and _looks_like_image(entry)]
         found.append((str(folder), names))
         subfolders = []
         for entry in entries:
-            if not entry.is_dir():
+            if entry.name not in folders:
                 continue
             identity = _identity(Path(entry.path))
             if identity in seen:
@@ -213,6 +224,29 @@ def _walk(root: Path, top: Path, seen: set[tuple[int, int]]) -> tuple[list[str],
     return files, repeats
 
 
+def _is_folder(entry: os.DirEntry, root: Path, repeats: list[tuple[str, str]]) -> bool:
+    """Whether ``entry`` is a folder (through a symlink too); a link that leads nowhere, in a loop
+    (``ln -s self self``), is reported in ``repeats`` and is no folder."""
+    try:
+        return entry.is_dir()
+    except OSError as error:  # ELOOP: is_dir follows links, and a loop of them has no end
+        if error.errno != errno.ELOOP:
+            raise
+        repeats.append((_relative(Path(entry.path), root), "nowhere: a symlink loop"))
+        return False
+
+
+def _looks_like_image(entry: os.DirEntry) -> bool:
+    """An entry named like an image, unless it is a symlink loop (reported by :func:`_is_folder`)."""
+    if not entry.name.lower().endswith(IMG_EXTENSIONS):
+        return False
+    try:
+        entry.stat()
+    except OSError as error:
+        return error.errno != errno.ELOOP  # a broken link is listed (and skipped as unreadable later)
+    return True
+
+
 def _identity(folder: Path) -> tuple[int, int]:
     stat = folder.stat()
     return stat.st_dev, stat.st_ino
@@ -224,6 +258,9 @@ def _relative(path: Path, root: Path) -> str:
 
 def _warn(repeats: list[tuple[str, str]]) -> None:
     for link, target in repeats:
+        if target.startswith("nowhere"):
+            warnings.warn(f"{link} leads {target}; skipped", stacklevel=3)
+            continue
         warnings.warn(
             f"{link} leads to {target}, a folder already scanned (a symlink loop or a second link to it); "
             f"its images are listed once",

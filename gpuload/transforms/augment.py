@@ -119,14 +119,14 @@ def _centre_crop_size(height, width, ratio: tuple[float, float]) -> tuple:
     low, high = min(ratio), max(ratio)
     if not isinstance(height, torch.Tensor):
         if width / height < low:
-            return round(width / low), width
+            return min(height, max(1, round(width / low))), width
         if width / height > high:
-            return height, round(height * high)
+            return height, min(width, max(1, round(height * high)))
         return height, width
     aspect = width / height
-    return (
-        torch.where(aspect < low, torch.round(width / low), height),
-        torch.where(aspect > high, torch.round(height * high), width),
+    return (  # at least one pixel: a ratio range far from the image's would round a side to 0
+        torch.where(aspect < low, torch.round(width / low), height).clamp(min=1).minimum(height),
+        torch.where(aspect > high, torch.round(height * high), width).clamp(min=1).minimum(width),
     )
 
 
@@ -218,8 +218,8 @@ class RandomResizedCrop(nn.Module):
         self.scale = check_range("scale", scale, low=0.0, high=1.0)
         self.ratio = check_range("ratio", ratio, low=0.0, high=math.inf)
         for name, value in (("brightness", brightness), ("contrast", contrast), ("saturation", saturation)):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise UsageError(f"{name} must be a number >= 0 (0 turns it off), got {value!r}")
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < math.inf:
+                raise UsageError(f"{name} must be a finite number >= 0 (0 turns it off), got {value!r}")
         if not isinstance(flip, bool) or not isinstance(crop, bool):
             raise UsageError(f"flip and crop must be bools, got {flip!r} and {crop!r}")
         if memory_format not in (torch.channels_last, torch.contiguous_format, torch.preserve_format):
@@ -229,8 +229,7 @@ class RandomResizedCrop(nn.Module):
             )
         if dtype != torch.uint8 and not dtype.is_floating_point:
             raise UsageError(f"dtype must be torch.uint8 or a float dtype, got {dtype}")
-        if not 0 < eval_ratio <= 1:
-            raise UsageError(f"eval_ratio must be in (0, 1], got {eval_ratio!r}")
+        check_eval_ratio("eval_ratio", eval_ratio, self.size)
         self.flip, self.crop, self.dtype, self.memory_format, self.eval_ratio = (
             flip,
             crop,
@@ -459,6 +458,8 @@ def _check_images(images: torch.Tensor, *, needs_rgb: bool) -> None:
         raise UsageError(f"expected a batch of images [B, C, H, W], got {shape}")
     if images.dtype != torch.uint8 and not images.is_floating_point():
         raise UsageError(f"expected uint8 or float images on the 0..255 scale, got {images.dtype}")
+    if images.shape[2] == 0 or images.shape[3] == 0:
+        raise UsageError(f"expected images of at least 1x1 pixels, got {list(images.shape)}")
     if needs_rgb and images.shape[1] != 3:
         raise UsageError(f"colour jitter needs 3 channels (RGB), got {images.shape[1]}")
 
@@ -474,6 +475,19 @@ def check_range(name: str, values, *, low: float, high: float) -> tuple[float, f
     if not isinstance(values, Sequence) or len(values) != 2 or not all(isinstance(v, (int, float)) for v in values):
         raise UsageError(f"{name} must be (min, max), got {values!r}")
     first, second = float(values[0]), float(values[1])
-    if not low < first <= second <= high:
-        raise UsageError(f"{name} must be (min, max) with {low} < min <= max <= {high}, got {values!r}")
+    if not (low < first <= second <= high and math.isfinite(second)):
+        raise UsageError(f"{name} must be (min, max) with {low} < min <= max <= {high}, finite, got {values!r}")
     return first, second
+
+
+def check_eval_ratio(name: str, ratio, size: tuple[int, int]) -> float:
+    """A centre crop's share of the resized shorter side: in (0, 1], and not so small that the
+    resized side (``min(size) / ratio``) passes 65,535 pixels."""
+    if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not 0 < ratio <= 1:
+        raise UsageError(f"{name} must be in (0, 1], got {ratio!r}")
+    if min(size) / ratio > 65_535:
+        raise UsageError(
+            f"{name}={ratio!r} would resize the shorter side to {min(size) / ratio:,.0f} pixels before the "
+            f"{min(size)}-pixel centre crop; give a ratio of at least {min(size) / 65_535:.6f}"
+        )
+    return float(ratio)
