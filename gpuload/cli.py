@@ -45,6 +45,15 @@ def parse_size(text: str) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
+def _path(text: str) -> Path:
+    """A path argument; an empty one (an unset shell variable) would mean the current folder: refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"a path is empty ({text!r}: an unset shell variable?); give a folder, '.' for this one"
+        )
+    return Path(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     parser = argparse.ArgumentParser(prog="gpuload", description="Get image datasets onto the GPU fast.")
@@ -100,8 +109,8 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 def _add_compress(subparsers) -> None:
     parser = subparsers.add_parser("compress", help="re-encode a folder of photos with ffmpeg")
-    parser.add_argument("src", type=Path, help="folder of photos")
-    parser.add_argument("dst", type=Path, help="folder to write (the tree is mirrored)")
+    parser.add_argument("src", type=_path, help="folder of photos")
+    parser.add_argument("dst", type=_path, help="folder to write (the tree is mirrored)")
     parser.add_argument("--quality", "-q", type=int, default=3, help="ffmpeg -q:v, 1 (best) to 31 (default: 3)")
     parser.add_argument("--workers", type=int, default=None, help="ffmpeg processes at once (default: cores)")
     parser.add_argument(
@@ -126,8 +135,8 @@ def _run_compress(args) -> int:
 
 def _add_build(subparsers) -> None:
     parser = subparsers.add_parser("build-memmap", help="decode an ImageFolder into a memory-mapped dataset")
-    parser.add_argument("src", type=Path, help="ImageFolder: one subfolder per class")
-    parser.add_argument("--out", type=Path, default=None, help="dataset folder (default: <SRC>.memmap)")
+    parser.add_argument("src", type=_path, help="ImageFolder: one subfolder per class")
+    parser.add_argument("--out", type=_path, default=None, help="dataset folder (default: <SRC>.memmap)")
     parser.add_argument(
         "--size", type=parse_size, default=None, help="raw: HxW of the stored images (default: their common size)"
     )
@@ -140,7 +149,7 @@ def _add_build(subparsers) -> None:
     parser.add_argument("--max-side", type=int, default=None, help="jpeg: scale larger images down to this side")
     parser.add_argument("--quality", type=int, default=None, help="jpeg: quality of re-encoded images (default: 90)")
     parser.add_argument(
-        "--classes-from", type=Path, default=None, metavar="DATASET",
+        "--classes-from", type=_path, default=None, metavar="DATASET",
         help="use the class list (and labels) of this dataset, e.g. the training set's for a validation set",
     )  # fmt: skip
     parser.add_argument("--workers", type=int, default=None, help="decoding threads (default: cores)")
@@ -312,7 +321,7 @@ def _add_push(subparsers) -> None:
         "push",
         help="copy a dataset to object storage (s3://, gs://, az://, file://), each object checked; a rerun resumes",
     )
-    parser.add_argument("src", type=Path, help="the dataset folder that build-memmap wrote")
+    parser.add_argument("src", type=_path, help="the dataset folder that build-memmap wrote")
     parser.add_argument("url", help="where to put it, e.g. s3://bucket/photos.jpeg")
     parser.add_argument(
         "--overwrite", action="store_true", help="replace another gpuload dataset at URL (never anything else)"
@@ -331,11 +340,11 @@ def _add_bench(subparsers) -> None:
     parser = subparsers.add_parser(
         "bench", help="measure loading throughput against the stock loaders and the machine's limit"
     )
-    parser.add_argument("dataset", type=Path)
+    parser.add_argument("dataset", type=_path)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs per contender (default: 3)")
-    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the results here")
+    parser.add_argument("--json", type=_path, default=None, metavar="FILE", help="also write the results here")
     parser.add_argument(
         "--augment", type=int, default=None, metavar="SIZE",
         help="also measure a per-sample random resized crop to SIZE + flip, against torchvision's in workers",
@@ -345,7 +354,10 @@ def _add_bench(subparsers) -> None:
 
 def _run_bench(args) -> int:
     from .bench import format_bench, run_bench
+    from .errors import UsageError
 
+    if args.json is not None and not args.json.parent.is_dir():  # before minutes of measuring, not after
+        raise UsageError(f"--json {args.json}: its folder {args.json.parent} does not exist; create it first")
     report = run_bench(
         args.dataset, batch_size=args.batch_size, device=args.device, epochs=args.epochs, augment=args.augment
     )
@@ -357,7 +369,7 @@ def _run_bench(args) -> int:
 
 def _add_demo(subparsers) -> None:
     parser = subparsers.add_parser("demo", help="run the whole job on a built-in sample (no download)")
-    parser.add_argument("--workdir", type=Path, default=None, help="keep the files here (default: a temporary folder)")
+    parser.add_argument("--workdir", type=_path, default=None, help="keep the files here (default: a temporary folder)")
     parser.add_argument("--images", type=int, default=500, help="sample images to make (default: 500)")
     parser.set_defaults(run=_run_demo)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from .errors import UsageError
 from .loading.loader import DataLoader
 from .machine import default_workers, machine_line
 from .sample import SAMPLE_CLASSES, make_sample_folder
@@ -35,7 +36,7 @@ def run_demo(
         The dataset folder (gone when ``workdir`` is ``None``).
     """
     if images < len(SAMPLE_CLASSES):
-        raise ValueError(f"images must be at least {len(SAMPLE_CLASSES)} (one per class), got {images}")
+        raise UsageError(f"images must be at least {len(SAMPLE_CLASSES)} (one per class), got {images}")
     temporary = workdir is None
     root = Path(tempfile.mkdtemp(prefix="gpuload-demo-") if temporary else workdir)
     try:
@@ -72,9 +73,10 @@ def _steps(root: Path, images: int, size: tuple[int, int]) -> Path:
     )
 
     started = time.perf_counter()
-    problems = verify_memmap(out, sources=8, progress=False)
+    sources = min(8, len(dataset))
+    problems = verify_memmap(out, sources=sources, progress=False)
     print(
-        f"4/5 verify: {'OK' if not problems else problems} (checksums of all images, 8 sources re-decoded) in {time.perf_counter() - started:.2f} s",
+        f"4/5 verify: {'OK' if not problems else problems} (checksums of all images, {sources} sources re-decoded) in {time.perf_counter() - started:.2f} s",
         flush=True,
     )
 

@@ -141,3 +141,11 @@ def test_the_gather_limit_gathers_in_the_files_order_as_the_loader_does(built_da
     limit = _GatherLimit(MemmapImageDataset(built_dataset), 4, split=False)
     assert limit.source.shape == (20, 48, 64, 3) and limit.source.is_contiguous()
     assert limit.buffer.shape == (4, 48, 64, 3)
+
+
+def test_a_json_path_in_a_missing_folder_is_refused_before_measuring(built_dataset, tmp_path, capsys, monkeypatch):
+    import gpuload.bench
+
+    monkeypatch.setattr(gpuload.bench, "run_bench", None)  # measuring would fail the test
+    code = main(["bench", str(built_dataset), "--json", str(tmp_path / "missing" / "bench.json")])
+    assert code == 2 and "its folder" in capsys.readouterr().err

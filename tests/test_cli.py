@@ -24,6 +24,25 @@ def run(capsys, *argv) -> tuple[int, str, str]:
 
 
 class TestBuildMemmap:
+    @pytest.mark.parametrize(
+        "command", [("build-memmap", ""), ("compress", "", "out"), ("build-memmap", "src", "--out", " ")]
+    )
+    def test_an_empty_path_is_refused_not_taken_for_this_folder(self, capsys, tmp_path, monkeypatch, command):
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / "src").mkdir()
+        with pytest.raises(SystemExit) as exited:  # argparse's usage error
+            main(list(command))
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and "a path is empty" in err and "unset shell variable" in err
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["src"]
+
+    def test_an_empty_out_folder_gets_advice_that_does_not_loop(self, capsys, photo_folder, tmp_path):
+        (tmp_path / "made-ahead").mkdir()
+        for extra in ((), ("--overwrite",)):
+            code, _, err = run(capsys, "build-memmap", str(photo_folder), "--out", str(tmp_path / "made-ahead"), *extra)
+            assert code == 2 and "already exists as an empty folder" in err and "rmdir" in err
+        assert list((tmp_path / "made-ahead").iterdir()) == []
+
     def test_builds_and_prints_a_summary(self, capsys, photo_copy):
         write_bad_file(photo_copy / "face", "empty.jpg")
         code, out, _ = run(
@@ -50,8 +69,10 @@ class TestBuildMemmap:
 
     def test_existing_out(self, capsys, photo_folder, tmp_path):
         (tmp_path / "out").mkdir()
+        (tmp_path / "out" / "notes.txt").write_text("mine")
         code, _, err = run(capsys, "build-memmap", str(photo_folder), "--out", str(tmp_path / "out"))
         assert code == 2 and "already exists; pass overwrite=True (--overwrite)" in err
+        assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
 
     def test_out_holding_src_is_refused_and_the_photos_are_kept(self, capsys, photo_copy, monkeypatch):
         monkeypatch.chdir(photo_copy.parent)

@@ -13,3 +13,10 @@ def test_demo_runs_the_whole_job_and_reports_each_step(tmp_path, capsys):
 def test_temporary_workdir_is_removed(capsys):
     out = run_demo(images=5, size=(12, 16))
     assert not out.exists()
+
+
+def test_too_few_images_is_a_usage_error(capsys):
+    from gpuload.cli import main
+
+    assert main(["demo", "--images", "3"]) == 2
+    assert "images must be at least 5 (one per class), got 3" in capsys.readouterr().err

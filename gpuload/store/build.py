@@ -154,6 +154,11 @@ def build_memmap(
     with OutputLock(out):
         _tidy(out)
         if os.path.lexists(out):
+            if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
+                raise FileExistsError(  # a folder made ahead (a mount point?): neither a dataset nor ours to replace
+                    f"{out} already exists as an empty folder, and a build writes its dataset as a new folder there: "
+                    f"remove the empty folder (rmdir {out}), or choose an out that does not exist yet"
+                )
             if not overwrite:
                 raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) or choose another out")
             _check_replaceable(out)

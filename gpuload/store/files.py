@@ -106,10 +106,15 @@ def _nearest_existing(disk: int | str | os.PathLike) -> int | Path:
 def resolve(path: str | os.PathLike) -> Path:
     """``path`` with ``~`` expanded and every symlink and ``..`` resolved (the folder need not exist).
 
+    Raises:
+        UsageError: an empty path (an unset shell variable), which would mean the current folder.
+
     Example:
         >>> resolve("/tmp/../tmp/x").as_posix()
         '/tmp/x'
     """
+    if not str(path).strip():
+        raise UsageError(f"a path is empty ({str(path)!r}: an unset shell variable?); give a folder, '.' for this one")
     return Path(path).expanduser().resolve()
 
 
