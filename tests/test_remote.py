@@ -283,6 +283,28 @@ def test_aws_profiles_reach_obstore_through_boto3(s3, tmp_path, monkeypatch):
     assert used and "fromprofile" in s3.proxy.requests[-1].headers["Authorization"]
 
 
+def test_no_credentials_anywhere_is_a_one_line_error_that_says_what_to_set(monkeypatch):
+    """boto3 finding no profile hands over to obstore's chain; its last resort, the instance metadata
+    service, refusing is named as missing credentials (the text as obstore 0.8 words it; no request
+    leaves 127.0.0.1 here)."""
+    pytest.importorskip("boto3")
+    import obstore.auth.boto3
+
+    def none_found(self):
+        raise ValueError("Received None from session.get_credentials")
+
+    monkeypatch.setattr(obstore.auth.boto3.Boto3CredentialProvider, "__init__", none_found)
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    assert remote._aws_profiles() is None
+    refused = Exception(
+        "Generic S3 error: Error performing PUT http://169.254.169.254/latest/api/token in 887µs - "
+        "Server returned non-2xx status code: 403 Forbidden: resolve_deny: denied destination\n\nDebug..."
+    )
+    error = remote._classify(refused)
+    assert isinstance(error, RemoteError) and "\n" not in str(error)
+    assert str(error).startswith("no credentials found (Generic S3 error") and "AWS_PROFILE" in str(error)
+
+
 def test_a_local_file_replaced_after_open_stops_the_read(tmp_path):
     """file:// has no ETag: its size and modification time, compared after every read, stand for one."""
     (tmp_path / "ds").mkdir()

@@ -435,13 +435,18 @@ class _ObstoreStore(Store):
 
 def _aws_profiles():
     """boto3's credential chain (``~/.aws`` profiles, ``AWS_PROFILE``, SSO) for obstore, which reads only
-    the environment and instance metadata itself; ``None`` when the keys are in the environment or
-    boto3 is not installed."""
+    the environment and instance metadata itself; ``None`` when the keys are in the environment,
+    boto3 is not installed or finds none (obstore's own chain then answers for itself)."""
     if os.environ.get("AWS_ACCESS_KEY_ID") or not _installed("boto3"):
         return None
     from obstore.auth.boto3 import Boto3CredentialProvider
 
-    return Boto3CredentialProvider()
+    try:
+        return Boto3CredentialProvider()
+    except ValueError as error:  # "Received None from session.get_credentials": no profile, no SSO
+        if "credentials" not in str(error):
+            raise
+        return None
 
 
 def _aws_endpoint(url: str) -> str | None:
@@ -450,9 +455,17 @@ def _aws_endpoint(url: str) -> str | None:
     return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
 
 
+_METADATA = "169.254.169.254"  # the cloud instance metadata service (AWS, GCP, Azure)
+
+
 def _classify(error: BaseException) -> BaseException:
     """A backend's error as :class:`_Transient` (5xx, 429, 408, no status: the connection) or :class:`RemoteError`."""
     text = redact(_first_line(error))
+    if _METADATA in text:  # no key, profile or role: obstore fell back to the instance metadata service
+        return RemoteError(
+            f"no credentials found ({text}); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or AWS_PROFILE "
+            "for s3://, GOOGLE_APPLICATION_CREDENTIALS for gs://, or pass them in storage_options"
+        )
     status = _STATUS.search(str(error))
     if status is None or int(status[1]) >= 500 or int(status[1]) in (408, 429):
         return _Transient(text)
