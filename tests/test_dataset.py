@@ -4,6 +4,7 @@ import pickle
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import xxhash
@@ -51,6 +52,15 @@ class TestLikeImageFolder:
     def test_index_out_of_range(self, built_dataset):
         with pytest.raises(IndexError, match="index 20 is out of range for a dataset of 20 images"):
             MemmapImageDataset(built_dataset)[20]
+
+    def test_an_index_that_is_not_an_integer_is_refused_and_integer_likes_are_taken(self, built_dataset):
+        dataset = MemmapImageDataset(built_dataset)
+        for bad in (1.5, "3", None):
+            with pytest.raises(TypeError, match="a dataset index must be an integer"):
+                dataset[bad]
+        expected = dataset[3][0]
+        for index in (np.int64(3), torch.tensor(3)):
+            assert torch.equal(dataset[index][0], expected)
 
     @pytest.mark.parametrize("workers", [0, 2])
     def test_stock_dataloader_with_default_collate(self, photo_folder, built_dataset, workers):

@@ -35,6 +35,14 @@ def test_channels_last(images):
     torch.testing.assert_close(out, Normalize(IMAGENET_MEAN, IMAGENET_STD)(images))
 
 
+def test_one_image_is_normalised_as_it_is_and_refused_only_where_channels_last_needs_a_batch(images):
+    one = images[0]
+    expected = Normalize(IMAGENET_MEAN, IMAGENET_STD)(images)[0]
+    torch.testing.assert_close(Normalize(IMAGENET_MEAN, IMAGENET_STD)(one), expected)
+    with pytest.raises(ValueError, match=r"takes a batch \[N, 3, H, W\], got shape \(3, .*images\[None\]"):
+        Normalize(IMAGENET_MEAN, IMAGENET_STD, memory_format=torch.channels_last)(one)
+
+
 def test_a_channels_last_batch_is_read_as_it_lies_and_stays_channels_last(images, monkeypatch):
     """gpuload's batches are channels-last: the one addcmul reads the uint8 as it lies (no copy first)."""
     batch = images.contiguous(memory_format=torch.channels_last)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import operator
 import os
 import sys
 import weakref
@@ -427,6 +428,13 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         return self.data.batch_size[0]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        try:
+            index = operator.index(index)  # an int, a numpy or 0-d torch integer; not 1.5
+        except TypeError:
+            raise TypeError(
+                f"a dataset index must be an integer, got {type(index).__name__} {index!r}; "
+                "use __getitems__ or a DataLoader for several images"
+            ) from None
         if not -len(self) <= index < len(self):
             raise IndexError(f"index {index} is out of range for a dataset of {len(self)} images")
         index = index % len(self)

@@ -14,7 +14,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class Normalize(nn.Module):
-    """``(x / 255 - mean) / std`` for uint8 (or 0..255 float) ``[B, C, H, W]`` images, in one pass.
+    """``(x / 255 - mean) / std`` for uint8 (or 0..255 float) ``[B, C, H, W]`` images (or one ``[C, H, W]``), in one pass.
 
     The scale ``1 / (255 std)`` and shift ``-mean / std`` are folded into two buffers, so the
     forward is a single ``addcmul`` that reads the uint8 input and writes the output once
@@ -63,9 +63,16 @@ class Normalize(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if self.memory_format is not torch.preserve_format:
+            if images.dim() != 4 and self.memory_format is torch.channels_last:
+                raise ValueError(
+                    f"Normalize(memory_format={self.memory_format}) takes a batch [N, 3, H, W], got shape "
+                    f"{tuple(images.shape)}; pass images[None] for one image, or memory_format=torch.preserve_format"
+                )
             images = images.contiguous(memory_format=self.memory_format)  # on the uint8: 1 byte/value
         if images.is_floating_point() and images.dtype != self.scale.dtype:
             images = images.to(self.scale.dtype)  # uint8 needs no cast: addcmul promotes it as it reads
+        if images.dim() == 3:  # one image [3, H, W], as torchvision's Normalize takes it: stays 3-D
+            return torch.addcmul(self.shift[0], images, self.scale[0])
         return torch.addcmul(self.shift, images, self.scale)
 
     def extra_repr(self) -> str:
