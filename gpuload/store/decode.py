@@ -442,7 +442,9 @@ def _fit(chw: torch.Tensor, size: tuple[int, int], resize: str) -> torch.Tensor:
         scale = max(target_height / height, target_width / width)
         covering = (max(target_height, round(height * scale)), max(target_width, round(width * scale)))
         if covering[0] * covering[1] <= _COVER_LIMIT * target_height * target_width:
-            # torchvision's Resize + CenterCrop: the pixels around the centre box weigh on its edges
+            # as torchvision's Resize + CenterCrop, the pixels around the centre box weigh on its edges;
+            # an odd margin puts the extra pixel after the box (torchvision rounds half to even: a
+            # pixel's shift at most; kept, as every dataset built so far was built this way)
             top, left = (covering[0] - target_height) // 2, (covering[1] - target_width) // 2
             return resize_image(chw, covering)[:, top : top + target_height, left : left + target_width]
         # a far longer image (a 1x20000 strip): cut the centre box out first, so only it is resized
