@@ -56,6 +56,11 @@ def percent(value: float) -> str:
     return f"{100 * value:.0f} %"
 
 
+def verdict(value: float, bar: float) -> str:
+    """Whether a measured ``value`` reaches its ``bar``, as the prose says it: ``met``, ``not met``."""
+    return "met" if value >= bar else "not met"
+
+
 def ms(value: float) -> str:
     return f"{value:.2f} ms"
 
@@ -111,6 +116,11 @@ def _jpeg_store(result: dict, into: dict[str, str]) -> None:
             if (ours, cache) in rates and (theirs, cache) in rates:
                 ratio = rates[ours, cache]["median"] / rates[theirs, cache]["median"]
                 into[f"jpeg_store.{ours}_x_{theirs}.{cache}"] = times(ratio)
+    if ("raw_crop_host", "warm") in rates and ("jpeg_crop", "warm") in rates:
+        host, jpeg = rates["raw_crop_host", "warm"], rates["jpeg_crop", "warm"]
+        into["jpeg_store.raw_crop_bar"] = verdict(host["median"] / jpeg["median"], 3.0)
+        paired = [ours / theirs for ours, theirs in zip(host["runs"], jpeg["runs"], strict=True)]  # one repeat each
+        into["jpeg_store.raw_crop_host_x_jpeg_crop.per_repeat"] = f"{min(paired):.2f}x-{max(paired):.2f}x"
     sizes = result["bytes_on_disk"]
     for store, size in sizes.items():
         into[f"jpeg_store.bytes.{store}"] = megabytes(size)
@@ -145,6 +155,7 @@ def _build_memmap(result: dict, into: dict[str, str]) -> None:
     decoder = rates["simplejpeg_limit"]["median"]
     into["build_memmap.images"] = count(run["images"])
     into["build_memmap.share_of_decoder"] = percent(rates["gpuload"]["median"] / decoder)
+    into["build_memmap.bar"] = verdict(rates["gpuload"]["median"] / decoder, 0.85)
     into["build_memmap.share_of_decoder.no_sync"] = percent(rates["gpuload_no_sync"]["median"] / decoder)
     into["build_memmap.x_recipe"] = times(rates["gpuload"]["median"] / rates["talk_recipe"]["median"])
     into["build_memmap.x_recipe.no_sync"] = times(rates["gpuload_no_sync"]["median"] / rates["talk_recipe"]["median"])
@@ -177,6 +188,9 @@ def _gpu_preprocess(result: dict, into: dict[str, str]) -> None:
     for (name, batch), rate in rates.items():
         if name == "gpuload_eager" and ("torchvision_same_boxes", batch) in rates:
             into[f"gpu_preprocess.eager_x_same_boxes.{batch}"] = times(rate / rates["torchvision_same_boxes", batch])
+    eager = [rate / rates["torchvision_same_boxes", batch] for (name, batch), rate in rates.items() if name == "gpuload_eager"]
+    if eager:
+        into["gpu_preprocess.bar"] = "met at every batch size" if min(eager) >= 1 else "missed at one batch size or more"
     into["gpu_preprocess.device"] = result["device_name"]
 
 

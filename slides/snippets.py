@@ -38,7 +38,7 @@ class Snippet:
         >>> snippet.lines(root)[0]
         'def forward(self, images: torch.Tensor) -> torch.Tensor:'
         >>> snippet.markdown(root).splitlines()[2]
-        '```python {all|6|all}'
+        '```python {all|6-7|all}'
     """
 
     path: str

@@ -62,18 +62,24 @@ class Normalize(nn.Module):
         self.register_buffer("shift", (-mean_t / std_t).float().view(shape))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        if self.memory_format is not torch.preserve_format:
-            if images.dim() != 4 and self.memory_format is torch.channels_last:
-                raise ValueError(
-                    f"Normalize(memory_format={self.memory_format}) takes a batch [N, 3, H, W], got shape "
-                    f"{tuple(images.shape)}; pass images[None] for one image, or memory_format=torch.preserve_format"
-                )
-            images = images.contiguous(memory_format=self.memory_format)  # on the uint8: 1 byte/value
+        images = self._in_layout(images)
         if images.is_floating_point() and images.dtype != self.scale.dtype:
             images = images.to(self.scale.dtype)  # uint8 needs no cast: addcmul promotes it as it reads
-        if images.dim() == 3:  # one image [3, H, W], as torchvision's Normalize takes it: stays 3-D
+        if images.dim() == 3:  # one image
             return torch.addcmul(self.shift[0], images, self.scale[0])
         return torch.addcmul(self.shift, images, self.scale)
+
+    def _in_layout(self, images: torch.Tensor) -> torch.Tensor:
+        """``images`` in the output's memory format, on the uint8 (1 byte a value); one ``[3, H, W]``
+        image stays 3-D, as torchvision's ``Normalize`` takes it, but has no channels-last layout."""
+        if self.memory_format is torch.preserve_format:
+            return images
+        if images.dim() != 4 and self.memory_format is torch.channels_last:
+            raise ValueError(
+                f"Normalize(memory_format={self.memory_format}) takes a batch [N, 3, H, W], got shape "
+                f"{tuple(images.shape)}; pass images[None] for one image, or memory_format=torch.preserve_format"
+            )
+        return images.contiguous(memory_format=self.memory_format)
 
     def extra_repr(self) -> str:
         return f"mean={self.mean}, std={self.std}"
