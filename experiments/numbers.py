@@ -188,9 +188,15 @@ def _gpu_preprocess(result: dict, into: dict[str, str]) -> None:
     for (name, batch), rate in rates.items():
         if name == "gpuload_eager" and ("torchvision_same_boxes", batch) in rates:
             into[f"gpu_preprocess.eager_x_same_boxes.{batch}"] = times(rate / rates["torchvision_same_boxes", batch])
-    eager = [rate / rates["torchvision_same_boxes", batch] for (name, batch), rate in rates.items() if name == "gpuload_eager"]
+    eager = [
+        rate / rates["torchvision_same_boxes", batch]
+        for (name, batch), rate in rates.items()
+        if name == "gpuload_eager"
+    ]
     if eager:
-        into["gpu_preprocess.bar"] = "met at every batch size" if min(eager) >= 1 else "missed at one batch size or more"
+        into["gpu_preprocess.bar"] = (
+            "met at every batch size" if min(eager) >= 1 else "missed at one batch size or more"
+        )
     into["gpu_preprocess.device"] = result["device_name"]
 
 
