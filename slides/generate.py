@@ -1,5 +1,6 @@
 """The talk (``slides/slides.md``) from its template and what the experiments measured:
-``python -m slides.generate [--check]``, run in the repository.
+``python -m slides.generate [--check | --pdf]``, run in the repository (``--pdf`` also exports
+the built talk to ``slides/how-to-efficiently-send-images-to-gpu.pdf``).
 
 The template (``slides/template.md``) holds the story, the layout and the speaker notes; every
 number, table, plot and code excerpt on the slides is a ``${name}`` placeholder filled here from
@@ -19,10 +20,13 @@ arrives is marked there as measured.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
+import shutil
 import struct
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +48,9 @@ PLOTS = Path("assets")
 README = Path("README.md")
 PLOT_DENSITY = 2  # PNG pixels per slide-canvas pixel: experiments/_common.py PIXEL_DENSITY
 MAX_SLIDES = 28
+PDF = Path("slides/how-to-efficiently-send-images-to-gpu.pdf")  # the built talk, committed for reading
+PDF_SOURCES = PDF.with_name(PDF.name + ".sources")  # the digest of what it was built from
+STYLE = Path("slides/style.css")
 GPU_CHECK = "python -m experiments.gpu_check run"
 WAITING = 0.05  # the share of a step in getting the batch to the model above which the step waits for data
 
@@ -102,6 +109,7 @@ PEERS = (
     ["pinned ring, side-stream copy", "yes*", "yes", "yes", "not checked", "no", "no"],
     ["normalise inside the model", "yes", "no", "no", "no", "no", "no"],
     ["exact mid-epoch resume", "yes", "checkpoints", "no", "not checked", "no", "yes"],
+    ["stream from object storage", "yes, one cache a node", "not checked", "no", "not checked", "yes", "yes"],
     ["a damaged JPEG", "skipped, listed", "stops it", "raises", "not checked", "skipped", "not checked"],
     ["pip install, no GPU", "yes", "CUDA wheel", "C build", "yes", "yes", "yes"],
 )
@@ -161,6 +169,45 @@ def write_slides(root: str | os.PathLike = ".", *, check: bool = False) -> bool:
         temporary.write_text(text)
         os.replace(temporary, deck)
     return stale
+
+
+def talk_digest(root: str | os.PathLike = ".") -> str:
+    """SHA-256 over what the built talk shows: the deck, its style and every image it loads.
+
+    Example:
+        >>> len(talk_digest(Path(__file__).resolve().parent.parent))
+        64
+    """
+    root = Path(root)
+    deck = (root / DECK).read_text()
+    digest = hashlib.sha256()
+    paths = [DECK, STYLE] + [PLOTS / name for name in sorted(set(re.findall(r'src="/([^"]+)"', deck)))]
+    for path in paths:
+        digest.update(str(path).encode() + b"\0" + (root / path).read_bytes())
+    return digest.hexdigest()
+
+
+def export_pdf(root: str | os.PathLike = ".") -> Path:
+    """Export the deck with Slidev and Chromium (``npm run export:pdf``) to ``PDF``, and record in
+    ``PDF_SOURCES`` the :func:`talk_digest` it was built from, so a test sees when it is stale.
+
+    Raises:
+        OSError: npm or ``slides/node_modules`` is missing, or the export failed.
+    """
+    root = Path(root)
+    slides = root / "slides"
+    if shutil.which("npm") is None or not (slides / "node_modules").is_dir():
+        raise OSError("the PDF needs npm and slides/node_modules: run `cd slides && npm ci` first")
+    digest = talk_digest(root)
+    done = subprocess.run(["npm", "run", "--silent", "export:pdf"], cwd=slides, capture_output=True, text=True)
+    exported = slides / "export" / PDF.name
+    if done.returncode != 0 or not exported.is_file():
+        raise OSError(f"npm run export:pdf failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
+    os.replace(exported, root / PDF)
+    temporary = (root / PDF_SOURCES).with_name(f".{PDF_SOURCES.name}.tmp-{os.getpid()}")
+    temporary.write_text(digest + "\n")
+    os.replace(temporary, root / PDF_SOURCES)
+    return root / PDF
 
 
 def plot_size(path: Path) -> tuple[int, int]:
@@ -828,13 +875,17 @@ SECTIONS: tuple[tuple[Section, tuple[str, ...]], ...] = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m slides.generate [--repo DIR] [--check]``; returns the exit code."""
+    """``python -m slides.generate [--repo DIR] [--check | --pdf]``; returns the exit code."""
     parser = argparse.ArgumentParser(prog="python -m slides.generate", description=__doc__.splitlines()[0])
     parser.add_argument("--repo", type=Path, default=Path("."), help="the gpuload repository (default: .)")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if slides/slides.md is stale")
+    parser.add_argument("--pdf", action="store_true", help=f"then export the built talk to {PDF} (npm, Chromium)")
     args = parser.parse_args(argv)
+    if args.check and args.pdf:
+        parser.error("--check writes nothing; run --pdf on its own")
     try:
         stale = write_slides(args.repo, check=args.check)
+        pdf = export_pdf(args.repo) if args.pdf else None
     except (OSError, ValueError) as error:
         print(f"slides.generate: error: {error}", file=sys.stderr)
         return 2
@@ -843,6 +894,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{deck} is {'stale: run python -m slides.generate' if stale else 'up to date'}")
         return int(stale)
     print(f"{'wrote' if stale else 'unchanged:'} {deck}")
+    if pdf is not None:
+        print(f"wrote {pdf}")
     return 0
 
 

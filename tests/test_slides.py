@@ -24,11 +24,14 @@ from slides.generate import (
     GPU_OWED,
     HOW_TO_MEASURE,
     MAX_SLIDES,
+    PDF,
+    PDF_SOURCES,
     PLOT_DENSITY,
     SNIPPETS,
     TEMPLATE,
     plot_size,
     render_slides,
+    talk_digest,
     write_slides,
 )
 from slides.generate import main as generate_main
@@ -78,6 +81,24 @@ def test_rendering_is_deterministic_and_fills_every_placeholder():
 
 def test_committed_deck_matches_the_committed_results():
     assert not write_slides(ROOT, check=True), "slides/slides.md is stale: run `python -m slides.generate`"
+
+
+def test_committed_pdf_is_built_from_the_committed_deck():
+    """The README links the PDF: a deck, style or plot changed since its export makes it stale."""
+    assert (ROOT / PDF).read_bytes().startswith(b"%PDF-")
+    built_from = (ROOT / PDF_SOURCES).read_text().strip()
+    assert built_from == talk_digest(ROOT), f"{PDF} is stale: run `python -m slides.generate --pdf`"
+
+
+def test_talk_digest_changes_with_a_plot_the_deck_shows(tmp_path):
+    for path in ("slides/slides.md", "slides/style.css", "assets/jpeg_store.png"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / path, tmp_path / path)
+    (tmp_path / "slides/slides.md").write_text('<img class="plot" src="/jpeg_store.png"/>')
+    before = talk_digest(tmp_path)
+    with open(tmp_path / "assets/jpeg_store.png", "ab") as plot:
+        plot.write(b"\0")
+    assert talk_digest(tmp_path) != before
 
 
 def test_numbers_come_from_the_results():
