@@ -12,6 +12,7 @@ from gpuload.errors import DatasetError, RemoteError, UsageError
 from gpuload.store.manifest import MANIFEST_NAME
 from gpuload.store.push import push_memmap
 from gpuload.store.remote import open_store
+from gpuload.store.remote_dataset import PUSH_MARKER
 
 JPEG_FILES = ["data.memmap", "labels.memmap", "meta.json", "offsets.memmap", "shapes.memmap"]
 
@@ -39,7 +40,8 @@ class TestPush:
         monkeypatch.setattr(type(target), "put", lambda self, name, path: order.append(name) or put(self, name, path))
         report = push_memmap(jpeg_dataset, target.url, store=target, progress=False)
         assert pushed(target) == local(jpeg_dataset)
-        assert order == [*JPEG_FILES, MANIFEST_NAME] == report.uploaded
+        assert order == [PUSH_MARKER, *JPEG_FILES, MANIFEST_NAME]  # the marker first, the manifest last
+        assert report.uploaded == [*JPEG_FILES, MANIFEST_NAME] and PUSH_MARKER not in target.list()
         assert report.skipped == [] and report.bytes_uploaded == sum(len(data) for data in local(jpeg_dataset).values())
         assert report.summary().startswith(f"pushed to {target.display}: 6 objects uploaded")
 
@@ -54,7 +56,8 @@ class TestPush:
         s3.proxy.fail("503", times=100, methods=("PUT",), path="offsets.memmap")
         with pytest.raises(RemoteError, match=r"PUT s3://.*/photos.jpeg/offsets.memmap failed 3 times"):
             push_memmap(jpeg_dataset, store.url, store=store, progress=False)
-        assert sorted(store.list()) == ["data.memmap", "labels.memmap", "meta.json"]  # no manifest: not a dataset
+        # no manifest: not a dataset; the marker says a push did not finish
+        assert sorted(store.list()) == [PUSH_MARKER, "data.memmap", "labels.memmap", "meta.json"]
         s3.proxy.clear()
         report = push_memmap(jpeg_dataset, store.url, store=store, progress=False)
         assert report.skipped == ["data.memmap", "labels.memmap", "meta.json"]
@@ -62,6 +65,7 @@ class TestPush:
         assert [
             request.path.split("/")[-1].split("?")[0] for request in s3.proxy.requests if request.method == "PUT"
         ] == [
+            PUSH_MARKER,
             "offsets.memmap",
             "shapes.memmap",
             MANIFEST_NAME,
@@ -126,10 +130,22 @@ class TestRefusals:
         target.put("notes.txt", tmp_path / "notes.txt")
         for overwrite in (False, True):
             with pytest.raises(
-                UsageError, match=r"is not a gpuload dataset \(it holds 'notes.txt' and no manifest.json\)"
+                UsageError, match=r"is not a gpuload dataset \(it holds 'notes.txt', no manifest.json and no "
             ):
                 push_memmap(jpeg_dataset, target.url, store=target, overwrite=overwrite, progress=False)
         assert sorted(target.list()) == ["notes.txt"]
+
+    def test_a_users_files_with_a_datasets_names_are_never_replaced(self, jpeg_dataset, target, tmp_path):
+        """No manifest and no push marker: the user's own meta.json is not a push that did not finish."""
+        (tmp_path / "meta.json").write_text('{"my": "notes"}')
+        (tmp_path / "labels.memmap").write_bytes(b"mine")
+        target.put("meta.json", tmp_path / "meta.json")
+        target.put("labels.memmap", tmp_path / "labels.memmap")
+        before = pushed(target)
+        for overwrite in (False, True):
+            with pytest.raises(UsageError, match=r"is not a gpuload dataset \(it holds 'labels.memmap', no manifest"):
+                push_memmap(jpeg_dataset, target.url, store=target, overwrite=overwrite, progress=False)
+        assert pushed(target) == before
 
     def test_a_dataset_with_foreign_objects_is_not_replaced(self, built_dataset, jpeg_dataset, target, tmp_path):
         push_memmap(built_dataset, target.url, store=target, progress=False)
@@ -177,12 +193,68 @@ class TestCommandLine:
         s3.proxy.fail("503", times=100, methods=("PUT",))
         assert main(["push", str(jpeg_dataset), s3.url("other")]) == 2
         [error] = errors(capsys.readouterr().err)
-        assert error.startswith(f"gpuload: error: PUT {s3.url('other')}/data.memmap failed 3 times")
+        assert error.startswith(f"gpuload: error: PUT {s3.url('other')}/{PUSH_MARKER} failed 3 times")
 
     def test_a_presigned_url_never_shows_its_secret(self, capsys, jpeg_dataset, http):
         assert main(["push", str(jpeg_dataset), f"{http.url}/d?X-Amz-Signature=TOPSECRET"]) == 2
         err = capsys.readouterr().err
         assert "TOPSECRET" not in err and "?<redacted>" in err
+
+
+class TestKilledAndConcurrentPushes:
+    def test_a_file_push_killed_mid_upload_resumes(self, jpeg_dataset, tmp_path):
+        """kill -9 during a file:// upload leaves the marker and ``.<name>.tmp-<pid>-<thread>``: ours, removed."""
+        store = open_store((tmp_path / "bucket" / "photos.jpeg").as_uri(), retry=FAST_RETRY)
+        folder = tmp_path / "bucket" / "photos.jpeg"
+        folder.mkdir(parents=True)
+        (folder / PUSH_MARKER).write_text('{"push": "dead"}')
+        shutil.copy(jpeg_dataset / "meta.json", folder / "meta.json")
+        (folder / ".data.memmap.tmp-31404-139724954659712").write_bytes(b"half")
+        report = push_memmap(jpeg_dataset, store.url, store=store, progress=False)
+        assert report.skipped == ["meta.json"] and report.removed == [".data.memmap.tmp-31404-139724954659712"]
+        assert pushed(store) == local(jpeg_dataset)
+
+    def test_a_temporary_name_not_of_ours_is_foreign(self, jpeg_dataset, tmp_path):
+        folder = tmp_path / "bucket" / "photos.jpeg"
+        folder.mkdir(parents=True)
+        (folder / ".notes.txt.tmp-1-2").write_text("mine")
+        with pytest.raises(UsageError, match=r"it holds '.notes.txt.tmp-1-2'"):
+            push_memmap(jpeg_dataset, folder.as_uri(), progress=False)
+
+    @pytest.mark.parametrize("when", ["before_manifest", "after_manifest"])
+    def test_a_push_that_another_took_over_stops_and_leaves_no_dataset(self, jpeg_dataset, target, tmp_path, when):
+        """Another push writes its marker (a new token) while this one runs: this one stops, and does not
+        leave its manifest over objects that may be the other's."""
+        check = push_module._check_still_ours
+
+        def meanwhile(store, token, versions, *, written=False):
+            if written == (when == "after_manifest"):
+                (tmp_path / "other").write_text('{"push": "another"}')
+                store.put(PUSH_MARKER, tmp_path / "other")
+            return check(store, token, versions, written=written)
+
+        push_module._check_still_ours = meanwhile
+        try:
+            with pytest.raises(RemoteError, match=r"another push wrote .* \(its push marker was replaced\)"):
+                push_memmap(jpeg_dataset, target.url, store=target, progress=False)
+        finally:
+            push_module._check_still_ours = check
+        assert MANIFEST_NAME not in target.list()
+
+    def test_an_object_replaced_by_another_push_stops_this_one(self, jpeg_dataset, target, tmp_path, monkeypatch):
+        upload = push_module._upload
+
+        def then_replaced(store, name, path, bar):
+            info = upload(store, name, path, bar)
+            if name == "offsets.memmap":
+                (tmp_path / "theirs").write_bytes(b"\1" * path.stat().st_size)
+                store.put("labels.memmap", tmp_path / "theirs")  # another push's labels, after ours
+            return info
+
+        monkeypatch.setattr(push_module, "_upload", then_replaced)
+        with pytest.raises(RemoteError, match=r"another push wrote .* \('labels.memmap' was replaced\)"):
+            push_memmap(jpeg_dataset, target.url, store=target, progress=False)
+        assert MANIFEST_NAME not in target.list()
 
 
 def test_the_manifest_pushed_is_byte_for_byte_the_local_one(jpeg_dataset, tmp_path):

@@ -75,7 +75,10 @@ class TestDamage:
     def test_an_unfinished_push(self, pushed, s3):
         local, url = pushed
         s3.client().delete_object(Bucket=s3.bucket, Key=f"{local.name}/manifest.json")
-        with pytest.raises(DatasetError, match="has no manifest.json but holds objects: a push that did not finish"):
+        with pytest.raises(DatasetError, match=r"is not a gpuload dataset: it has no manifest.json"):
+            open_remote(url)  # no push marker: not a push of ours
+        s3.client().put_object(Bucket=s3.bucket, Key=f"{local.name}/.gpuload-push.json", Body=b'{"push": "x"}')
+        with pytest.raises(DatasetError, match="has no manifest.json and holds a push that did not finish"):
             open_remote(url)
 
     def test_a_missing_or_cut_object(self, pushed, s3):

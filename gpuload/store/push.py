@@ -4,17 +4,24 @@ A dataset at a URL is the same folder as on disk, one object per file. The push:
 
 1. checks that the local dataset is complete and intact (``gpuload verify``: manifest, files, every
    image's checksum), so that nothing damaged is ever published;
-2. looks at what the URL holds: nothing, a half-pushed dataset (objects named like a dataset's files
-   and no manifest), this same dataset (a manifest with the same digests), another gpuload dataset
-   (replaced only with ``overwrite``), or anything else (refused, even with ``overwrite``);
-3. removes the manifest at the URL before it changes any object there (a dataset whose objects are
-   being replaced is not taken for a dataset), and with ``overwrite`` the objects the new dataset
-   does not have;
+2. looks at what the URL holds: nothing, a push that did not finish (its marker ``.gpuload-push.json``
+   is there, with objects named like a dataset's files and no manifest), this same dataset (a
+   manifest with the same digests), another gpuload dataset (replaced only with ``overwrite``), or
+   anything else, such as a user's own ``meta.json`` with no marker (refused, even with ``overwrite``);
+3. writes its marker, holding a token of its own, then removes the manifest at the URL before it
+   changes any object there (a dataset whose objects are being replaced is not taken for a
+   dataset), and with ``overwrite`` the objects the new dataset does not have, and the temporary
+   files of a ``file://`` upload that was killed;
 4. uploads every file but the manifest whose object is missing or differs, and checks each object
    by reading it back: same size, and the xxh3-64 of its bytes as a reader gets them (ranged GETs
    carrying the ETag the upload returned) equal to the local file's. An object already there with
    the right size and checksum is not uploaded again: a push that was interrupted resumes;
-5. uploads ``manifest.json`` last and reads it back: until then the URL holds no dataset.
+5. checks that the marker still holds its token and every object the version it uploaded or
+   checked, uploads ``manifest.json`` last, reads it back, checks again, and removes the marker:
+   until then the URL holds no dataset. Two pushes to one URL at once: the one that started first
+   stops with an error when it sees the other's token, and the other stops if an object it wrote
+   was replaced meanwhile (object stores give no lock that works on every backend; this check
+   leaves a window of one request).
 
 Why read back rather than the backends' checksums: S3's ETag is an MD5 only for single-part uploads
 without KMS encryption, multipart ETags and ``x-amz-checksum-*`` depend on the part size the client
@@ -25,9 +32,13 @@ a resume a download of what is already there (no upload).
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
+import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +48,7 @@ from ..errors import DatasetError, UsageError
 from .files import OutputLock, resolve
 from .manifest import ARRAYS, MANIFEST_NAME, Manifest
 from .remote import ObjectInfo, RemoteError, Store, open_store
-from .remote_dataset import read_remote_manifest
+from .remote_dataset import PUSH_MARKER, read_remote_manifest
 from .remote_file import RemoteFile
 
 __all__ = ["PushReport", "push_memmap"]
@@ -45,6 +56,8 @@ __all__ = ["PushReport", "push_memmap"]
 _CHUNK = 8 * 2**20
 # The names a dataset of any storage holds (besides the manifest): what a half-pushed dataset may hold.
 _DATASET_NAMES = frozenset({"meta.json", *(f"{name}.memmap" for names in ARRAYS.values() for name in names)})
+# A file:// upload killed before its rename leaves ``.<name>.tmp-<pid>-<thread>`` (remote.py's _put).
+_LEFTOVER = re.compile(r"^\.(?P<name>[^/]+)\.tmp-\d+-\d+$")
 
 
 @dataclass
@@ -132,48 +145,85 @@ def push_memmap(
         todo = {name: src / name for name in names}
         total = sum(manifest.files.values()) + (src / MANIFEST_NAME).stat().st_size
         with _progress(total, progress) as bar:
+            same = _same_objects(store, existing, todo, bar)
+            if MANIFEST_NAME in existing and not replace and all(same.values()) and _same_manifest(store, existing, src):
+                report.skipped = [*names, MANIFEST_NAME]
+                report.seconds = time.perf_counter() - started
+                return report
+            token = _write_marker(store, manifest)
             if MANIFEST_NAME in existing:
-                same = _same_objects(store, existing, todo, bar)
-                if not replace and all(same.values()) and _same_manifest(store, existing, src):
-                    report.skipped = [*names, MANIFEST_NAME]
-                    report.seconds = time.perf_counter() - started
-                    return report
                 store.delete(MANIFEST_NAME)  # from now on the URL holds no dataset until the new manifest lands
                 existing.pop(MANIFEST_NAME)
-            else:
-                same = _same_objects(store, existing, todo, bar)
-            for name in sorted(set(existing) - set(names)):
+            for name in sorted(set(existing) - set(names) - {PUSH_MARKER}):
                 store.delete(name)
                 report.removed.append(name)
+            versions = {name: existing[name] for name in names if same.get(name)}
             for name in names:
                 if same.get(name):
                     report.skipped.append(name)
                     continue
-                _upload(store, name, todo[name], bar)
+                versions[name] = _upload(store, name, todo[name], bar)
                 report.uploaded.append(name)
                 report.bytes_uploaded += manifest.files[name]
-            _upload(store, MANIFEST_NAME, src / MANIFEST_NAME, bar)
+            _check_still_ours(store, token, versions)
+            versions[MANIFEST_NAME] = _upload(store, MANIFEST_NAME, src / MANIFEST_NAME, bar)
             report.uploaded.append(MANIFEST_NAME)
             report.bytes_uploaded += (src / MANIFEST_NAME).stat().st_size
+            _check_still_ours(store, token, versions, written=True)
+            store.delete(PUSH_MARKER)
     report.seconds = time.perf_counter() - started
     return report
 
 
+def _write_marker(store: Store, manifest: Manifest) -> str:
+    """Write the push marker with a new token: the URL is being written by this push."""
+    token = uuid.uuid4().hex
+    with tempfile.TemporaryDirectory(prefix="gpuload-push-") as folder:
+        path = Path(folder) / PUSH_MARKER
+        path.write_text(json.dumps({"push": token, "images": len(manifest.samples), "created": manifest.created}))
+        store.put(PUSH_MARKER, path)
+    return token
+
+
+def _check_still_ours(store: Store, token: str, versions: dict[str, ObjectInfo], *, written: bool = False) -> None:
+    """Stop if another push took the URL since this one wrote its marker: the marker holds another
+    token, or an object is no longer the version this push uploaded or checked. After the manifest
+    was ``written``, it is removed again if it is still this push's (the URL then holds no dataset)."""
+    try:
+        marker = json.loads(store.read_all(PUSH_MARKER)).get("push")
+    except (FileNotFoundError, ValueError, AttributeError):
+        marker = None
+    found = store.list()
+    changed = sorted(name for name, info in versions.items() if found.get(name) != info)
+    if marker == token and not changed:
+        return
+    if written and found.get(MANIFEST_NAME) == versions.get(MANIFEST_NAME):
+        store.delete(MANIFEST_NAME)
+    what = f"{changed[0]!r} was replaced" if changed else "its push marker was replaced"
+    raise RemoteError(
+        f"another push wrote {store.display} while this one ran ({what}); nothing there is a dataset now: "
+        "run one push at a time to a URL, then this one again (it resumes)"
+    )
+
+
 def _check_target(store: Store, existing: dict[str, ObjectInfo], manifest: Manifest, overwrite: bool) -> bool:
     """What the URL holds decides: ``True`` to replace another dataset there, ``False`` to write or resume."""
+    ours = {PUSH_MARKER} | {name for name in existing if _leftover(name)}
     if MANIFEST_NAME not in existing:
-        foreign = sorted(set(existing) - _DATASET_NAMES)
+        foreign = sorted(set(existing) - _DATASET_NAMES - ours)
+        if not foreign and existing and PUSH_MARKER not in existing:
+            foreign = sorted(set(existing) - ours)  # a dataset's names, but no push of ours wrote them
         if foreign:
             raise UsageError(
-                f"{store.display} holds {len(existing)} objects and is not a gpuload dataset (it holds {foreign[0]!r} "
-                "and no manifest.json); push writes only to an empty location or over a gpuload dataset "
-                "(--overwrite): choose another URL or empty it yourself"
+                f"{store.display} holds {len(existing)} objects and is not a gpuload dataset (it holds {foreign[0]!r}, "
+                f"no manifest.json and no {PUSH_MARKER} of an unfinished push); push writes only to an empty "
+                "location or over a gpuload dataset (--overwrite): choose another URL or empty it yourself"
             )
-        return False  # empty, or a half-pushed dataset: resumed
+        return False  # empty, or a push that did not finish: resumed
     there = _read_manifest(store, existing[MANIFEST_NAME])
     if there.digests == manifest.digests and there.files == manifest.files:
         return False  # the same dataset: resumed or already complete
-    owned = there.owned_paths()
+    owned = there.owned_paths() | ours
     foreign = sorted(set(existing) - owned)
     if foreign:
         raise UsageError(
@@ -187,6 +237,12 @@ def _check_target(store: Store, existing: dict[str, ObjectInfo], manifest: Manif
             f"{there.created}); pass overwrite=True (--overwrite) to replace it, or choose another URL"
         )
     return True
+
+
+def _leftover(name: str) -> bool:
+    """Whether ``name`` is the temporary file of a ``file://`` upload of ours that was killed."""
+    match = _LEFTOVER.match(name)
+    return match is not None and match["name"] in _DATASET_NAMES | {MANIFEST_NAME, PUSH_MARKER}
 
 
 def _read_manifest(store: Store, info: ObjectInfo) -> Manifest:
@@ -214,7 +270,8 @@ def _same_manifest(store: Store, existing: dict[str, ObjectInfo], src: Path) -> 
     return store.read_all(MANIFEST_NAME, existing[MANIFEST_NAME]) == (src / MANIFEST_NAME).read_bytes()
 
 
-def _upload(store: Store, name: str, path: Path, bar) -> None:
+def _upload(store: Store, name: str, path: Path, bar) -> ObjectInfo:
+    """Upload ``path`` as ``name``, read it back and check it; returns the version stored."""
     info = store.put(name, path)
     size = path.stat().st_size
     if info.size != size:
@@ -228,6 +285,7 @@ def _upload(store: Store, name: str, path: Path, bar) -> None:
             "push again (it resumes); if it happens again, the storage is damaging data"
         )
     bar.update(size)
+    return info
 
 
 def _local_digest(path: Path) -> int:

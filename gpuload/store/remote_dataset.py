@@ -26,6 +26,9 @@ from .remote_file import RemoteFile
 
 __all__ = ["RemoteIndex", "describe_remote", "open_remote", "read_remote_manifest", "verify_remote"]
 
+# Written first and removed last by ``gpuload push``: a URL that holds it and no manifest holds a push
+# that did not finish.
+PUSH_MARKER = ".gpuload-push.json"
 _BATCH = 256  # images checked per read_many
 
 
@@ -77,12 +80,12 @@ def read_remote_manifest(store: Store, info: ObjectInfo | None = None) -> Manife
         info = info or store.info(MANIFEST_NAME)
     except FileNotFoundError:
         try:
-            others = bool(store.list())
+            unfinished = PUSH_MARKER in store.list()
         except UsageError:  # an HTTP server cannot be listed
-            others = False
-        if others:
+            unfinished = False
+        if unfinished:
             raise DatasetError(
-                f"{store.display} has no {MANIFEST_NAME} but holds objects: a push that did not finish; "
+                f"{store.display} has no {MANIFEST_NAME} and holds a push that did not finish; "
                 "run gpuload push again"
             ) from None
         raise DatasetError(f"{store.display} is not a gpuload dataset: it has no {MANIFEST_NAME}") from None
