@@ -214,6 +214,13 @@ class TestKilledAndConcurrentPushes:
         assert report.skipped == ["meta.json"] and report.removed == [".data.memmap.tmp-31404-139724954659712"]
         assert pushed(store) == local(jpeg_dataset)
 
+    def test_a_push_killed_after_its_manifest_is_complete_and_loses_its_marker(self, jpeg_dataset, target, tmp_path):
+        push_memmap(jpeg_dataset, target.url, store=target, progress=False)
+        (tmp_path / "marker").write_text('{"push": "dead"}')
+        target.put(PUSH_MARKER, tmp_path / "marker")
+        report = push_memmap(jpeg_dataset, target.url, store=target, progress=False)
+        assert report.uploaded == [] and pushed(target) == local(jpeg_dataset)
+
     def test_a_temporary_name_not_of_ours_is_foreign(self, jpeg_dataset, tmp_path):
         folder = tmp_path / "bucket" / "photos.jpeg"
         folder.mkdir(parents=True)
