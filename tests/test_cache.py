@@ -56,6 +56,17 @@ class TestFolder:
             BlockCache(tmp_path / "photos", "1MB")
         assert sorted(path.name for path in (tmp_path / "photos").iterdir()) == ["cat.jpg"]
 
+    @pytest.mark.parametrize("name", ["objects", "locks", "usage"])
+    def test_a_users_folder_with_a_cache_like_name_is_refused_and_left_alone(self, tmp_path, name):
+        """No marker: ``objects/`` is the user's (3-D models, say), not a cache's being created."""
+        folder = tmp_path / "work" / name / "chairs"
+        folder.mkdir(parents=True)
+        (folder / "chair1.obj").write_bytes(b"v 0 0 0")
+        with pytest.raises(UsageError, match=rf"is not a gpuload cache .* holds 1 entries \(first '{name}'\)"):
+            BlockCache(tmp_path / "work", "1MB")
+        assert (folder / "chair1.obj").read_bytes() == b"v 0 0 0"
+        assert sorted(path.name for path in (tmp_path / "work").iterdir()) == [name]
+
     def test_another_cache_version_is_refused(self, tmp_path):
         BlockCache(tmp_path / "cache", "1MB")
         (tmp_path / "cache" / MARKER).write_text(json.dumps({"format": "gpuload.cache", "version": 99}))

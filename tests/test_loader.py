@@ -531,6 +531,7 @@ def state(
         "seed": seed,
         "block_shuffle": block_shuffle,
         "order_world_size": world_size if order_world_size is None else order_world_size,
+        "block_layout": 0,  # 0: not recorded (an exact shuffle, or a state from before it was)
     }
 
 
@@ -1293,6 +1294,17 @@ class TestBlockShuffle:
             ValueError, match="saved with block_shuffle=0, this loader has block_shuffle=2: another order"
         ):
             loader.load_state_dict(state(0, 8, seed=5))
+
+    def test_a_state_of_another_block_layout_is_refused(self):
+        """Same length, same window, other blocks (another block_size, a rebuilt dataset): another order,
+        which would repeat some images and skip others."""
+        saved = self.loader(23, per_block=3)
+        next(iter(saved))
+        state_then = saved.state_dict()
+        assert state_then["block_layout"] != 0
+        self.loader(23, per_block=3).load_state_dict(state_then)  # the same blocks: fine
+        with pytest.raises(ValueError, match="saved on another layout of the dataset's blocks"):
+            self.loader(23, per_block=5).load_state_dict(state_then)
 
     def test_the_position_may_count_the_padding_inside_the_order(self):
         with as_rank(0, 2):

@@ -294,6 +294,10 @@ class TestDatasetAtUrl:
             MemmapImageDataset(url, cache_size="1GB")
         with pytest.raises(UsageError, match="are for datasets at a URL; .* is a local folder"):
             MemmapImageDataset(jpeg_dataset, cache=tmp_path / "cache", cache_size="1GB")
+        with pytest.raises(
+            UsageError, match=r"cache_size='1MB' \(1,000,000 bytes\) is less than one block \(4,194,304"
+        ):
+            MemmapImageDataset(url, cache=tmp_path / "cache", cache_size="1MB")  # it would keep nothing
         assert not (tmp_path / "cache").exists()
 
 

@@ -39,8 +39,6 @@ _FIXED = frozenset(
 _EXIT_JOIN_S = 10  # at exit, how long to wait for each producer's last gather
 _POLL_S = 0.1  # how often a waiting producer looks at the stop flag, in case no notification reached it
 _STATE_KEYS = ("epoch", "global_position", "batch_size", "world_size", "dataset_length", "seed")
-# Added with the block-aware order; a state saved before them is an exact shuffle dealt over its world size.
-_ORDER_KEYS = ("block_shuffle", "order_world_size")
 DEFAULT_BLOCK_WINDOW = 32  # blocks shuffled together: 128 MiB of 4 MiB blocks
 
 
@@ -337,7 +335,16 @@ class DataLoader:
             "seed": self.seed,
             "block_shuffle": self.block_shuffle,
             "order_world_size": position.order_world_size,
+            "block_layout": self._block_layout(),
         }
+
+    def _block_layout(self) -> int:
+        """A fingerprint of the images' blocks, which a block-aware order is drawn from (0 without one):
+        the same length with other blocks (another ``block_size``, a rebuilt dataset) is another order."""
+        if not (self.shuffle and self.block_shuffle and self.sampler is None):
+            return 0
+        digest = hashlib.blake2b(self._image_blocks().numpy().tobytes(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") >> 1  # a non-negative int64, as torch.save keeps ints
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue from ``state``: the next iteration over its epoch serves what was not consumed.
@@ -353,7 +360,8 @@ class DataLoader:
         Raises:
             ValueError: ``state`` lacks a key of :meth:`state_dict`, is for a dataset of another
                 length, was saved on another world size while this loader has a ``sampler``
-                (whose order cannot be resharded), or with another ``block_shuffle`` (another order).
+                (whose order cannot be resharded), or with another ``block_shuffle`` or another
+                layout of the images' blocks (another order).
         """
         missing = [key for key in _STATE_KEYS if key not in state]
         if missing:
@@ -375,6 +383,13 @@ class DataLoader:
             raise ValueError(
                 f"state_dict was saved with block_shuffle={window}, this loader has block_shuffle={self.block_shuffle}: "
                 f"another order; pass block_shuffle={window} to resume it"
+            )
+        layout = int(state.get("block_layout", 0))
+        if window and layout and layout != self._block_layout():
+            raise ValueError(
+                "state_dict was saved on another layout of the dataset's blocks (another block_size, or a dataset "
+                "rebuilt since): its block-aware order is another; resume with the dataset and block_size that saved "
+                "it, or start the epoch again (set_epoch)"
             )
         if self.sampler is None:
             end = self._order_length(order_world_size)

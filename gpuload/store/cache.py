@@ -287,26 +287,31 @@ class BlockCache:
         if not self.path.is_dir():
             raise UsageError(f"the cache {self.path} is not a folder; pass a folder for gpuload's cache")
         if marker.is_file():
-            try:
-                found = json.loads(marker.read_text())
-            except (OSError, ValueError):
-                found = None
-            if not isinstance(found, dict) or found.get("format") != CACHE_FORMAT:
-                raise UsageError(f"{marker} is not a gpuload cache marker; pass another cache folder")
-            if found.get("version") != CACHE_VERSION:
-                raise UsageError(
-                    f"{self.path} is a gpuload cache of version {found.get('version')!r}, this gpuload uses version "
-                    f"{CACHE_VERSION}; pass another cache folder or delete this one"
-                )
+            self._check_marker(marker)
+        else:
+            self._mark_new_folder(marker)
+
+    def _check_marker(self, marker: Path) -> None:
+        try:
+            found = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            found = None
+        if not isinstance(found, dict) or found.get("format") != CACHE_FORMAT:
+            raise UsageError(f"{marker} is not a gpuload cache marker; pass another cache folder")
+        if found.get("version") != CACHE_VERSION:
+            raise UsageError(
+                f"{self.path} is a gpuload cache of version {found.get('version')!r}, this gpuload uses version "
+                f"{CACHE_VERSION}; pass another cache folder or delete this one"
+            )
+
+    def _mark_new_folder(self, marker: Path) -> None:
+        """Claim a folder with no marker: only an empty one (a user's folder is never evicted from)."""
+        entries = sorted(entry.name for entry in self.path.iterdir() if not entry.name.startswith(f".{MARKER}.tmp-"))
+        if entries and marker.is_file():
+            # Another BlockCache creating this folder at the same moment (ranks start together) wrote
+            # the marker, then its folders, since the marker was looked for: theirs, not a user's.
+            self._check_marker(marker)
             return
-        # What a BlockCache creating this folder at the same moment writes (ranks start together),
-        # the marker included: it may have landed since it was looked for above.
-        ours = {MARKER, "locks", "objects", "usage"}
-        entries = sorted(
-            entry.name
-            for entry in self.path.iterdir()
-            if entry.name not in ours and not entry.name.startswith(f".{MARKER}.tmp-")
-        )
         if entries:
             raise UsageError(
                 f"{self.path} is not a gpuload cache (no {MARKER}) and holds {len(entries)} entries (first "

@@ -226,7 +226,7 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         storage_options: dict | None,
         block_size: int | None,
     ) -> None:
-        from .cache import BlockCache
+        from .cache import BlockCache, parse_bytes
         from .remote import open_store
         from .remote_dataset import open_remote
         from .remote_file import DEFAULT_BLOCK_SIZE
@@ -235,15 +235,23 @@ class MemmapImageDataset(torch.utils.data.Dataset):
             raise UsageError(
                 f"cache_size={cache_size!r} was given without a cache folder; pass cache='/local/disk/gpuload-cache'"
             )
+        block_size = DEFAULT_BLOCK_SIZE if block_size is None else block_size
         if cache is not None and not isinstance(cache, BlockCache):
             if cache_size is None:
                 raise UsageError(
                     f"cache={str(cache)!r} needs cache_size, the most bytes it may keep on that disk, e.g. "
                     "cache_size='200GB'"
                 )
-            cache = BlockCache(cache, cache_size)
+            limit = parse_bytes(cache_size)
+            if isinstance(block_size, int) and limit < block_size:
+                raise UsageError(
+                    f"cache_size={cache_size!r} ({limit:,} bytes) is less than one block ({block_size:,} bytes), so "
+                    "the cache could keep nothing and every read would download its block again; pass a cache_size "
+                    "of many blocks, e.g. '10GB'"
+                )
+            cache = BlockCache(cache, limit)
         self._url, self._options, self.cache = url, storage_options, cache
-        self.block_size = DEFAULT_BLOCK_SIZE if block_size is None else block_size
+        self.block_size = block_size
         index = open_remote(open_store(url, storage_options=storage_options))
         self.path = index.store.display
         self.manifest = index.manifest

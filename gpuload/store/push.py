@@ -146,7 +146,12 @@ def push_memmap(
         total = sum(manifest.files.values()) + (src / MANIFEST_NAME).stat().st_size
         with _progress(total, progress) as bar:
             same = _same_objects(store, existing, todo, bar)
-            if MANIFEST_NAME in existing and not replace and all(same.values()) and _same_manifest(store, existing, src):
+            if (
+                MANIFEST_NAME in existing
+                and not replace
+                and all(same.values())
+                and _same_manifest(store, existing, src)
+            ):
                 if PUSH_MARKER in existing:  # a push killed after its manifest landed
                     store.delete(PUSH_MARKER)
                 report.skipped = [*names, MANIFEST_NAME]

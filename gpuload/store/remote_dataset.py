@@ -85,8 +85,7 @@ def read_remote_manifest(store: Store, info: ObjectInfo | None = None) -> Manife
             unfinished = False
         if unfinished:
             raise DatasetError(
-                f"{store.display} has no {MANIFEST_NAME} and holds a push that did not finish; "
-                "run gpuload push again"
+                f"{store.display} has no {MANIFEST_NAME} and holds a push that did not finish; run gpuload push again"
             ) from None
         raise DatasetError(f"{store.display} is not a gpuload dataset: it has no {MANIFEST_NAME}") from None
     data = store.read_all(MANIFEST_NAME, info)
