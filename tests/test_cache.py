@@ -37,7 +37,7 @@ class TestParseBytes:
     def test_sizes(self, text, expected):
         assert parse_bytes(text) == expected
 
-    @pytest.mark.parametrize("bad", ["", "12 parsecs", "-5GB", "0", 0, True, 1.5, "GB"])
+    @pytest.mark.parametrize("bad", ["", "12 parsecs", "-5GB", "0", 0, True, 1.5, "GB", "1" + "0" * 400 + "GB"])
     def test_bad_sizes(self, bad):
         with pytest.raises(UsageError, match="size must be"):
             parse_bytes(bad)
@@ -66,6 +66,20 @@ class TestFolder:
             BlockCache(tmp_path / "work", "1MB")
         assert (folder / "chair1.obj").read_bytes() == b"v 0 0 0"
         assert sorted(path.name for path in (tmp_path / "work").iterdir()) == [name]
+
+    def test_a_cache_that_cannot_be_written_is_one_line_naming_it(self, tmp_path, monkeypatch):
+        BlockCache(tmp_path / "cache", "1MB")
+        (tmp_path / "cache" / "usage").unlink()
+        real_open = os.open
+
+        def read_only(path, flags, *args):
+            if str(path).endswith("usage") and flags & os.O_CREAT:
+                raise OSError(errno.EROFS, "Read-only file system", str(path))
+            return real_open(path, flags, *args)
+
+        monkeypatch.setattr(os, "open", read_only)
+        with pytest.raises(OSError, match=r"the cache folder .*cache cannot be written \(Read-only file system\)"):
+            BlockCache(tmp_path / "cache", "1MB")  # it opens its usage file to count what is there
 
     def test_another_cache_version_is_refused(self, tmp_path):
         BlockCache(tmp_path / "cache", "1MB")

@@ -61,6 +61,8 @@ class TestUrls:
             ("https://user:pass@host/d", "https://<redacted>@host/d"),
             ("error at s3://bucket/key: 503", "error at s3://bucket/key: 503"),
             ("GET 'https://t@h/a?sig=1' failed", "GET 'https://<redacted>@h/a?<redacted>' failed"),
+            ("http://host/ds.jpeg#frag=SECRET", "http://host/ds.jpeg#<redacted>"),
+            ("https://h/d?sig=1#t=2 failed", "https://h/d?<redacted>#<redacted> failed"),
         ],
     )
     def test_redact_removes_query_strings_and_userinfo(self, text, expected):
@@ -80,6 +82,21 @@ class TestUrls:
     def test_bad_arguments(self, url, backend, match):
         with pytest.raises(UsageError, match=match):
             open_store(url, backend=backend)
+
+    def test_a_scheme_in_capitals_is_the_same_scheme(self, s3):
+        upper = "S3://" + s3.url().split("://", 1)[1]
+        assert open_store(upper).display == s3.url() and open_store("MEMORY://x/y").list() == {}
+
+    @pytest.mark.parametrize("url", ["file:///tmp/ds?token=SECRET", "file:///tmp/ds#SECRET", "memory://x/y?a=SECRET"])
+    def test_a_folder_url_with_a_query_is_refused_without_showing_it(self, url, tmp_path):
+        with pytest.raises(UsageError, match=r"names a folder and takes no query string or fragment") as raised:
+            open_store(url)
+        assert "SECRET" not in str(raised.value)
+
+    def test_a_filesystem_that_connects_as_it_is_made_fails_in_one_line(self):
+        pytest.importorskip("fsspec.implementations.ftp")
+        with pytest.raises(RemoteError, match=r"^cannot open ftp://127.0.0.1:1/x: .*; check the URL, the network"):
+            open_store("ftp://127.0.0.1:1/x", retry=FAST_RETRY)  # nothing listens on port 1
 
     def test_auto_picks_obstore_for_s3_and_fsspec_for_the_rest(self, s3, monkeypatch):
         monkeypatch.delenv("GPULOAD_REMOTE_BACKEND", raising=False)
@@ -300,9 +317,18 @@ def test_no_credentials_anywhere_is_a_one_line_error_that_says_what_to_set(monke
         "Generic S3 error: Error performing PUT http://169.254.169.254/latest/api/token in 887µs - "
         "Server returned non-2xx status code: 403 Forbidden: resolve_deny: denied destination\n\nDebug..."
     )
-    error = remote._classify(refused)
-    assert isinstance(error, RemoteError) and "\n" not in str(error)
-    assert str(error).startswith("no credentials found (Generic S3 error") and "AWS_PROFILE" in str(error)
+    calls = []
+
+    def metadata_refused():
+        calls.append(1)
+        raise remote._classify(refused)
+
+    store = remote.open_store("memory://credentials/ds", retry=remote.Retry(attempts=3, base_delay=0, max_delay=0))
+    with pytest.raises(RemoteError) as raised:  # retried first: on a cloud instance it may answer next time
+        store._retrying(metadata_refused, "GET s3://bucket/ds/meta.json")
+    assert len(calls) == 3 and "\n" not in str(raised.value)
+    assert str(raised.value).startswith("GET s3://bucket/ds/meta.json: no credentials found (Generic S3 error")
+    assert "AWS_PROFILE" in str(raised.value)
 
 
 def test_a_local_file_replaced_after_open_stops_the_read(tmp_path):

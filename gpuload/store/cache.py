@@ -45,6 +45,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import math
 import os
 import re
 import secrets
@@ -74,6 +75,15 @@ _TEMPORARY = re.compile(r"(\d+)\.tmp-\d+-[0-9a-f]+")
 _TOUCH_AFTER = 30.0  # seconds: a block read again sooner keeps its time (one write less per hit)
 
 
+def _unwritable(folder: Path, error: OSError) -> OSError:
+    """``error`` (read-only disk, no permission, full disk) as one line that names the cache folder."""
+    return type(error)(
+        error.errno,
+        f"the cache folder {folder} cannot be written ({error.strerror or error}); gpuload's cache needs a "
+        "writable folder with free space: pass another cache folder, or free space there",
+    )
+
+
 def parse_bytes(value: int | str) -> int:
     """A size in bytes from an int or a string such as ``"200GB"``, ``"500MiB"`` or ``"1.5 TB"``.
 
@@ -99,7 +109,10 @@ def parse_bytes(value: int | str) -> int:
                 f"a size must be a number with a unit such as '200GB' or '500MiB' (units: B, KB, MB, GB, TB, "
                 f"KiB, MiB, GiB, TiB), got {value!r}"
             )
-        number = int(float(match[1]) * _UNITS[unit])
+        amount = float(match[1]) * _UNITS[unit]
+        if not math.isfinite(amount):
+            raise UsageError(f"a size must be a finite number of bytes, got {value!r}")
+        number = int(amount)
     if number <= 0:
         raise UsageError(f"a size must be positive, got {value!r}")
     return number
@@ -318,11 +331,17 @@ class BlockCache:
                 f"{entries[0]!r}); gpuload evicts files from its cache, so it only uses a new or empty folder: "
                 "pass another cache folder"
             )
-        _write_atomically(marker, json.dumps({"format": CACHE_FORMAT, "version": CACHE_VERSION}).encode())
+        try:
+            _write_atomically(marker, json.dumps({"format": CACHE_FORMAT, "version": CACHE_VERSION}).encode())
+        except OSError as error:
+            raise _unwritable(self.path, error) from None
 
     @contextmanager
     def _cache_lock(self) -> Iterator[int]:
-        fd = os.open(self._usage_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(self._usage_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as error:  # a read-only disk, a folder we may not write
+            raise _unwritable(self.path, error) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield fd

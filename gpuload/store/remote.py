@@ -61,7 +61,9 @@ __all__ = [
 _T = TypeVar("_T")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 # A URL inside any text: scheme, optional userinfo, the rest up to a space or quote; its query apart.
-_URL_IN_TEXT = re.compile(r"""([A-Za-z][A-Za-z0-9+.-]*://)([^\s/?#@'"<>]*@)?([^\s?#'"<>]*)(\?[^\s#'"<>]*)?""")
+_URL_IN_TEXT = re.compile(
+    r"""([A-Za-z][A-Za-z0-9+.-]*://)([^\s/?#@'"<>]*@)?([^\s?#'"<>]*)(\?[^\s#'"<>]*)?(#[^\s'"<>]*)?"""
+)
 OBSTORE_SCHEMES = ("s3", "gs", "az", "abfs", "abfss")
 BACKENDS = ("auto", "obstore", "fsspec")
 
@@ -77,21 +79,27 @@ def is_url(path: str | os.PathLike) -> bool:
 
 
 def redact(text: str) -> str:
-    """``text`` with every URL's query string and ``user:password@`` replaced by ``<redacted>``.
+    """``text`` with every URL's query string, fragment and ``user:password@`` replaced by ``<redacted>``.
 
-    A presigned URL's signature lives in its query string and basic-auth credentials in its userinfo:
-    neither may reach a message, a log or a manifest.
+    A presigned URL's signature lives in its query string (some tools put tokens in the fragment)
+    and basic-auth credentials in its userinfo: none may reach a message, a log or a manifest.
 
     Example:
         >>> redact("GET https://me:secret@host/a.bin?X-Amz-Signature=abc failed")
         'GET https://<redacted>@host/a.bin?<redacted> failed'
-        >>> redact("s3://bucket/photos.jpeg")
-        's3://bucket/photos.jpeg'
+        >>> redact("https://host/a.bin#token=abc"), redact("s3://bucket/photos.jpeg")
+        ('https://host/a.bin#<redacted>', 's3://bucket/photos.jpeg')
     """
 
     def one(match: re.Match) -> str:
-        scheme, userinfo, rest, query = match.groups()
-        return scheme + ("<redacted>@" if userinfo else "") + rest + ("?<redacted>" if query else "")
+        scheme, userinfo, rest, query, fragment = match.groups()
+        return (
+            scheme
+            + ("<redacted>@" if userinfo else "")
+            + rest
+            + ("?<redacted>" if query else "")
+            + ("#<redacted>" if fragment else "")
+        )
 
     return _URL_IN_TEXT.sub(one, text)
 
@@ -164,6 +172,11 @@ class Retry:
 
 class _Transient(Exception):
     """A failure worth retrying (reset, timeout, 5xx, 429, short read); its text is already redacted."""
+
+
+class _NoCredentials(_Transient):
+    """The instance metadata service did not answer: no key, profile or role was found, or (on a cloud
+    instance) it was slow for a moment; retried like any transient failure, then said as what it is."""
 
 
 class Store:
@@ -282,6 +295,11 @@ class Store:
             try:
                 return call()
             except _Transient as error:
+                if attempt == len(bounds) and isinstance(error, _NoCredentials):
+                    raise RemoteError(
+                        f"{what}: no credentials found ({error}); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or "
+                        "AWS_PROFILE for s3://, GOOGLE_APPLICATION_CREDENTIALS for gs://, or pass them in storage_options"
+                    ) from None
                 if attempt == len(bounds):
                     raise RemoteError(
                         f"{what} failed {self.retry.attempts} times, last: {error}; check the network and the "
@@ -328,7 +346,14 @@ def open_store(
     if backend not in BACKENDS:
         raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     retry = retry or Retry()
-    scheme = url.split("://", 1)[0].lower()
+    scheme, rest = url.split("://", 1)
+    scheme = scheme.lower()  # schemes are case-insensitive (RFC 3986): S3:// is s3://
+    url = f"{scheme}://{rest}"
+    if scheme in ("file", "memory") and ("?" in rest or "#" in rest):
+        raise UsageError(
+            f"a {scheme}:// URL names a folder and takes no query string or fragment, got {redact(url)}; "
+            "remove what follows ? or #"
+        )
     if backend == "obstore" or (backend == "auto" and scheme in OBSTORE_SCHEMES and _installed("obstore")):
         if scheme not in OBSTORE_SCHEMES:
             raise UsageError(f"the obstore backend opens {', '.join(OBSTORE_SCHEMES)} URLs, not {scheme}://")
@@ -462,10 +487,7 @@ def _classify(error: BaseException) -> BaseException:
     """A backend's error as :class:`_Transient` (5xx, 429, 408, no status: the connection) or :class:`RemoteError`."""
     text = redact(_first_line(error))
     if _METADATA in text:  # no key, profile or role: obstore fell back to the instance metadata service
-        return RemoteError(
-            f"no credentials found ({text}); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or AWS_PROFILE "
-            "for s3://, GOOGLE_APPLICATION_CREDENTIALS for gs://, or pass them in storage_options"
-        )
+        return _NoCredentials(text)
     status = _STATUS.search(str(error))
     if status is None or int(status[1]) >= 500 or int(status[1]) in (408, 429):
         return _Transient(text)
@@ -504,9 +526,18 @@ class _FsspecStore(Store):
                 url.split("?", 1)[0] if scheme in ("s3", "gs", "az") else url, **options
             )
         except ImportError as error:
-            raise _missing(getattr(error, "name", None) or scheme, url) from None
+            if getattr(error, "name", None):
+                raise _missing(error.name, url) from None
+            raise UsageError(  # fsspec's own message names the package its filesystem needs
+                f"reading {self.display} needs a Python package that is missing: {redact(_first_line(error))}"
+            ) from None
         except ValueError as error:
-            raise UsageError(f"cannot open {self.display}: {redact(str(error))}") from None
+            raise UsageError(f"cannot open {self.display}: {redact(_first_line(error))}") from None
+        except OSError as error:  # some filesystems (ftp, sftp) connect as they are made
+            raise RemoteError(
+                f"cannot open {self.display}: {redact(_first_line(error)) or type(error).__name__}; "
+                "check the URL, the network and the server"
+            ) from None
         if scheme in ("s3", "s3a"):
             self.fs.retries = 1  # s3fs's own loop: one attempt; ours retries
         self.scheme = scheme
