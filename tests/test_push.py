@@ -165,6 +165,14 @@ class TestRefusals:
             push_memmap(jpeg_dataset, target.url, store=target, overwrite=True, progress=False)
         assert sorted(target.list()) == [MANIFEST_NAME]
 
+    @pytest.mark.parametrize("where", ["inner", "", ".."])
+    def test_a_file_url_inside_or_around_the_dataset_is_refused(self, jpeg_dataset, where):
+        before = local(jpeg_dataset)
+        url = (jpeg_dataset / where).resolve().as_uri() if where else jpeg_dataset.as_uri()
+        with pytest.raises(UsageError, match=r"the dataset .* that it would receive; push to a folder outside it"):
+            push_memmap(jpeg_dataset, url, progress=False)
+        assert local(jpeg_dataset) == before and not (jpeg_dataset / "inner").exists()
+
     def test_http_is_read_only(self, jpeg_dataset, http):
         with pytest.raises(UsageError, match="cannot be listed or written; push to s3:// or file://"):
             push_memmap(jpeg_dataset, f"{http.url}/photos.jpeg", progress=False)

@@ -129,6 +129,7 @@ def push_memmap(
     started = time.perf_counter()
     src = resolve(src)
     store = store if store is not None else open_store(url)
+    _check_not_inside(src, store)
     with OutputLock(src):
         problems = verify_memmap(src, progress=progress)
         if problems:
@@ -180,6 +181,20 @@ def push_memmap(
             store.delete(PUSH_MARKER)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _check_not_inside(src: Path, store: Store) -> None:
+    """A ``file://`` URL inside the dataset (or holding it) would write into what is being pushed."""
+    if not store.url.lower().startswith("file://"):
+        return
+    from urllib.parse import unquote, urlparse
+
+    target = Path(unquote(urlparse(store.url).path)).resolve()
+    if target == src or target.is_relative_to(src) or src.is_relative_to(target):
+        raise UsageError(
+            f"{store.display} is {'inside' if target.is_relative_to(src) else 'around'} the dataset {src} that it "
+            "would receive; push to a folder outside it"
+        )
 
 
 def _write_marker(store: Store, manifest: Manifest) -> str:
