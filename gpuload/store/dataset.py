@@ -315,21 +315,18 @@ class MemmapImageDataset(torch.utils.data.Dataset):
             self._after_fork()
         indices = [int(index) for index in indices]
         ranges = self.image_ranges(indices)
-        found = self._file.read_many(ranges)
-        bad = [row for row, data in enumerate(found) if xxhash.xxh3_64_intdigest(data) != self._checksums[indices[row]]]
-        if bad:
-            for row in bad:  # a block damaged in the cache (a power cut): fetched again, once per node
-                self._file.invalidate(*ranges[row], int(self._checksums[indices[row]]))
-            for row, data in zip(bad, self._file.read_many([ranges[row] for row in bad])):
-                if xxhash.xxh3_64_intdigest(data) != self._checksums[indices[row]]:
-                    start, length = ranges[row]
-                    raise DatasetError(
-                        f"{self.describe(indices[row])} does not match its build checksum, also when downloaded "
-                        f"again: {self._file.url} is damaged at bytes {start}-{start + length - 1}; run gpuload "
-                        "verify on the URL, then push the dataset again"
-                    )
-                found[row] = data
-        return found
+        try:  # a block damaged in the cache (a power cut) is fetched again, once per node
+            return self._file.read_many(ranges, [int(self._checksums[index]) for index in indices])
+        except DatasetError as error:
+            row = getattr(error, "position", None)
+            if row is None:
+                raise
+            start, length = ranges[row]
+            raise DatasetError(
+                f"{self.describe(indices[row])} does not match its build checksum, also when downloaded "
+                f"again: {self._file.url} is damaged at bytes {start}-{start + length - 1}; run gpuload "
+                "verify on the URL, then push the dataset again"
+            ) from None
 
     def _after_fork(self) -> None:
         """In a process forked after the open (a stock DataLoader worker started with ``fork``): an fsspec

@@ -114,7 +114,7 @@ class RemoteFile:
 
         Raises:
             DatasetError: a range lies outside the object, or fails its checksum after a fresh download
-                (naming the URL and the byte range).
+                (naming the URL and the byte range; its ``position`` attribute is the range's).
             ObjectChangedError: the object was replaced since it was opened.
             RemoteError: a request failed after its retries (naming the URL and the byte range).
         """
@@ -138,10 +138,12 @@ class RemoteFile:
         for position, data in zip(bad, again):
             if xxhash.xxh3_64_intdigest(data) != checksums[position]:
                 start, length = ranges[position]
-                raise DatasetError(
+                error = DatasetError(
                     f"{self.url}: bytes {start}-{start + length - 1} do not match their checksum, also when "
                     "downloaded again: the object is damaged; run gpuload verify on the URL and push the dataset again"
                 )
+                error.position = position  # which range, for a caller that names what it holds
+                raise error
             results[position] = data
         return results
 
