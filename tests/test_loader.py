@@ -255,10 +255,19 @@ class TestBatches:
         with pytest.raises(ValueError, match=r"global_position 9 is not in \[0, 3\]"):
             loader.load_state_dict(state)
 
-    @pytest.mark.parametrize(("epoch", "error"), [(1.5, TypeError), (-1, ValueError), (2**70, ValueError)])
+    @pytest.mark.parametrize(
+        ("epoch", "error"),
+        [(1.5, TypeError), (True, TypeError), ("3", TypeError), (-1, ValueError), (2**70, ValueError)],
+    )
     def test_set_epoch_checks_its_argument(self, epoch, error):
         with pytest.raises(error, match="epoch must be"):
             DataLoader(indexed_data(), batch_size=2, device="cpu").set_epoch(epoch)
+
+    @pytest.mark.parametrize("epoch", [np.int64(3), torch.tensor(3)])
+    def test_set_epoch_takes_numpy_and_tensor_integers_as_distributed_sampler_does(self, epoch):
+        loader = DataLoader(indexed_data(), batch_size=2, shuffle=True, device="cpu")
+        loader.set_epoch(epoch)
+        assert loader.epoch == 3 and type(loader.state_dict()["epoch"]) is int
 
     def test_a_batch_size_larger_than_the_dataset_allocates_what_an_epoch_needs(self):
         loader = DataLoader(indexed_data(), batch_size=10**9, device="cpu")  # buffers of 10**9 would not fit

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -41,6 +43,15 @@ def test_one_image_is_normalised_as_it_is_and_refused_only_where_channels_last_n
     torch.testing.assert_close(Normalize(IMAGENET_MEAN, IMAGENET_STD)(one), expected)
     with pytest.raises(ValueError, match=r"takes a batch \[N, 3, H, W\], got shape \(3, .*images\[None\]"):
         Normalize(IMAGENET_MEAN, IMAGENET_STD, memory_format=torch.channels_last)(one)
+
+
+@pytest.mark.parametrize("shape", [(4, 5), (2, 1, 4, 5), (1, 4, 5), (2, 4, 4, 5), (1, 2, 3, 4, 5), (2, 4, 5, 3)])
+def test_shapes_that_are_not_three_channel_images_are_refused(shape):
+    """Without the check, broadcasting turns [4, 5] into [1, 3, 4, 5] and one channel into three."""
+    with pytest.raises(
+        ValueError, match=rf"Normalize with 3 channels takes a batch \[N, 3, H, W\].*got shape {re.escape(str(shape))}"
+    ):
+        Normalize(IMAGENET_MEAN, IMAGENET_STD)(torch.zeros(shape, dtype=torch.uint8))
 
 
 def test_a_channels_last_batch_is_read_as_it_lies_and_stays_channels_last(images, monkeypatch):

@@ -6,6 +6,7 @@ import atexit
 import hashlib
 import inspect
 import math
+import operator
 import os
 import sys
 import threading
@@ -287,9 +288,9 @@ class DataLoader:
         A state loaded for another epoch is discarded.
 
         Raises:
-            TypeError: ``epoch`` is not an int. ValueError: it is negative or past ``2**62``.
+            TypeError: ``epoch`` is not an integer (int, numpy or 0-d tensor). ValueError: it is negative or past ``2**62``.
         """
-        _check_int("epoch", epoch)
+        epoch = _integer("epoch", epoch)
         if not 0 <= epoch < 2**62:  # seed + epoch seeds a 64-bit generator
             raise ValueError(f"epoch must be in [0, 2**62), got {epoch}")
         if epoch != self.epoch:
@@ -609,6 +610,16 @@ def _check_indices(order: torch.Tensor, length: int) -> None:
 def _check_int(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
+
+
+def _integer(name: str, value: object) -> int:
+    """``value`` as a Python int: an int, a numpy integer or a 0-d integer tensor (``operator.index``)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got bool: {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}") from None
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:

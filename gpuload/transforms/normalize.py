@@ -71,7 +71,16 @@ class Normalize(nn.Module):
 
     def _in_layout(self, images: torch.Tensor) -> torch.Tensor:
         """``images`` in the output's memory format, on the uint8 (1 byte a value); one ``[3, H, W]``
-        image stays 3-D, as torchvision's ``Normalize`` takes it, but has no channels-last layout."""
+        image stays 3-D, as torchvision's ``Normalize`` takes it, but has no channels-last layout.
+        Any other shape is refused: broadcasting would quietly turn ``[H, W]`` or ``[B, 1, H, W]`` into
+        three channels."""
+        channels = len(self.mean)
+        if images.dim() not in (3, 4) or images.shape[-3] != channels:
+            raise ValueError(
+                f"Normalize with {channels} channels takes a batch [N, {channels}, H, W] or one image "
+                f"[{channels}, H, W], got shape {tuple(images.shape)}; a channels-last batch is [N, {channels}, H, W] "
+                "with channels-last strides (x.permute(0, 3, 1, 2) of [N, H, W, C])"
+            )
         if self.memory_format is torch.preserve_format:
             return images
         if images.dim() != 4 and self.memory_format is torch.channels_last:
