@@ -94,10 +94,14 @@ def plot(result: dict) -> None:
     for offset, threads in enumerate(counts):
         values = [next(r for r in rows if r["decoder"] == n and r["threads"] == threads) for n in names]
         positions = np.arange(len(names)) + offset * width
-        medians = [v["images_per_second"]["median"] for v in values]
-        axis.bar(positions, medians, width, label=f"{threads} thread{'s' * (threads > 1)}")
-        for x, value in zip(positions, medians):
-            axis.text(x, value, f"{value:,.0f}", ha="center", va="bottom", fontsize=14, rotation=90)
+        spreads = [v["images_per_second"] for v in values]
+        medians = np.array([spread["median"] for spread in spreads])
+        highs = np.array([spread["max"] for spread in spreads])
+        whiskers = [medians - [spread["min"] for spread in spreads], highs - medians]  # min-max of the repeats
+        label = f"{threads} thread{'s' * (threads > 1)}"
+        axis.bar(positions, medians, width, yerr=whiskers, capsize=3, label=label)
+        for x, value, high in zip(positions, medians, highs):  # the median, written above its whisker
+            axis.text(x, high, f" {value:,.0f}", ha="center", va="bottom", fontsize=14, rotation=90)
     ticks = [name.replace("simplejpeg_", "simplejpeg\n").replace("_", " ") for name in names]
     axis.set_xticks(np.arange(len(names)) + width * (len(counts) - 1) / 2, ticks)
     axis.set_ylim(0, 1.3 * axis.get_ylim()[1])
@@ -110,7 +114,9 @@ def plot(result: dict) -> None:
         f"Decoding {result['images']} photos of {width_px}x{height} from memory, "
         f"on cpu ({machine['cpu']}, {machine['cores']} cores)"
     )
-    print(f"wrote {save_figure(fig, 'decoders', result)}")
+    repeats = {len(row["images_per_second"]["runs"]) for row in rows}
+    statistics = f"bars: medians of {'/'.join(map(str, sorted(repeats)))} repeats, whiskers: min-max"
+    print(f"wrote {save_figure(fig, 'decoders', result, statistics=statistics)}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import PILToTensor
@@ -27,6 +28,7 @@ from torchvision.transforms import PILToTensor
 import gpuload
 
 from ._common import (
+    FOOTNOTE_PX,
     add_device_argument,
     device_name,
     figure,
@@ -78,8 +80,6 @@ def epoch_rate(loader, device: torch.device) -> float:
 def plot(result: dict) -> None:
     """One panel, one log axis: a group of bars per device, image size and batch size, one bar per
     contender (median, min-max whiskers, the rate written on it)."""
-    import numpy as np
-
     rows = result["rows"]
     labels = {
         "image_folder": "ImageFolder +\nDataLoader (JPEGs)",
@@ -100,18 +100,36 @@ def plot(result: dict) -> None:
         whiskers = [medians - [s["min"] for s in spreads], [s["max"] for s in spreads] - medians]
         x = positions + (offset - (len(CONTENDERS) - 1) / 2) * width
         axis.bar(x, medians, width, yerr=whiskers, capsize=3, color=colour, label=labels[contender])
-        for x_bar, value in zip(x, medians):
-            axis.text(x_bar, value * 1.08, f"{value:,.0f}", ha="center", va="bottom", fontsize=14)
-    names = [f"{w}x{h}, batch {b}" + (f"\n{d}" if len(devices) > 1 else "") for d, _, h, w, b in groups]
+        for x_bar, value, spread in zip(x, medians, spreads):  # upright, above the whisker: bars are narrow
+            axis.text(x_bar, spread["max"], f" {value:,.0f}", ha="center", va="bottom", fontsize=14, rotation=90)
+    names = [f"{w}x{h}\nbatch {b}" + (f"\n{d}" if len(devices) > 1 else "") for d, _, h, w, b in groups]
     axis.set_xticks(positions, names)
     axis.set_yscale("log")
-    axis.set_ylim(top=axis.get_ylim()[1] * 2)  # room for the rates
     axis.set_ylabel("images/s (log scale)")
     axis.grid(True, axis="y", which="major", alpha=0.3)
     right = legend_right(fig, axis)
     names = " and ".join(result["device_names"][device] for device in devices)
     axis.set_title(f"Shuffled batches of {result['images']} photos (page cache warm) to {names}", loc="left")
-    print(f"wrote {save_figure(fig, 'memmap_vs_folder', result, right=right)}")
+    _fit_texts(fig, axis, right)
+    epochs = "/".join(map(str, sorted({len(row["images_per_second"]["runs"]) for row in rows})))
+    statistics = f"bars: medians of {epochs} timed epochs, whiskers: min-max"
+    print(f"wrote {save_figure(fig, 'memmap_vs_folder', result, statistics=statistics, right=right)}")
+
+
+def _fit_texts(fig, axis, right: float) -> None:
+    """Raise the top of ``axis``'s log y axis until the texts on it (the rates) end inside it, in the
+    layout that :func:`save_figure` gives the figure (its footnote below, panels up to ``right``)."""
+    renderer = fig.canvas.get_renderer()
+    for _ in range(20):
+        height = fig.get_size_inches()[1] * 72
+        fig.tight_layout(rect=(0, (FOOTNOTE_PX + 6) / height, right, 1), pad=0.4, w_pad=1.2)
+        box = axis.get_window_extent(renderer)
+        over = max(text.get_window_extent(renderer).y1 for text in axis.texts) - box.y1
+        if over <= -6:
+            return
+        bottom, top = axis.get_ylim()
+        decades = (over + 8) / box.height * (np.log10(top) - np.log10(bottom))  # in the current scale
+        axis.set_ylim(bottom, top * 10**decades)
 
 
 def main(argv: list[str] | None = None) -> None:

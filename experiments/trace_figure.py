@@ -20,6 +20,8 @@ from ._common import figure, read_result, save_figure
 MAX_DEPTH = 4  # ProfilerStep > record_function range > op > sub-op; deeper levels are noise on a slide
 CHARACTER_WIDTH = 0.0115  # of the axis width, for the 14 px labels on a 900 px wide figure
 GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
+MIN_SHARE = 0.005  # of the span: narrower boxes are not drawn (unreadable); record_function ones get a marker
+SHORT_MARKERS = "vDs^P*"  # one per record_function range too short to draw
 
 
 def load_events(path: Path) -> list[dict]:
@@ -88,21 +90,34 @@ def draw(
     title: str,
     max_depth: int = MAX_DEPTH,
     palette: dict | None = None,
+    mark_short: bool = False,
 ) -> None:
     """Boxes of every event in ``[start, end]`` on ``axis``, time in ms from ``start``; a box too narrow
-    for its name gets a legend entry instead (boxes under 0.5 % of the span are not drawn: unreadable)."""
+    for its name gets a legend entry instead (boxes under ``MIN_SHARE`` of the span are not drawn:
+    unreadable). With ``mark_short``, a ``record_function`` range under that gets a marker where it is,
+    and a legend entry with its duration."""
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     span = end - start
     palette = {} if palette is None else palette
     row = 0
-    ticks, tick_labels, unlabelled = [], [], {}
+    ticks, tick_labels, unlabelled, marked = [], [], {}, {}
     for lane, nested in lanes(events, start, end, max_depth):
         depth = max(depth for depth, _ in nested) + 1
         ticks.append(row + depth / 2)
         tick_labels.append(lane)
         for level, event in nested:
-            if event["dur"] < 0.005 * span:
+            if event["dur"] < MIN_SHARE * span:
+                name = event["name"]
+                if mark_short and event.get("cat") == "user_annotation" and name not in marked:
+                    marker = SHORT_MARKERS[len(marked) % len(SHORT_MARKERS)]
+                    colour = _colour(name, palette)
+                    x, y = (event["ts"] + event["dur"] / 2 - start) / 1e3, row + level + 0.5
+                    style = {"marker": marker, "color": colour, "markeredgecolor": "black", "markersize": 11}
+                    axis.plot([x], [y], linestyle="none", clip_on=False, zorder=5, **style)
+                    label = f"{name}: {event['dur'] / 1e3:.2g} ms"
+                    marked[name] = Line2D([], [], linestyle="none", label=label, **style)
                 continue
             left, width = (event["ts"] - start) / 1e3, event["dur"] / 1e3
             colour = _colour(event["name"], palette)
@@ -121,9 +136,11 @@ def draw(
     axis.set_xlabel("time since the start of the range (ms)")
     axis.set_title(title)
     axis.grid(True, axis="x", alpha=0.3)
-    if unlabelled:
+    if unlabelled or marked:
         handles = [Patch(color=colour, label=label) for label, colour in unlabelled.items()]
-        axis.legend(handles=handles, loc="lower right", title="narrow boxes", ncols=min(3, len(handles)))
+        title = "narrow boxes" if not marked else "too short to draw" if not unlabelled else "narrow / too short"
+        handles += list(marked.values())
+        axis.legend(handles=handles, loc="lower right", title=title, ncols=min(3, len(handles)))
 
 
 def plot_trace(trace: Path, name: str, result: dict, caption: str) -> Path:
@@ -140,9 +157,20 @@ def plot_trace(trace: Path, name: str, result: dict, caption: str) -> Path:
     top, bottom = axes[:, 0]
     palette: dict = {}  # one colour per name in both panels
     draw(top, events, start, end, f"one training step ({caption})", max_depth=2, palette=palette)
-    zoom = "zoom on the step's start: data -> transfer -> cast, until forward"
-    draw(bottom, events, first_range, forward, zoom, palette=palette)
+    zoom = _zoom_title(inside, first_range, forward)
+    draw(bottom, events, first_range, forward, zoom, palette=palette, mark_short=True)
     return save_figure(fig, name, result, statistics="one profiler step, as recorded")
+
+
+def _zoom_title(events: list[dict], start: float, end: float) -> str:
+    """The zoom panel's title: the ``record_function`` ranges it shows, in order, and which of them are
+    too short to draw (marked instead)."""
+    ranges = [e for e in events if e.get("cat") == "user_annotation" and start <= e["ts"] and e["ts"] + e["dur"] <= end]
+    names = list(dict.fromkeys(e["name"] for e in sorted(ranges, key=lambda e: e["ts"])))
+    short = [n for n in names if all(e["dur"] < MIN_SHARE * (end - start) for e in ranges if e["name"] == n)]
+    if not short:
+        return f"zoom on the step's start: {' -> '.join(names)}, until forward"
+    return f"zoom on the step's start, until forward ({', '.join(short)}: too short to draw, marked)"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -36,7 +36,6 @@ from ._common import (
     add_device_argument,
     device_name,
     figure,
-    legend_right,
     median_spread,
     parse_sizes,
     photo_folders,
@@ -158,6 +157,8 @@ def plot(result: dict) -> None:
     """Each variant's step time over the copy-then-cast step time, per configuration, with the min-max of
     the timed steps (the noise); the share of a step spent feeding the model is written under each
     configuration (the most that the order of copy and cast can change). Then the trace figure."""
+    from matplotlib.ticker import StrMethodFormatter
+
     rows = result["rows"]
     kind = result["device"].split(":")[0]
     labels = {
@@ -176,7 +177,7 @@ def plot(result: dict) -> None:
             for v in VARIANTS
         )
 
-    names = [f"{w}x{h}, batch {b}\nfeeding: {100 * feeding(h, w, b):.2f} %" for _, h, w, b in configurations]
+    names = [f"{w}x{h}\nbatch {b}\nfeeding {100 * feeding(h, w, b):.2f} %" for _, h, w, b in configurations]
     fig, axes = figure(1, 1)
     axis = axes[0][0]
     positions = np.arange(len(configurations))
@@ -190,13 +191,17 @@ def plot(result: dict) -> None:
         high = np.array([s["max"] / r for s, r in zip(spreads, reference)]) - medians
         axis.errorbar(x, medians, yerr=[low, high], fmt=marker, capsize=4, label=labels[variant])
     axis.axhline(1.0, color="0.3", linestyle=":", linewidth=1.5)
-    axis.set_ylabel(f"step time / {labels['cuda_first']}")
+    axis.set_ylabel(f"step time /\n{labels['cuda_first']}")
+    # two decimals whatever the tick step: labels as wide when the layout is made as when it is drawn
+    axis.yaxis.set_major_formatter(StrMethodFormatter("{x:.2f}"))
     axis.set_xticks(positions, names)
     axis.grid(True, axis="y", alpha=0.3)
-    right = legend_right(fig, axis)
-    axis.set_title(f"ResNet-18 training steps fed three ways, on {result['device_name']}", loc="left")
+    # the legend in one row above the panel, not right of it: the panel keeps the width its labels need
+    legend = axis.legend(loc="lower left", bbox_to_anchor=(0, 1), ncols=len(VARIANTS), frameon=False, borderaxespad=0)
+    pad = legend.get_window_extent(fig.canvas.get_renderer()).height + 4
+    axis.set_title(f"ResNet-18 training steps fed three ways, on {result['device_name']}", loc="left", pad=pad)
     statistics = "medians, bars: min-max of the timed steps"
-    print(f"wrote {save_figure(fig, 'train_order', result, statistics=statistics, right=right)}")
+    print(f"wrote {save_figure(fig, 'train_order', result, statistics=statistics)}")
     trace = ASSETS / TRACE.format(run=result_name("train_order", result["device"]), variant="cuda_first")
     if trace.is_file():
         last = rows[-1]  # the traced configuration is the last one run
