@@ -1323,6 +1323,17 @@ class TestBlockShuffle:
             with pytest.raises(ValueError, match=r"global_position 25 is not in \[0, 24\]"):
                 loader.load_state_dict(state(0, 25, seed=5, world_size=2, block_shuffle=2))
 
+    def test_a_padded_order_resumed_on_fewer_ranks_serves_batches_larger_than_the_dataset(self):
+        """One image, two ranks: the block order pads it to two entries. Resumed on one rank with
+        batches of 2, that batch holds the image twice: more rows than the dataset, which the buffers
+        (sized by what an epoch holds) must take (found by the property test below)."""
+        with as_rank(0, 2):
+            saved = self.loader(1, per_block=1, window=1, batch_size=1).state_dict()
+        with as_rank(0, 1):
+            loader = self.loader(1, per_block=1, window=1, batch_size=2)
+            loader.load_state_dict(saved)
+            assert labels_of(loader) == [[0, 0]]
+
     @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(
         length=st.integers(1, 30),

@@ -264,10 +264,10 @@ class DataLoader:
         # One batch ahead per cropping thread; nvJPEG batches are made on the device, so their ring
         # holds pinned labels only (no host image buffer a GPU decode would never use).
         self._ahead = max(prefetch, threads) if decode is not None and not gpu_decode else prefetch
+        self._ring_rows = _largest_batch(batch_size, sampler, len(self._labels))  # grown by a padded order
         self._make_ring = partial(
             _Ring,
             shape=shape,
-            batch_size=_largest_batch(batch_size, sampler, len(self._labels)),
             slots=self._ahead + 2,
             channels_last=channels_last,
             host_images=not gpu_decode,
@@ -385,7 +385,7 @@ class DataLoader:
                 f"state_dict was saved with block_shuffle={window}, this loader has block_shuffle={self.block_shuffle}: "
                 f"another order; pass block_shuffle={window} to resume it"
             )
-        layout = int(state.get("block_layout", 0))
+        layout = int(state.get("block_layout") or 0)
         if window and layout and layout != self._block_layout():
             raise ValueError(
                 "state_dict was saved on another layout of the dataset's blocks (another block_size, or a dataset "
@@ -425,9 +425,14 @@ class DataLoader:
 
     # -- iteration ---------------------------------------------------------------------
 
-    def _ring_pool(self, device: torch.device) -> _RingPool:
+    def _ring_pool(self, device: torch.device, rows: int = 1) -> _RingPool:
+        """The rings of ``device``, their buffers ``rows`` batch rows or more. A block-aware order resumed
+        on fewer ranks may serve more entries than the dataset holds (the padding of the world size that
+        started the epoch): then buffers of the larger size replace the pool."""
+        if rows > self._ring_rows:
+            self._ring_rows, self._rings = rows, {}
         if device not in self._rings:
-            self._rings[device] = _RingPool(partial(self._make_ring, device=device))
+            self._rings[device] = _RingPool(partial(self._make_ring, device=device, batch_size=self._ring_rows))
         return self._rings[device]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -485,7 +490,8 @@ class DataLoader:
                 batches,
                 ahead=max(DEFAULT_AHEAD_BLOCKS, self.block_shuffle),
             )
-        return _EpochIterator(self, self._ring_pool(device), batches, self._position, gather, transform, prefetcher)
+        pool = self._ring_pool(device, max((len(batch) for batch in batches), default=1))
+        return _EpochIterator(self, pool, batches, self._position, gather, transform, prefetcher)
 
     def __repr__(self) -> str:
         return (
