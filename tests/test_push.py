@@ -1,6 +1,7 @@
 """gpuload.store.push (and ``gpuload push``): a checked, resumable copy to moto's S3 and to file:// URLs."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -217,9 +218,10 @@ class TestKilledAndConcurrentPushes:
         folder.mkdir(parents=True)
         (folder / PUSH_MARKER).write_text('{"push": "dead"}')
         shutil.copy(jpeg_dataset / "meta.json", folder / "meta.json")
-        (folder / ".data.memmap.tmp-31404-139724954659712").write_bytes(b"half")
+        dead = 2**30  # beyond any pid_max: its writer is gone
+        (folder / f".data.memmap.tmp-{dead}-139724954659712").write_bytes(b"half")
         report = push_memmap(jpeg_dataset, store.url, store=store, progress=False)
-        assert report.skipped == ["meta.json"] and report.removed == [".data.memmap.tmp-31404-139724954659712"]
+        assert report.skipped == ["meta.json"] and report.removed == [f".data.memmap.tmp-{dead}-139724954659712"]
         assert pushed(store) == local(jpeg_dataset)
 
     def test_a_push_killed_after_its_manifest_is_complete_and_loses_its_marker(self, jpeg_dataset, target, tmp_path):
@@ -228,6 +230,44 @@ class TestKilledAndConcurrentPushes:
         target.put(PUSH_MARKER, tmp_path / "marker")
         report = push_memmap(jpeg_dataset, target.url, store=target, progress=False)
         assert report.uploaded == [] and pushed(target) == local(jpeg_dataset)
+
+    def test_a_temporary_file_of_a_running_push_is_left_alone(self, jpeg_dataset, tmp_path):
+        folder = tmp_path / "bucket" / "photos.jpeg"
+        folder.mkdir(parents=True)
+        (folder / PUSH_MARKER).write_text('{"push": "running"}')
+        running = folder / f".data.memmap.tmp-{os.getpid()}-1"  # this process is alive
+        running.write_bytes(b"half")
+        with pytest.raises(UsageError, match=rf"another push \(process {os.getpid()}\) is writing"):
+            push_memmap(jpeg_dataset, folder.as_uri(), progress=False)
+        assert running.read_bytes() == b"half"
+
+    def test_a_marker_push_did_not_write_is_not_ours(self, jpeg_dataset, tmp_path):
+        folder = tmp_path / "bucket" / "photos.jpeg"
+        folder.mkdir(parents=True)
+        (folder / PUSH_MARKER).write_text("not json")
+        (folder / "meta.json").write_text("{}")
+        with pytest.raises(UsageError, match=r"is not a gpuload dataset \(it holds '.gpuload-push.json'"):
+            push_memmap(jpeg_dataset, folder.as_uri(), progress=False)
+        assert (folder / "meta.json").read_text() == "{}"
+
+    def test_a_push_that_finishes_while_another_looks_stops_the_other(self, built_dataset, jpeg_dataset, target):
+        """B lists the URL while A runs, A finishes, then B writes its marker: B must not replace A's
+        finished dataset without --overwrite (it re-lists after its marker and stops)."""
+        same = push_module._same_objects
+
+        def meanwhile(store, existing, todo, bar):
+            found = same(store, existing, todo, bar)
+            push_module._same_objects = same
+            push_memmap(built_dataset, target.url, store=target, progress=False)  # A, to the end
+            return found
+
+        push_module._same_objects = meanwhile
+        try:
+            with pytest.raises(RemoteError, match=r"another push wrote .* while this one looked at it"):
+                push_memmap(jpeg_dataset, target.url, store=target, progress=False)  # B
+        finally:
+            push_module._same_objects = same
+        assert "images.memmap" in target.list() and MANIFEST_NAME in target.list()  # A's dataset, whole
 
     def test_a_temporary_name_not_of_ours_is_foreign(self, jpeg_dataset, tmp_path):
         folder = tmp_path / "bucket" / "photos.jpeg"

@@ -83,6 +83,17 @@ class TestUrls:
         with pytest.raises(UsageError, match=match):
             open_store(url, backend=backend)
 
+    def test_file_localhost_is_this_machines_root_and_other_hosts_are_refused(self, tmp_path):
+        (tmp_path / "ds").mkdir()
+        (tmp_path / "ds" / "a").write_bytes(b"x")
+        assert sorted(open_store(f"file://localhost{tmp_path}/ds").list()) == ["a"]
+        with pytest.raises(UsageError, match=r"file:// URLs name this machine's files"):
+            open_store(f"file://server{tmp_path}/ds")
+
+    def test_an_http_url_with_a_fragment_is_refused(self):
+        with pytest.raises(UsageError, match=r"takes no fragment, got http://127.0.0.1:9/x#<redacted>"):
+            open_store("http://127.0.0.1:9/x#SECRET")
+
     def test_a_scheme_in_capitals_is_the_same_scheme(self, s3):
         upper = "S3://" + s3.url().split("://", 1)[1]
         assert open_store(upper).display == s3.url() and open_store("MEMORY://x/y").list() == {}

@@ -159,6 +159,7 @@ def push_memmap(
                 report.seconds = time.perf_counter() - started
                 return report
             token = _write_marker(store, manifest)
+            _check_unchanged(store, existing)
             if MANIFEST_NAME in existing:
                 store.delete(MANIFEST_NAME)  # from now on the URL holds no dataset until the new manifest lands
                 existing.pop(MANIFEST_NAME)
@@ -230,7 +231,10 @@ def _check_still_ours(store: Store, token: str, versions: dict[str, ObjectInfo],
 
 def _check_target(store: Store, existing: dict[str, ObjectInfo], manifest: Manifest, overwrite: bool) -> bool:
     """What the URL holds decides: ``True`` to replace another dataset there, ``False`` to write or resume."""
+    _check_leftovers(store, existing)
     ours = {PUSH_MARKER} | {name for name in existing if _leftover(name)}
+    if PUSH_MARKER in existing and not _is_marker(store, existing[PUSH_MARKER]):
+        ours.discard(PUSH_MARKER)  # not what push writes: someone else's file
     if MANIFEST_NAME not in existing:
         foreign = sorted(set(existing) - _DATASET_NAMES - ours)
         if not foreign and existing and PUSH_MARKER not in existing:
@@ -259,6 +263,48 @@ def _check_target(store: Store, existing: dict[str, ObjectInfo], manifest: Manif
             f"{there.created}); pass overwrite=True (--overwrite) to replace it, or choose another URL"
         )
     return True
+
+
+def _check_unchanged(store: Store, existing: dict[str, ObjectInfo]) -> None:
+    """After the marker is written, the URL must hold what it held when it was listed (the marker
+    aside): otherwise another push wrote it meanwhile (a manifest that appeared, an object replaced)."""
+    found = {name: info for name, info in store.list().items() if name != PUSH_MARKER}
+    before = {name: info for name, info in existing.items() if name != PUSH_MARKER}
+    if found != before:
+        changed = sorted(set(found) ^ set(before)) or sorted(name for name in found if found[name] != before[name])
+        raise RemoteError(
+            f"another push wrote {store.display} while this one looked at it ({changed[0]!r} changed); run one push "
+            "at a time to a URL, then this one again"
+        )
+
+
+def _check_leftovers(store: Store, existing: dict[str, ObjectInfo]) -> None:
+    """A temporary file of a ``file://`` upload whose process still runs belongs to a push in progress."""
+    if not store.url.startswith("file://"):
+        return
+    for name in existing:
+        match = _LEFTOVER.match(name)
+        if match is None or not _leftover(name):
+            continue
+        pid = int(name.rsplit(".tmp-", 1)[1].split("-")[0])
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue  # its writer is gone: a leftover, removed by this push
+        except PermissionError:
+            pass  # alive, another user's
+        raise UsageError(
+            f"another push (process {pid}) is writing {store.display} ({name}); wait for it to finish, then push again"
+        )
+
+
+def _is_marker(store: Store, info: ObjectInfo) -> bool:
+    """Whether the object named like the push marker holds what push writes there (a JSON token)."""
+    try:
+        found = json.loads(store.read_all(PUSH_MARKER, info))
+    except (ValueError, OSError, RemoteError):
+        return False
+    return isinstance(found, dict) and isinstance(found.get("push"), str)
 
 
 def _leftover(name: str) -> bool:

@@ -354,6 +354,13 @@ def open_store(
             f"a {scheme}:// URL names a folder and takes no query string or fragment, got {redact(url)}; "
             "remove what follows ? or #"
         )
+    if scheme in ("http", "https") and "#" in rest:  # never sent to the server: the objects' names would follow it
+        raise UsageError(f"an {scheme}:// dataset URL takes no fragment, got {redact(url)}; remove what follows #")
+    if scheme == "file":  # RFC 8089: file:///path, or file://localhost/path on this machine
+        host, _, path = rest.partition("/")
+        if host not in ("", "localhost"):
+            raise UsageError(f"file:// URLs name this machine's files (file:///path), got {redact(url)}")
+        url = f"file:///{path}"
     if backend == "obstore" or (backend == "auto" and scheme in OBSTORE_SCHEMES and _installed("obstore")):
         if scheme not in OBSTORE_SCHEMES:
             raise UsageError(f"the obstore backend opens {', '.join(OBSTORE_SCHEMES)} URLs, not {scheme}://")
