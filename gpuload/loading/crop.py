@@ -370,13 +370,28 @@ def crop_raw(
         >>> out.shape
         torch.Size([2, 3, 8, 8])
     """
-    count = len(indices)
-    shapes = torch.tensor(images.shape[2:], dtype=torch.int64).expand(count, 2)
-    boxes, flips = decode.draw(shapes, indices, seed=seed, epoch=epoch)
-    boxes = boxes.tolist() if boxes is not None else [None] * count
-    flips = flips.tolist() if flips is not None else [None] * count
+    boxes, flips = _same_size_draws(decode, images.shape[2:], indices, seed=seed, epoch=epoch)
     for row, index in enumerate(indices.tolist()):
         decode.crop(images[index].permute(1, 2, 0), boxes[row], flips[row], out[row])
+
+
+def _same_size_draws(
+    decode: RandomResizedCropDecode | CenterCropDecode,
+    size: Sequence[int],
+    indices: torch.Tensor,
+    *,
+    seed: int,
+    epoch: int,
+) -> tuple[list, list]:
+    """The boxes and flips of ``indices`` in a raw dataset (every image ``size``, height and width), as
+    lists of one entry per image (``None`` where ``decode`` draws none)."""
+    count = len(indices)
+    shapes = torch.tensor(tuple(size), dtype=torch.int64).expand(count, 2)
+    boxes, flips = decode.draw(shapes, indices, seed=seed, epoch=epoch)
+    return (
+        boxes.tolist() if boxes is not None else [None] * count,
+        flips.tolist() if flips is not None else [None] * count,
+    )
 
 
 def crop_remote_raw(
@@ -390,14 +405,9 @@ def crop_remote_raw(
 ) -> None:
     """:func:`crop_raw` for a raw dataset at a URL: each image read whole (its checksum checked, through
     the node's block cache), then cropped as ``decode`` says into ``out``: the same boxes and flips."""
-    count = len(indices)
-    height, width = dataset.image_shape[1:]
-    shapes = torch.tensor((height, width), dtype=torch.int64).expand(count, 2)
-    boxes, flips = decode.draw(shapes, indices, seed=seed, epoch=epoch)
-    boxes = boxes.tolist() if boxes is not None else [None] * count
-    flips = flips.tolist() if flips is not None else [None] * count
+    boxes, flips = _same_size_draws(decode, dataset.image_shape[1:], indices, seed=seed, epoch=epoch)
     blobs = dataset.read_images(indices.tolist())
-    for row in range(count):
+    for row in range(len(indices)):
         decode.crop(dataset.raw_pixels(blobs[row]).permute(1, 2, 0), boxes[row], flips[row], out[row])
         blobs[row] = None
 
