@@ -216,7 +216,9 @@ class MemmapImageDataset(torch.utils.data.Dataset):
             self._jpegs = _JpegFile(self.path / self.manifest.array_path("data"))
             self._starts, self._lengths = self.data.starts.numpy(), self.data.lengths.numpy()  # views, fast to index
             self._checksums = np.array([int(checksum, 16) for checksum in self.manifest.checksums], dtype=np.uint64)
-        _check_labels(self.path, self.data.labels.numpy(), self.manifest)
+        self.manifest.check_labels(
+            self.data.labels.numpy(), str(self.path), "run gpuload verify, then rebuild the dataset"
+        )
 
     def _open_remote(
         self,
@@ -558,20 +560,6 @@ def storage_order(images: torch.Tensor) -> tuple[torch.Tensor, bool]:
     if images.dim() == 4 and not images.is_contiguous() and images.is_contiguous(memory_format=torch.channels_last):
         return images.permute(0, 2, 3, 1), True
     return images, False
-
-
-def _check_labels(path: Path, labels: np.ndarray, manifest: Manifest) -> None:
-    """The labels file must say what the manifest says: a damaged label would train on a wrong class
-    without any error (8 bytes per image, compared at every open)."""
-    recorded = np.fromiter((label for _, label in manifest.samples), dtype=np.int64, count=len(manifest.samples))
-    differ = np.flatnonzero(labels != recorded)
-    if differ.size:
-        first = int(differ[0])
-        raise DatasetError(
-            f"{path} is damaged: {differ.size} labels in labels.memmap differ from the manifest (first at index "
-            f"{first}: {int(labels[first])} where the manifest says {int(recorded[first])}); run gpuload verify, "
-            "then rebuild the dataset"
-        )
 
 
 def _check_files(path: Path, manifest: Manifest) -> None:

@@ -11,13 +11,18 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import xxhash
 
 from ..errors import DatasetError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "ARRAYS",
@@ -155,6 +160,44 @@ class Manifest:
     def array_path(self, name: str) -> str:
         """Where the array ``name`` (see :data:`ARRAYS`) lies, relative to the dataset folder."""
         return f"_tensordict/{name}.memmap" if self.format_version == 1 else f"{name}.memmap"
+
+    def describe(self, path: str, bytes_on_disk: int) -> dict:
+        """What the dataset at ``path`` holds, as ``gpuload info`` shows it: count, shape, classes
+        with their counts, bytes on disk, provenance."""
+        counts = Counter(label for _, label in self.samples)
+        return {
+            "path": path,
+            "storage": self.storage,
+            "images": len(self.samples),
+            "image_shape": list(self.image_shape) if self.image_shape else None,
+            "classes": {name: counts.get(position, 0) for position, name in enumerate(self.classes)},
+            "bytes_on_disk": bytes_on_disk,
+            "source": self.source,
+            "resize": self.resize,
+            "skipped": len(self.skipped),
+            "jpeg": self.jpeg,
+            "empty_classes": self.empty_classes,
+            "created": self.created,
+            "versions": self.versions,
+        }
+
+    def check_labels(self, labels: np.ndarray, where: str, advice: str) -> None:
+        """The labels file must say what the manifest says: a damaged label would train on a wrong
+        class without any error (8 bytes per image, compared at every open).
+
+        Raises:
+            DatasetError: a label differs, naming ``where`` and the first, then ``advice``.
+        """
+        import numpy as np  # not at import: the command line's --help imports this module
+
+        recorded = np.fromiter((label for _, label in self.samples), dtype=np.int64, count=len(self.samples))
+        differ = np.flatnonzero(labels != recorded)
+        if differ.size:
+            first = int(differ[0])
+            raise DatasetError(
+                f"{where} is damaged: {differ.size} labels in labels.memmap differ from the manifest (first at "
+                f"index {first}: {int(labels[first])} where the manifest says {int(recorded[first])}); {advice}"
+            )
 
     def owned_paths(self) -> set[str]:
         """The relative paths of every file that belongs to the dataset, ``manifest.json`` included."""

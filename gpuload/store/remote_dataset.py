@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,14 +141,7 @@ def open_remote(url: str | Store) -> RemoteIndex:
     else:
         size = int(np.prod(manifest.image_shape))
         starts, lengths, shapes = np.arange(count, dtype=np.int64) * size, np.full(count, size, dtype=np.int64), None
-    recorded = np.array([label for _, label in manifest.samples], dtype=np.int64)
-    differ = np.flatnonzero(labels != recorded)
-    if differ.size:
-        first = int(differ[0])
-        raise DatasetError(
-            f"{store.display} is damaged: {differ.size} labels in labels.memmap differ from the manifest (first at "
-            f"index {first}: {int(labels[first])} where the manifest says {int(recorded[first])}); push the dataset again"
-        )
+    manifest.check_labels(labels, store.display, "push the dataset again")
     return RemoteIndex(store, manifest, objects, labels, starts, lengths, shapes)
 
 
@@ -160,23 +152,8 @@ def describe_remote(url: str) -> dict:
         DatasetError: see :func:`open_remote`.
     """
     index = open_remote(url)
-    manifest = index.manifest
-    counts = Counter(label for _, label in manifest.samples)
-    return {
-        "path": index.store.display,
-        "storage": manifest.storage,
-        "images": len(manifest.samples),
-        "image_shape": manifest.image_shape,
-        "classes": {name: counts.get(position, 0) for position, name in enumerate(manifest.classes)},
-        "bytes_on_disk": sum(info.size for info in index.objects.values()) + index.store.info(MANIFEST_NAME).size,
-        "source": manifest.source,
-        "resize": manifest.resize,
-        "skipped": len(manifest.skipped),
-        "jpeg": manifest.jpeg,
-        "empty_classes": manifest.empty_classes,
-        "created": manifest.created,
-        "versions": manifest.versions,
-    }
+    size = sum(info.size for info in index.objects.values()) + index.store.info(MANIFEST_NAME).size
+    return index.manifest.describe(index.store.display, size)
 
 
 def verify_remote(url: str, *, progress: bool = True) -> list[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import random
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Literal
 
@@ -30,23 +29,8 @@ def describe_memmap(path: str | os.PathLike) -> dict:
         DatasetError: not a readable gpuload dataset.
     """
     dataset = MemmapImageDataset(path)
-    manifest = dataset.manifest
-    counts = Counter(label for _, label in manifest.samples)
-    return {
-        "path": str(dataset.path),
-        "storage": dataset.storage,
-        "images": len(dataset),
-        "image_shape": list(dataset.image_shape) if dataset.image_shape else None,
-        "classes": {name: counts.get(index, 0) for index, name in enumerate(dataset.classes)},
-        "bytes_on_disk": sum(file.stat().st_size for file in dataset.path.rglob("*") if file.is_file()),
-        "source": manifest.source,
-        "resize": manifest.resize,
-        "skipped": len(manifest.skipped),
-        "jpeg": manifest.jpeg,
-        "empty_classes": manifest.empty_classes,
-        "created": manifest.created,
-        "versions": manifest.versions,
-    }
+    size = sum(file.stat().st_size for file in dataset.path.rglob("*") if file.is_file())
+    return dataset.manifest.describe(str(dataset.path), size)
 
 
 def verify_memmap(
