@@ -57,7 +57,7 @@ _CHUNK = 8 * 2**20
 # The names a dataset of any storage holds (besides the manifest): what a half-pushed dataset may hold.
 _DATASET_NAMES = frozenset({"meta.json", *(f"{name}.memmap" for names in ARRAYS.values() for name in names)})
 # A file:// upload killed before its rename leaves ``.<name>.tmp-<pid>-<thread>`` (remote.py's _put).
-_LEFTOVER = re.compile(r"^\.(?P<name>[^/]+)\.tmp-\d+-\d+$")
+_LEFTOVER = re.compile(r"^\.(?P<name>[^/]+)\.tmp-(?P<pid>\d+)-\d+$")
 
 
 @dataclass
@@ -282,11 +282,8 @@ def _check_leftovers(store: Store, existing: dict[str, ObjectInfo]) -> None:
     """A temporary file of a ``file://`` upload whose process still runs belongs to a push in progress."""
     if not store.url.startswith("file://"):
         return
-    for name in existing:
-        match = _LEFTOVER.match(name)
-        if match is None or not _leftover(name):
-            continue
-        pid = int(name.rsplit(".tmp-", 1)[1].split("-")[0])
+    for name in filter(_leftover, existing):
+        pid = int(_LEFTOVER.match(name)["pid"])
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
