@@ -82,6 +82,21 @@ def restore_rng():
     random.setstate(python_state)
 
 
+@pytest.fixture
+def host_copies(monkeypatch) -> list[tuple[bool, bool]]:
+    """Every ``Tensor.to`` of a CPU tensor from now on, as ``(pinned, non_blocking)``."""
+    copies = []
+    real = torch.Tensor.to
+
+    def to(tensor, *args, **kwargs):
+        if tensor.device.type == "cpu":
+            copies.append((tensor.is_pinned(), kwargs.get("non_blocking", False)))
+        return real(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    return copies
+
+
 @pytest.fixture(scope="session")
 def photo_folder(tmp_path_factory) -> Path:
     """An ImageFolder of 5 classes x 4 distinct 48x64 JPEG photos. Do not modify it."""

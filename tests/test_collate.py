@@ -99,22 +99,13 @@ def test_cuda_in_a_worker_process_is_refused(monkeypatch):
 
 
 @pytest.mark.cuda
-def test_cuda_batches_are_pinned_non_blocking_channels_last_copies(built_dataset, monkeypatch):
-    copies = []
-    real = torch.Tensor.to
-
-    def to(tensor, *args, **kwargs):
-        if tensor.device.type == "cpu":
-            copies.append((tensor.is_pinned(), kwargs.get("non_blocking", False)))
-        return real(tensor, *args, **kwargs)
-
-    monkeypatch.setattr(torch.Tensor, "to", to)
+def test_cuda_batches_are_pinned_non_blocking_channels_last_copies(built_dataset, host_copies):
     dataset = MemmapImageDataset(built_dataset)
     loader = torch.utils.data.DataLoader(dataset, batch_size=8, shuffle=True, collate_fn=Collate("cuda"))
     for images, labels in loader:
         assert images.is_cuda and labels.is_cuda and images.is_contiguous(memory_format=torch.channels_last)
         assert torch.equal(images.cpu(), dataset.data.images[labels.cpu()])
-    assert copies and all(pinned and non_blocking for pinned, non_blocking in copies)
+    assert host_copies and all(pinned and non_blocking for pinned, non_blocking in host_copies)
 
 
 def test_a_gathered_channels_last_batch_is_handed_over_without_a_copy(built_dataset):
