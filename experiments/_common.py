@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import statistics
 import threading
@@ -210,6 +211,7 @@ FONT_SIZES = {
     "figure.titlesize": 17,
 }
 FOOTNOTE_PX = 14
+FOOTNOTE_GID = "footnote"  # the footnote's texts, which layout() replaces
 
 
 def result_device_name(result: dict) -> str:
@@ -273,7 +275,7 @@ def legend_right(fig, axis, title: str | None = None) -> float:
 def save_figure(
     fig, name: str, result: dict, statistics: str = "medians, bars/bands: min-max", *, right: float = 1.0
 ) -> Path:
-    """Add the machine footnote (and what the marks show), check the text sizes, save
+    """Add the machine footnote (and what the marks show) with :func:`layout`, check the text sizes, save
     ``assets/<name>.png`` (``<name>_cuda.png`` for a GPU result) and close the figure. The panels take
     the width up to ``right`` (a share of it; the rest is for a :func:`legend_right`).
 
@@ -282,16 +284,7 @@ def save_figure(
     """
     import matplotlib.pyplot as plt
 
-    machine = result["machine"]
-    note = (
-        f"{machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}"
-        + (f" (CUDA {machine['cuda']})" if machine.get("cuda") else "")
-        + f"; torch {machine['torch']}; "
-        f"{machine['date'][:10]}; {statistics}"
-    )
-    fig.text(0.005, 0.005, note, fontsize=FOOTNOTE_PX, color="0.35")
-    height = fig.get_size_inches()[1] * 72
-    fig.tight_layout(rect=(0, (FOOTNOTE_PX + 6) / height, right, 1), pad=0.4, w_pad=1.2)
+    layout(fig, result, statistics, right=right)
     problems = small_texts(fig)
     if problems:
         plt.close(fig)
@@ -301,6 +294,46 @@ def save_figure(
     fig.savefig(path, dpi=72 * PIXEL_DENSITY)
     plt.close(fig)
     return path
+
+
+def layout(fig, result: dict, statistics: str, *, right: float = 1.0) -> None:
+    """Write the footnote at the foot of ``fig`` (the machine of ``result``, its date and ``statistics``)
+    and lay the panels out above it, up to ``right`` (a share of the width).
+
+    The footnote is wrapped to the figure's width at its commas and semicolons: one line where it fits, as
+    many as it needs on a machine with a long description; a piece wider than the figure on its own is cut
+    short with an ellipsis. Called again, it replaces the footnote it wrote.
+    """
+    for text in [text for text in fig.texts if text.get_gid() == FOOTNOTE_GID]:
+        text.remove()
+    machine = result["machine"]
+    note = (
+        f"{machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}"
+        + (f" (CUDA {machine['cuda']})" if machine.get("cuda") else "")
+        + f"; torch {machine['torch']}; {machine['date'][:10]}; {statistics}"
+    )
+    renderer = fig.canvas.get_renderer()
+    margin = 4  # canvas px from the figure's left, right and bottom edges
+    footnote = fig.text(
+        margin / fig.bbox.width, margin / fig.bbox.height, "", fontsize=FOOTNOTE_PX, color="0.35", va="bottom"
+    )
+    footnote.set_gid(FOOTNOTE_GID)
+
+    def fits(line: str) -> bool:
+        footnote.set_text(line)
+        return footnote.get_window_extent(renderer).width <= fig.bbox.width - 2 * margin
+
+    lines: list[str] = []
+    for piece in re.split(r"(?<=[,;]) ", note):
+        if lines and fits(f"{lines[-1]} {piece}"):
+            lines[-1] = f"{lines[-1]} {piece}"
+            continue
+        while len(piece) > 1 and not fits(piece):
+            piece = piece.removesuffix("…")[:-1] + "…"
+        lines.append(piece)
+    footnote.set_text("\n".join(lines))
+    bottom = (footnote.get_window_extent(renderer).y1 + margin) / fig.bbox.height
+    fig.tight_layout(rect=(0, bottom, right, 1), pad=0.4, w_pad=1.2)
 
 
 def plot_spread(

@@ -28,10 +28,10 @@ from torchvision.transforms import PILToTensor
 import gpuload
 
 from ._common import (
-    FOOTNOTE_PX,
     add_device_argument,
     device_name,
     figure,
+    layout,
     legend_right,
     median_spread,
     parse_sizes,
@@ -110,19 +110,18 @@ def plot(result: dict) -> None:
     right = legend_right(fig, axis)
     names = " and ".join(result["device_names"][device] for device in devices)
     axis.set_title(f"Shuffled batches of {result['images']} photos (page cache warm) to {names}", loc="left")
-    _fit_texts(fig, axis, right)
     epochs = "/".join(map(str, sorted({len(row["images_per_second"]["runs"]) for row in rows})))
     statistics = f"bars: medians of {epochs} timed epochs, whiskers: min-max"
+    _fit_texts(fig, axis, result, statistics, right)
     print(f"wrote {save_figure(fig, 'memmap_vs_folder', result, statistics=statistics, right=right)}")
 
 
-def _fit_texts(fig, axis, right: float) -> None:
+def _fit_texts(fig, axis, result: dict, statistics: str, right: float) -> None:
     """Raise the top of ``axis``'s log y axis until the texts on it (the rates) end inside it, in the
     layout that :func:`save_figure` gives the figure (its footnote below, panels up to ``right``)."""
     renderer = fig.canvas.get_renderer()
     for _ in range(20):
-        height = fig.get_size_inches()[1] * 72
-        fig.tight_layout(rect=(0, (FOOTNOTE_PX + 6) / height, right, 1), pad=0.4, w_pad=1.2)
+        layout(fig, result, statistics, right=right)
         box = axis.get_window_extent(renderer)
         over = max(text.get_window_extent(renderer).y1 for text in axis.texts) - box.y1
         if over <= -6:

@@ -1,0 +1,91 @@
+"""The experiments' harness (experiments/_common.py) and the measurements of single experiments."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments import _common
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# What a cloud GPU machine writes in the footer: longer than any figure is wide.
+LONG_MACHINE = {
+    "cpu": "Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.00GHz with a model name longer than any plot is wide, "
+    "as a hypervisor may report it",
+    "cores": 16,
+    "gpu": "NVIDIA H100 80GB HBM3",
+    "cuda": "13.0",
+    "torch": "2.11.0+cu130",
+    "date": "2026-11-26T10:00:00+00:00",
+}
+
+
+def _committed(name: str) -> dict:
+    return json.loads((ROOT / "assets" / "results" / f"{name}.json").read_text())
+
+
+def _inside(fig) -> None:
+    """The footnote of a saved (closed) figure ends inside it and below every panel."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()  # closing the figure took its canvas
+    footnote = [text.get_window_extent(renderer) for text in fig.texts if text.get_gid() == "footnote"]
+    assert footnote
+    for box in footnote:
+        assert 0 <= box.x0 and box.x1 <= fig.bbox.x1 and 0 <= box.y0
+    top = max(box.y1 for box in footnote)
+    for axis in fig.axes:
+        assert axis.get_tightbbox(renderer).y0 >= top, "a panel's labels run into the footnote"
+
+
+class TestSaveFigure:
+    @pytest.mark.parametrize("statistics", ["medians", "bars: medians of 3 timed epochs, whiskers: min-max " * 3])
+    def test_a_long_machine_description_is_wrapped_inside_the_figure(self, tmp_path, monkeypatch, statistics):
+        monkeypatch.setattr(_common, "ASSETS", tmp_path)
+        fig, axes = _common.figure()
+        axes[0][0].plot([1, 2], [1, 2])
+        axes[0][0].set_xlabel("batch size (images)")
+        path = _common.save_figure(fig, "long", {"machine": LONG_MACHINE}, statistics)
+        assert path == tmp_path / "long.png" and path.is_file()
+        _inside(fig)
+        lines = [line for text in fig.texts if text.get_gid() == "footnote" for line in text.get_text().split("\n")]
+        assert lines[0].startswith("Intel(R) Xeon(R) Platinum 8480+") and len(lines) >= 2
+        assert all(text.get_fontsize() >= _common.MIN_FONT_PX for text in fig.texts)
+        note = " ".join(lines)
+        assert "GPU: NVIDIA H100 80GB HBM3 (CUDA 13.0)" in note and "torch 2.11.0+cu130" in note
+        assert "2026-11-26" in note
+
+    def test_a_short_machine_keeps_one_line(self, tmp_path, monkeypatch):
+        monkeypatch.setattr(_common, "ASSETS", tmp_path)
+        fig, _ = _common.figure()
+        result = _committed("transfer_order")
+        _common.save_figure(fig, "short", result, "medians")
+        (footnote,) = [text for text in fig.texts if text.get_gid() == "footnote"]
+        assert footnote.get_text() == (
+            f"{result['machine']['cpu']}, 2 cores, GPU: none; torch {result['machine']['torch']}; "
+            f"{result['machine']['date'][:10]}; medians"
+        )
+
+    def test_a_word_wider_than_the_figure_is_cut_short(self, tmp_path, monkeypatch):
+        monkeypatch.setattr(_common, "ASSETS", tmp_path)
+        fig, _ = _common.figure(size=(400, 300))
+        machine = LONG_MACHINE | {"cpu": "X" * 200}
+        _common.save_figure(fig, "cut", {"machine": machine}, "medians")
+        _inside(fig)
+        (footnote,) = [text for text in fig.texts if text.get_gid() == "footnote"]
+        assert footnote.get_text().split("\n")[0].endswith("…")
+
+    @pytest.mark.parametrize("experiment", ["memmap_vs_folder", "train_augment", "transfer_order"])
+    def test_a_committed_result_from_a_long_named_machine_is_drawn(self, experiment, tmp_path, monkeypatch):
+        """memmap_vs_folder failed on an Intel Xeon VM: its footnote was wider than the figure."""
+        import importlib
+
+        module = importlib.import_module(f"experiments.{experiment}")
+        result = _committed(experiment)
+        result["machine"] = result["machine"] | LONG_MACHINE
+        monkeypatch.setattr(_common, "ASSETS", tmp_path)
+        module.plot(result)
+        assert (tmp_path / f"{experiment}.png").is_file()
