@@ -13,7 +13,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 import gpuload.loading.crop
-from gpuload import DataLoader, MemmapImageDataset, UsageError, build_memmap, verify_memmap
+from gpuload import DataLoader, DatasetError, MemmapImageDataset, UsageError, build_memmap, verify_memmap
 from gpuload.loading.crop import (
     CenterCropDecode,
     RandomResizedCropDecode,
@@ -285,26 +285,43 @@ class TestCenterCropDecode:
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
+def gpu_decoded(dataset, index: int) -> torch.Tensor:
+    """Image ``index`` as the GPU decode path decodes it (nvJPEG through TorchCodec), back on the CPU."""
+    from torchcodec.decoders import decode_jpeg
+
+    return decode_jpeg(dataset.read_jpeg(index), mode="RGB", device="cuda").cpu()
+
+
+def mean_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().mean())
+
+
 @pytest.mark.parametrize("device", DEVICES)
 class TestDecodeBatch:
     """The GPU decode path (nvJPEG on CUDA), and its CPU fallback, which runs the same batched crop."""
 
-    def test_random_crops_match_torchvision(self, varied_jpegs, device):
+    def test_random_crops_match_torchvision_on_the_same_decoded_pixels(self, varied_jpegs, device):
+        """The crop's arithmetic alone (float16 matrix products on CUDA): against torchvision's crop of
+        the pixels this device's decoder gives (nvJPEG's on CUDA); the decoders are compared below."""
         decode = RandomResizedCropDecode(40, gpu=True)
         indices = torch.arange(12)
         out = decode_batch(varied_jpegs, indices, decode, seed=3, epoch=0, device=torch.device(device)).cpu()
         boxes, flips = decode.draw(varied_jpegs.data.shapes, indices, seed=3, epoch=0)
         for index, (sample, box, flip) in enumerate(zip(out, boxes.int().tolist(), flips.tolist())):
-            reference = F.resized_crop(varied_jpegs[index][0], *box, [40, 40], antialias=True)
-            assert float((sample.float() - (reference.flip(-1) if flip else reference).float()).abs().mean()) <= 0.6
+            image = gpu_decoded(varied_jpegs, index) if device == "cuda" else varied_jpegs[index][0]
+            reference = F.resized_crop(image, *box, [40, 40], antialias=True)
+            difference = mean_difference(sample, reference.flip(-1) if flip else reference)
+            assert difference <= 0.6, f"image {index}: mean difference {difference:.3f}"
 
-    def test_evaluation_matches_torchvision(self, varied_jpegs, device):
+    def test_evaluation_matches_torchvision_on_the_same_decoded_pixels(self, varied_jpegs, device):
         decode = CenterCropDecode(64, gpu=True)
         out = decode_batch(varied_jpegs, torch.arange(12), decode, seed=0, epoch=0, device=torch.device(device)).cpu()
         side = round(64 / (224 / 256))
         for index, sample in enumerate(out):
-            reference = v2.CenterCrop(64)(v2.Resize(side, antialias=True)(varied_jpegs[index][0]))
-            assert float((sample.float() - reference.float()).abs().mean()) <= 0.6
+            image = gpu_decoded(varied_jpegs, index) if device == "cuda" else varied_jpegs[index][0]
+            reference = v2.CenterCrop(64)(v2.Resize(side, antialias=True)(image))
+            difference = mean_difference(sample, reference)
+            assert difference <= 0.6, f"image {index}: mean difference {difference:.3f}"
 
     def test_the_batch_is_channels_last_in_the_batchs_order(self, varied_jpegs, device):
         decode = CenterCropDecode(32)
@@ -315,35 +332,98 @@ class TestDecodeBatch:
             alone = decode_batch(
                 varied_jpegs, torch.tensor([index]), decode, seed=0, epoch=0, device=torch.device(device)
             )
-            assert torch.equal(out[row], alone[0])
+            # In a batch an image is padded to its chunk's largest: the matrix products change shape, and
+            # their sums may round to the other side of a half (cuBLAS in float16 most of all).
+            assert_nearly_equal(out[row], alone[0])
 
-    def test_memory_is_bounded_by_sizes_and_chunks_not_padded_to_the_largest(self, varied_jpegs, device, monkeypatch):
-        """One float tensor per chunk of images of one size, at most the budget (a single image may pass
-        it): never a batch padded to its tallest and widest image."""
-        sizes = []
-        real = gpuload.loading.crop.resample
+    def test_memory_is_bounded_by_the_budgets_whatever_the_sizes(self, varied_jpegs, device, monkeypatch):
+        """Each nvJPEG call holds at most its budget of decoded pixels, each resampling chunk its budget
+        of padded float pixels (a single image may pass either): never a batch padded to its tallest
+        and widest image."""
+        chunks, calls = [], []
+        real_resample, real_decoder = gpuload.loading.crop.resample, gpuload.loading.crop._batch_decoder
 
         def resample(pixels, weights_y, weights_x):
-            sizes.append((tuple(pixels.shape), pixels.numel() * pixels.element_size()))
-            return real(pixels, weights_y, weights_x)
+            chunks.append((tuple(pixels.shape), pixels.numel() * pixels.element_size()))
+            return real_resample(pixels, weights_y, weights_x)
+
+        def batch_decoder(device):
+            decoder = real_decoder(device)
+            return lambda blobs, names: (
+                calls.append(sum(image.numel() for image in decoder(blobs, names))) or decoder(blobs, names)
+            )
 
         monkeypatch.setattr(gpuload.loading.crop, "resample", resample)
-        decode = RandomResizedCropDecode(24)
-        indices = torch.arange(12)
-        budget = 3 * 480 * 640 * 4  # one 640x480 image in float32
+        monkeypatch.setattr(gpuload.loading.crop, "_batch_decoder", batch_decoder)
+        decode, indices = RandomResizedCropDecode(24), torch.arange(12)
+        itemsize = 2 if device == "cuda" else 4  # float16 on CUDA
+        chunk_budget, decode_budget = 3 * 480 * 640 * itemsize, 3 * 480 * 640 * 2
         out = decode_batch(
-            varied_jpegs, indices, decode, seed=1, epoch=0, device=torch.device(device), chunk_bytes=budget
+            varied_jpegs, indices, decode, seed=1, epoch=0, device=torch.device(device),
+            decode_bytes=decode_budget, chunk_bytes=chunk_budget,
+        )  # fmt: skip
+        sizes = varied_jpegs.data.shapes.tolist()
+        largest = max(3 * height * width for height, width in sizes)
+        assert len(calls) > 1 and all(held <= max(decode_budget, largest) for held in calls)
+        assert len(chunks) > 1 and all(held <= max(chunk_budget, largest * itemsize) for _, held in chunks)
+        assert sum(shape[0] for shape, _ in chunks) == 12
+        calls.clear()
+        whole = decode_batch(varied_jpegs, indices, decode, seed=1, epoch=0, device=torch.device(device))
+        assert len(calls) == 1  # the whole batch in one decoder call
+        assert_nearly_equal(out, whole)  # the budgets change nothing but memory (and the products' shapes)
+
+    def test_a_decoder_that_refuses_an_image_has_it_decoded_on_the_cpu_with_a_warning(
+        self, varied_jpegs, device, monkeypatch
+    ):
+        refused = varied_jpegs.read_jpeg(4)
+        real_decoder = gpuload.loading.crop._batch_decoder
+
+        def batch_decoder(device):
+            decoder = real_decoder(device)
+
+            def refusing(blobs, names):
+                if any(blob == refused for blob in blobs):
+                    raise RuntimeError("nvjpegDecode failed: unknown chroma subsampling\nmore lines")
+                return decoder(blobs, names)
+
+            return refusing
+
+        expected = decode_batch(varied_jpegs, torch.arange(12), CenterCropDecode(32), seed=0, epoch=0,
+                                device=torch.device(device))  # fmt: skip
+        monkeypatch.setattr(gpuload.loading.crop, "_batch_decoder", batch_decoder)
+        with pytest.warns(RuntimeWarning) as warned:
+            out = decode_batch(varied_jpegs, torch.arange(12), CenterCropDecode(32), seed=0, epoch=0,
+                               device=torch.device(device))  # fmt: skip
+        assert [str(warning.message) for warning in warned] == [
+            f"the GPU decoder refused {varied_jpegs.describe(4)} (nvjpegDecode failed: unknown chroma subsampling); "
+            "decoded by libjpeg-turbo on the CPU instead"
+        ]
+        assert_nearly_equal(out[:, :, :, :], expected, most=0.9 if device == "cuda" else 0.99)
+
+    def test_a_decode_of_another_size_than_recorded_is_an_error_not_a_transposed_image(
+        self, varied_jpegs, device, monkeypatch
+    ):
+        """TorchCodec applies an EXIF orientation, libjpeg-turbo does not: a disagreement is reported."""
+        real_decoder = gpuload.loading.crop._batch_decoder
+        monkeypatch.setattr(
+            gpuload.loading.crop,
+            "_batch_decoder",
+            lambda device: lambda blobs, names: [image.transpose(1, 2) for image in real_decoder(device)(blobs, names)],
         )
-        images = {tuple(shape) for shape in varied_jpegs.data.shapes.tolist()}
-        assert {shape[2:] for shape, _ in sizes} == images  # each chunk one size of the batch, none padded
-        itemsize = 2 if device == "cuda" else 4
-        largest = max(3 * height * width * itemsize for height, width in images)
-        assert all(nbytes <= max(budget, largest) for _, nbytes in sizes)
-        assert sum(shape[0] for shape, _ in sizes) == 12 and len(sizes) > len(images)  # the budget split a size
-        whole = decode_batch(
-            varied_jpegs, indices, decode, seed=1, epoch=0, device=torch.device(device), chunk_bytes=2**40
-        )
-        assert torch.equal(out, whole)  # chunking changes nothing but memory
+        with pytest.raises(DatasetError, match=r"image 0 .*decodes to 640x480 where its recorded size is 480x640"):
+            decode_batch(varied_jpegs, torch.tensor([0]), CenterCropDecode(32), seed=0, epoch=0,
+                         device=torch.device(device))  # fmt: skip
+
+    def test_autocast_to_bfloat16_does_not_reach_the_resampler(self, varied_jpegs, device):
+        """bfloat16 holds whole numbers only up to 256 and its products are off by several grey levels:
+        a training loop's autocast must not change the crops."""
+        decode = RandomResizedCropDecode(40)
+        plain = decode_batch(varied_jpegs, torch.arange(12), decode, seed=3, epoch=0, device=torch.device(device))
+        with torch.autocast(device, dtype=torch.bfloat16):
+            autocast = decode_batch(
+                varied_jpegs, torch.arange(12), decode, seed=3, epoch=0, device=torch.device(device)
+            )
+        assert torch.equal(plain, autocast)
 
     def test_the_loader_serves_them_on_cuda_and_refuses_them_elsewhere(self, varied_jpegs, device):
         def loader():
@@ -358,6 +438,13 @@ class TestDecodeBatch:
         assert shapes[0] == ((5, 3, 24, 24), device, device) and len(shapes) == 3
 
 
+def assert_nearly_equal(a: torch.Tensor, b: torch.Tensor, most: float = 0.99) -> None:
+    """uint8 pixels at most 1 apart, and at least a share ``most`` of them equal."""
+    difference = (a.int() - b.int()).abs()
+    equal = float((difference == 0).float().mean())
+    assert int(difference.max()) <= 1 and equal >= most, f"max difference {int(difference.max())}, {equal:.2%} equal"
+
+
 @pytest.mark.cuda
 class TestGpuDecodeOnCuda:
     """What only a GPU shows: nvJPEG through TorchCodec, in the loader's threads, on their streams."""
@@ -365,6 +452,12 @@ class TestGpuDecodeOnCuda:
     @pytest.fixture(autouse=True)
     def torchcodec(self):
         pytest.importorskip("torchcodec.decoders", reason="pip install 'gpuload[cuda]'")
+
+    def test_nvjpeg_decodes_as_libjpeg_turbo_does_within_a_bound(self, varied_jpegs):
+        """nvJPEG's IDCT and chroma upsampling are not libjpeg-turbo's: the decoders' own difference,
+        apart from the crop's arithmetic (tested above on nvJPEG's own pixels)."""
+        differences = [mean_difference(gpu_decoded(varied_jpegs, i), varied_jpegs[i][0]) for i in range(12)]
+        assert max(differences) <= 1.5, f"mean differences per image: {[round(d, 3) for d in differences]}"
 
     def test_batches_through_the_loader_match_the_cpu_decode_of_the_same_draws(self, varied_jpegs):
         decode = RandomResizedCropDecode(32, gpu=True)
@@ -376,7 +469,8 @@ class TestGpuDecodeOnCuda:
             varied_jpegs, order[: len(served)], decode, seed=1, epoch=0, device=torch.device("cpu")
         )
         assert served.shape == reference.shape
-        assert float((served.float() - reference.float()).abs().mean()) <= 0.6  # nvJPEG's IDCT, float16
+        difference = mean_difference(served, reference)
+        assert difference <= 1.5, f"mean difference {difference:.3f}"  # nvJPEG's decode, float16: see above
 
     def test_the_ring_holds_pinned_labels_only(self, varied_jpegs):
         loader = DataLoader(varied_jpegs, batch_size=4, device="cuda", decode=CenterCropDecode(32, gpu=True))
@@ -385,9 +479,25 @@ class TestGpuDecodeOnCuda:
         next(iterator)
         assert all(slot.images is None and slot.labels.is_pinned() for slot in ring.slots)
 
-    def test_no_host_synchronisation_of_ours_in_the_batch_path(self, varied_jpegs):
-        """The draws are made on the CPU from the recorded sizes and sent once, pinned and non-blocking
-        (TorchCodec synchronises its own stream inside its op, which this mode does not see)."""
+    def test_no_host_synchronisation_of_ours_in_the_batch_path(self, varied_jpegs, monkeypatch):
+        """The draws are made on the CPU from the recorded sizes and sent once, pinned and non-blocking.
+        TorchCodec synchronises its own stream inside its op (0.17: before and after nvJPEG's batched
+        call), which this mode does not see; the decoder is called outside the debug mode here."""
+        real_decoder = gpuload.loading.crop._batch_decoder
+
+        def batch_decoder(device):
+            decoder = real_decoder(device)
+
+            def unwatched(blobs, names):
+                torch.cuda.set_sync_debug_mode(0)
+                try:
+                    return decoder(blobs, names)
+                finally:
+                    torch.cuda.set_sync_debug_mode("error")
+
+            return unwatched
+
+        monkeypatch.setattr(gpuload.loading.crop, "_batch_decoder", batch_decoder)
         decode = RandomResizedCropDecode(32, gpu=True)
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
@@ -419,13 +529,28 @@ def test_a_raw_crop_with_a_degenerate_ratio_range_serves_one_pixel_boxes(built_d
 class TestChunks:
     @settings(max_examples=100, deadline=None)
     @given(
-        sizes=st.lists(st.sampled_from([(2, 3), (5, 5), (40, 30), (7, 1)]), min_size=1, max_size=30),
+        sizes=st.lists(st.sampled_from([(2, 3), (5, 5), (40, 30), (7, 1), (40, 31)]), min_size=1, max_size=30),
         budget=st.integers(1, 20_000),
     )
-    def test_runs_of_one_size_within_the_budget_covering_every_image(self, sizes, budget):
+    def test_resampling_chunks_padded_within_the_budget_cover_every_image(self, sizes, budget):
         sizes = sorted(sizes)
         chunks = gpuload.loading.crop._chunks(sizes, budget, 2)
         assert [start for start, _ in chunks] == [0, *[end for _, end in chunks[:-1]]] and chunks[-1][1] == len(sizes)
         for start, end in chunks:
-            assert len(set(sizes[start:end])) == 1
-            assert end - start == 1 or (end - start) * 3 * sizes[start][0] * sizes[start][1] * 2 <= budget
+            height, width = max(h for h, _ in sizes[start:end]), max(w for _, w in sizes[start:end])
+            padded = (end - start) * height * width
+            own = sum(h * w for h, w in sizes[start:end])
+            assert end - start == 1 or (padded * 3 * 2 <= budget and padded <= 2 * own)
+
+    @settings(max_examples=100, deadline=None)
+    @given(
+        sizes=st.lists(st.sampled_from([(2, 3), (5, 5), (40, 30), (7, 1)]), min_size=1, max_size=30),
+        budget=st.integers(1, 20_000),
+    )
+    def test_decoder_calls_within_the_budget_cover_every_image(self, sizes, budget):
+        calls = gpuload.loading.crop._decode_calls(sizes, budget)
+        assert [start for start, _ in calls] == [0, *[end for _, end in calls[:-1]]] and calls[-1][1] == len(sizes)
+        for start, end in calls:
+            held = sum(3 * h * w for h, w in sizes[start:end])
+            assert end - start == 1 or held <= budget
+            assert end == len(sizes) or held + 3 * sizes[end][0] * sizes[end][1] > budget  # as many as fit

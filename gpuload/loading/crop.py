@@ -25,6 +25,7 @@ replays it exactly. Their distribution is torchvision's ``RandomResizedCrop`` (t
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -412,11 +413,14 @@ def crop_remote_raw(
         blobs[row] = None
 
 
-# The float working set of one resampling step of decode_batch: the images of a chunk (same size)
-# in the compute dtype, at most this many bytes. A single image may exceed it: with Pillow's default
-# pixel limit (89.5 MP) one image is at most about 540 MB in float16; a build with --max-pixels 0 can
-# store larger ones, for which --max-side bounds what the GPU decode holds.
+# What one step of decode_batch holds on the device: the decoded uint8 pixels of one nvJPEG call, and
+# the float pixels of one resampling chunk (its images padded to the chunk's largest height and width,
+# in the compute dtype). A single image may exceed either: with Pillow's default pixel limit (89.5 MP)
+# one image is at most about 540 MB in float16; a build with --max-pixels 0 can store larger ones, for
+# which --max-side bounds what the GPU decode holds.
+GPU_DECODE_BYTES = 256 * 2**20
 GPU_CHUNK_BYTES = 512 * 2**20
+_PAD_WASTE = 2.0  # a chunk's padded pixels at most this many times its images' own
 _PARAMS = 10  # per sample: start, step, low, high (rows), the same (columns), flip, its batch row
 
 
@@ -428,20 +432,28 @@ def decode_batch(
     seed: int,
     epoch: int,
     device: torch.device,
+    decode_bytes: int = GPU_DECODE_BYTES,
     chunk_bytes: int = GPU_CHUNK_BYTES,
 ) -> torch.Tensor:
     """A batch of a jpeg dataset decoded on ``device`` and cropped there: uint8 ``[B, 3, S, S]``,
     channels-last, queued on the current stream.
 
     The calling thread reads (and checks) the bytes and draws every box and flip from the recorded
-    sizes; the resampling parameters go to the device in one pinned, non-blocking copy. The images are
-    taken by size (one size at a time, sorted by height and width), in chunks of at most
-    ``chunk_bytes`` of float pixels, so memory stays bounded whatever the sizes: on CUDA, TorchCodec
-    decodes each chunk in one nvJPEG call (``pip install 'gpuload[cuda]'``, TorchCodec 0.16 or newer;
-    it synchronises its own stream before returning); on the CPU, libjpeg-turbo decodes each image.
-    Each chunk is resampled by two batched matrix products with per-sample interpolation matrices
-    (built in float32, applied in float16 on CUDA, the resampler of :class:`gpuload.RandomResizedCrop`)
-    and written into the batch, whose rows are put back in the batch's order by one gather.
+    sizes; the resampling parameters go to the device in one pinned, non-blocking copy. The images,
+    sorted by height and width, are decoded in as few calls as ``decode_bytes`` of uint8 pixels allow
+    (the whole batch in one, usually): on CUDA one nvJPEG call through TorchCodec
+    (``pip install 'gpuload[cuda]'``, TorchCodec 0.17 or newer, which synchronises its stream around
+    the call), an image nvJPEG refuses decoded by libjpeg-turbo instead and uploaded (with a warning
+    naming it); on the CPU libjpeg-turbo decodes each image. Each call's images are then resampled in
+    chunks of similar sizes, padded to the chunk's largest (at most ``chunk_bytes`` of float pixels
+    and twice the images' own), by two batched matrix products with per-sample interpolation
+    matrices (built in float32, applied in float16 on CUDA, autocast off: the resampler of
+    :class:`gpuload.RandomResizedCrop`), written into the batch, whose rows are put back in the
+    batch's order by one gather. Memory stays bounded whatever the sizes.
+
+    Raises:
+        DatasetError: an image's bytes fail their checksum, its header or its decode disagree with its
+            recorded size, or no decoder reads it.
 
     Example:
         >>> import tempfile
@@ -459,53 +471,119 @@ def decode_batch(
     for blob, shape, name in zip(blobs, shapes.tolist(), names):
         _check_header(blob, shape, name)  # before sizing anything by shapes
     order = sorted(range(len(blobs)), key=lambda row: (*shapes[row].tolist(), row))  # by size, stable
+    sizes = [tuple(shapes[row].tolist()) for row in order]
     params = _resample_params(decode, shapes, indices, seed, epoch)[order]
     params[:, 9] = torch.tensor(order, dtype=torch.float32)  # where each sorted row goes in the batch
     on_device = params.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else params
     compute = torch.float16 if device.type == "cuda" else torch.float32
     (out_height, out_width), count = decode.size, len(blobs)
     made = torch.empty((count, out_height, out_width, 3), dtype=torch.uint8, device=device)  # sorted rows
-    for start, end in _chunks([tuple(shapes[row].tolist()) for row in order], chunk_bytes, compute.itemsize):
-        height, width = shapes[order[start]].tolist()
-        rows = order[start:end]
-        images = _decode_all([blobs[row] for row in rows], [names[row] for row in rows], device)
-        pixels = torch.stack(images).to(compute)  # [n, 3, H, W]
-        chunk = on_device[start:end]
-        weights_y = interpolation_weights(*chunk[:, 0:4].unbind(1), out_height, height)
-        weights_x = interpolation_weights(*chunk[:, 4:8].unbind(1), out_width, width)
-        weights_x = torch.where(chunk[:, 8, None, None] > 0.5, weights_x.flip(1), weights_x)
-        resampled = resample(pixels, weights_y.to(compute), weights_x.to(compute))
-        made[start:end].copy_(resampled.round_().clamp_(0, 255).permute(0, 2, 3, 1))  # cast, channels-last
+    decoder = _batch_decoder(device)
+    for first, last in _decode_calls(sizes, decode_bytes):
+        rows = order[first:last]
+        images = _decode_with_fallback(decoder, [blobs[row] for row in rows], [names[row] for row in rows], device)
+        for image, size, row in zip(images, sizes[first:last], rows):
+            _check_size(image.shape[1:], size, list(size), names[row])  # shapes on the host: no sync
+        for start, end in _chunks(sizes[first:last], chunk_bytes, compute.itemsize):
+            height = sizes[first + end - 1][0]  # sorted: the chunk's tallest is its last
+            width = max(size[1] for size in sizes[first + start : first + end])
+            pixels = torch.zeros((end - start, 3, height, width), dtype=compute, device=device)
+            for padded, image in zip(pixels, images[start:end]):
+                padded[:, : image.shape[1], : image.shape[2]].copy_(image)  # the cast in the copy
+            chunk = on_device[first + start : first + end]
+            weights_y = interpolation_weights(*chunk[:, 0:4].unbind(1), out_height, height)
+            weights_x = interpolation_weights(*chunk[:, 4:8].unbind(1), out_width, width)
+            weights_x = torch.where(chunk[:, 8, None, None] > 0.5, weights_x.flip(1), weights_x)
+            resampled = resample(pixels, weights_y.to(compute), weights_x.to(compute))
+            made[first + start : first + end].copy_(resampled.round_().clamp_(0, 255).permute(0, 2, 3, 1))
+        del images
     batch = torch.empty_like(made)
     batch.index_copy_(0, on_device[:, 9].long(), made)  # back in the batch's order
     return batch.permute(0, 3, 1, 2)
 
 
+def _decode_calls(sizes: list[tuple[int, int]], budget: int) -> list[tuple[int, int]]:
+    """``(start, end)`` of the decoder calls over ``sizes``: as many images a call as fit in ``budget``
+    bytes of uint8 ``3 x H x W`` pixels (a call holds at least one image).
+
+    Example:
+        >>> _decode_calls([(2, 2), (2, 2), (4, 4)], budget=60)
+        [(0, 2), (2, 3)]
+    """
+    calls, start, held = [], 0, 0
+    for end, (height, width) in enumerate(sizes):
+        if end > start and held + 3 * height * width > budget:
+            calls.append((start, end))
+            start, held = end, 0
+        held += 3 * height * width
+    return calls + [(start, len(sizes))] if sizes else calls
+
+
 def _chunks(sizes: list[tuple[int, int]], budget: int, itemsize: int) -> list[tuple[int, int]]:
-    """``(start, end)`` of runs of equal sizes (``sizes`` sorted), each at most ``budget`` bytes of
-    ``3 x H x W`` pixels of ``itemsize`` bytes (a run holds at least one image).
+    """``(start, end)`` of the resampling chunks over ``sizes`` (sorted by height, then width): each
+    chunk's images padded to its tallest and widest take at most ``budget`` bytes of ``3 x H x W``
+    pixels of ``itemsize`` bytes, and at most ``_PAD_WASTE`` times the images' own pixels (a chunk
+    holds at least one image).
 
     Example:
         >>> _chunks([(2, 2), (2, 2), (2, 2), (4, 4)], budget=48, itemsize=2)
         [(0, 2), (2, 3), (3, 4)]
     """
-    chunks, start = [], 0
-    for end in range(1, len(sizes) + 1):
-        full = (end - start + 1) * 3 * sizes[start][0] * sizes[start][1] * itemsize > budget
-        if end == len(sizes) or sizes[end] != sizes[start] or full:
+    chunks, start, widest, own = [], 0, 0, 0
+    for end, (height, width) in enumerate(sizes):
+        padded = (end - start + 1) * height * max(widest, width)
+        if end > start and (3 * padded * itemsize > budget or padded > _PAD_WASTE * (own + height * width)):
             chunks.append((start, end))
-            start = end
-    return chunks
+            start, widest, own = end, 0, 0
+        widest, own = max(widest, width), own + height * width
+    return chunks + [(start, len(sizes))] if sizes else chunks
 
 
-def _decode_all(blobs: list[bytes], names: list[Callable[[], str]], device: torch.device) -> list[torch.Tensor]:
-    """The images of ``blobs`` decoded on ``device``: ``[3, H, W]`` uint8 each. On CUDA, one nvJPEG call
-    through TorchCodec (its presence was checked when the loader was made); elsewhere, libjpeg-turbo."""
+_Decoder = Callable[[list[bytes], list[Callable[[], str]]], list[torch.Tensor]]
+
+
+def _batch_decoder(device: torch.device) -> _Decoder:
+    """The decoder of a list of JPEGs (and their names, for errors) on ``device``: ``[3, H, W]`` uint8
+    each, RGB. On CUDA, nvJPEG through TorchCodec, one call for the list (its presence was checked when
+    the loader was made); elsewhere, libjpeg-turbo one image at a time."""
     if device.type == "cuda":
         from torchcodec.decoders import decode_jpeg
 
-        return decode_jpeg(blobs, mode="RGB", device=device)  # grayscale JPEGs (stored as they are) too
-    return [torch.from_numpy(decode_jpeg_bytes(blob, name)).permute(2, 0, 1) for blob, name in zip(blobs, names)]
+        # RGB: grayscale JPEGs (stored as they are) too
+        return lambda blobs, names: decode_jpeg(blobs, mode="RGB", device=device)
+    return lambda blobs, names: [
+        torch.from_numpy(decode_jpeg_bytes(blob, name)).permute(2, 0, 1) for blob, name in zip(blobs, names)
+    ]
+
+
+def _decode_with_fallback(
+    decoder: _Decoder, blobs: list[bytes], names: list[Callable[[], str]], device: torch.device
+) -> list[torch.Tensor]:
+    """``decoder`` on all of ``blobs``; where it refuses them, on each alone, and an image it refuses
+    (a JPEG nvJPEG does not support: an unusual chroma subsampling...) decoded by libjpeg-turbo and
+    copied to ``device``, with a warning that names it.
+
+    Raises:
+        DatasetError: libjpeg-turbo does not decode a refused image either (named).
+    """
+    try:
+        return decoder(blobs, names)
+    except RuntimeError:
+        pass  # which image? each alone
+    images = []
+    for blob, name in zip(blobs, names):
+        try:
+            images += decoder([blob], [name])
+        except RuntimeError as error:
+            pixels = torch.from_numpy(decode_jpeg_bytes(blob, name)).permute(2, 0, 1)
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            warnings.warn(
+                f"the GPU decoder refused {name()} ({reason}); decoded by libjpeg-turbo on the CPU instead",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            images.append(pixels.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else pixels)
+    return images
 
 
 def _resample_params(
