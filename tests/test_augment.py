@@ -338,6 +338,18 @@ class TestBadInput:
             RandomResizedCrop(4, saturation=0.5)(images)
 
 
+def test_the_resampler_keeps_its_dtype_under_autocast():
+    """A training loop's torch.autocast(dtype=torch.bfloat16) would run the matrix products in bfloat16."""
+    pixels = photo_tensor()[None].float()
+    one = torch.ones(1)
+    weights_y = interpolation_weights(0 * one, 480 / 96 * one, 0 * one, 480 * one, 96, 480)
+    weights_x = interpolation_weights(0 * one, 640 / 128 * one, 0 * one, 640 * one, 128, 640)
+    plain = resample(pixels, weights_y, weights_x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = resample(pixels, weights_y, weights_x)
+    assert autocast.dtype == torch.float32 and torch.equal(plain, autocast)
+
+
 @pytest.mark.cuda
 class TestCuda:
     def test_half_precision_matches_torchvision_and_draws_on_the_device_without_a_sync(self):
@@ -355,6 +367,14 @@ class TestCuda:
         boxes = resized_crop_params(64, 480, 640, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
         for sample, box in zip(out.cpu(), boxes.int().tolist()):
             assert mad(sample, F.resized_crop(image, *box, [224, 224], antialias=True)) <= 0.6
+
+    def test_autocast_to_bfloat16_changes_nothing(self):
+        augment = RandomResizedCrop(224, flip=True).cuda()
+        images = photo_tensor()[None].repeat(16, 1, 1, 1).cuda()
+        plain = augment(images, generator=torch.Generator("cuda").manual_seed(0))
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            autocast = augment(images, generator=torch.Generator("cuda").manual_seed(0))
+        assert torch.equal(plain, autocast)
 
     def test_cuda_graphs(self):
         augment = RandomResizedCrop(64, flip=True, brightness=0.3, dtype=torch.float16).cuda()

@@ -380,7 +380,17 @@ def resample(pixels: torch.Tensor, weights_y: torch.Tensor, weights_x: torch.Ten
     W*C]`` first, then the smaller intermediate is reordered once for ``[B, C*S_y, W] @ [B, W, S_x]``.
     Other input: ``[B, C*H, W] @ [B, W, S_x]``, then ``[B, S_y, H] @ [B, H, C*S_x]``. The result's
     strides differ between the two; the caller writes the output layout it wants.
+
+    The products run in the dtype they are given, also inside a training loop's ``torch.autocast``
+    (bfloat16, say, would turn the pixels' whole numbers above 256 and the products into other grey levels).
     """
+    if torch.is_autocast_enabled(pixels.device.type):  # no context otherwise: export and tracing stay plain
+        with torch.autocast(pixels.device.type, enabled=False):
+            return _resample(pixels, weights_y, weights_x)
+    return _resample(pixels, weights_y, weights_x)
+
+
+def _resample(pixels: torch.Tensor, weights_y: torch.Tensor, weights_x: torch.Tensor) -> torch.Tensor:
     batch, channels, height, width = pixels.shape
     if channels > 1 and pixels.is_contiguous(memory_format=torch.channels_last):
         rows = torch.bmm(weights_y, pixels.permute(0, 2, 3, 1).reshape(batch, height, width * channels))
