@@ -101,10 +101,13 @@ def test_cuda_in_a_worker_process_is_refused(monkeypatch):
 @pytest.mark.cuda
 def test_cuda_batches_are_pinned_non_blocking_channels_last_copies(built_dataset, host_copies):
     dataset = MemmapImageDataset(built_dataset)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=8, shuffle=True, collate_fn=Collate("cuda"))
-    for images, labels in loader:
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0)).tolist()
+    loader = torch.utils.data.DataLoader(dataset, batch_size=8, sampler=order, collate_fn=Collate("cuda"))
+    for number, (images, labels) in enumerate(loader):
+        indices = order[number * 8 : (number + 1) * 8]
         assert images.is_cuda and labels.is_cuda and images.is_contiguous(memory_format=torch.channels_last)
-        assert torch.equal(images.cpu(), dataset.data.images[labels.cpu()])
+        assert torch.equal(images.cpu(), dataset.data.images[indices])
+        assert labels.tolist() == [dataset.targets[index] for index in indices]
     assert host_copies and all(pinned and non_blocking for pinned, non_blocking in host_copies)
 
 
