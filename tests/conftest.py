@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -40,7 +41,13 @@ def pytest_collection_modifyitems(config, items):
 # The deletion check of the stream protocol (experiments/gpu_check.py, and a `cuda` test): with
 # GPULOAD_DELETE_STEP naming one step of gpuload.loading.loader's protocol, that step does nothing
 # in this test session, and the `cuda` tests that guard it must fail.
-PROTOCOL_STEPS = ("_host_waits", "_stream_waits", "_record_on")
+# Each step, and what it does once deleted: nothing (a context manager: enters and leaves).
+PROTOCOL_STEPS = {
+    "_host_waits": lambda *args: None,
+    "_stream_waits": lambda *args: None,
+    "_record_on": lambda *args: None,
+    "_graph_turn": lambda *args: contextlib.nullcontext(),
+}
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -54,7 +61,7 @@ def delete_a_protocol_step():
     from gpuload.loading import loader
 
     real = getattr(loader, step)
-    setattr(loader, step, lambda *args: None)
+    setattr(loader, step, PROTOCOL_STEPS[step])
     yield
     setattr(loader, step, real)
 

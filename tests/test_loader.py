@@ -1077,7 +1077,11 @@ def test_distributed_shards_with_torchrun(built_dataset, tmp_path):
 SLEEP_CYCLES = 20_000_000  # about 10 ms of GPU time
 EPOCHS = 2
 # The tests that guard the stream protocol (see the deletion check below).
-PROTOCOL_TESTS = ("test_every_batch_is_exact_under_overlap", "test_a_slow_transform_on_the_side_stream_is_waited_for")
+PROTOCOL_TESTS = (
+    "test_every_batch_is_exact_under_overlap",
+    "test_a_slow_transform_on_the_side_stream_is_waited_for",
+    "test_two_producers_replaying_one_cuda_graph_serve_intact_batches",
+)
 
 
 def checksums(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -1145,7 +1149,7 @@ class TestCuda:
         reference = checksums(data.images.flip(-1).cuda(), data.labels.cuda()).cpu()
         assert torch.equal(torch.cat(sums, dim=1).cpu(), reference[:, order])
 
-    @pytest.mark.parametrize("step", ["_host_waits", "_stream_waits", "_record_on"])
+    @pytest.mark.parametrize("step", ["_host_waits", "_stream_waits", "_record_on", "_graph_turn"])
     def test_the_overlap_tests_fail_without_each_step_of_the_protocol(self, step):
         """The deletion check: each step of the stream protocol removed in turn, the tests above must
         fail (a test that still passed would not guard that step)."""
@@ -1234,6 +1238,33 @@ class TestCuda:
         with torch.cuda.stream(consumer):
             for images, labels in loader:
                 torch.cuda._sleep(SLEEP_CYCLES)  # the consumer falls behind: later replays run first
+                sums.append(checksums(images, labels))
+        torch.cuda.synchronize()
+        order = epoch_order(len(data), epoch=0, seed=3, shuffle=True)
+        reference = checksums(data.images.flip(-1).cuda(), data.labels.cuda()).cpu()
+        assert torch.equal(torch.cat(sums, dim=1).cpu(), reference[:, order])
+
+    def test_two_producers_replaying_one_cuda_graph_serve_intact_batches(self, data):
+        """Both producers replay one captured graph (one set of static buffers) on their own streams.
+        The wait after the flip (eager: a graph break) holds back the loader's copy of the output, so
+        without one replay at a time the other producer's replay overwrites it first."""
+
+        @torch._dynamo.disable
+        def wait() -> None:
+            torch.cuda._sleep(SLEEP_CYCLES)
+
+        def flip_then_wait(images: torch.Tensor) -> torch.Tensor:
+            flipped = images.flip(-1)
+            wait()
+            return flipped
+
+        flip = torch.compile(flip_then_wait, mode="reduce-overhead")
+        assert loader_module.uses_cuda_graphs(flip)
+        loader = DataLoader(data, batch_size=32, shuffle=True, seed=3, device="cuda", transform=flip, threads=2)
+        consumer = torch.cuda.Stream()
+        sums = []
+        with torch.cuda.stream(consumer):
+            for images, labels in loader:
                 sums.append(checksums(images, labels))
         torch.cuda.synchronize()
         order = epoch_order(len(data), epoch=0, seed=3, shuffle=True)

@@ -13,6 +13,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -878,14 +879,40 @@ class _BatchTransform:
 
     def __call__(self, images: torch.Tensor, *, number: int) -> torch.Tensor:
         with torch.no_grad():
-            if not self.takes_generator:
-                out = self.function(images)
-            else:
-                position = self.start + number * self.step  # where this batch starts in the epoch's order
-                digest = hashlib.blake2b(repr((self.seed, self.epoch, self.rank, position)).encode(), digest_size=8)
-                seed = int.from_bytes(digest.digest(), "big") >> 1
-                out = self.function(images, generator=torch.Generator(device=images.device).manual_seed(seed))
-            return out.clone() if self.copy_output and out.is_cuda else out
+            if not (self.copy_output and images.is_cuda):
+                return self._apply(images, number)
+            with _graph_turn(torch.cuda.current_stream(images.device)):
+                return self._apply(images, number).clone()
+
+    def _apply(self, images: torch.Tensor, number: int) -> torch.Tensor:
+        if not self.takes_generator:
+            return self.function(images)
+        position = self.start + number * self.step  # where this batch starts in the epoch's order
+        digest = hashlib.blake2b(repr((self.seed, self.epoch, self.rank, position)).encode(), digest_size=8)
+        seed = int.from_bytes(digest.digest(), "big") >> 1
+        return self.function(images, generator=torch.Generator(device=images.device).manual_seed(seed))
+
+
+# A function compiled with CUDA graphs replays into static input and output buffers that every thread
+# calling it shares (its graphs belong to the graph tree of the thread that captured them), and torch
+# does not order replays queued on different streams: two producers would overwrite each other's
+# batch, or trip the tree's checks with concurrent runs. One replay and the copy of its output at a time,
+# each producer's stream waiting for the previous copy (the next step of the stream protocol).
+_GRAPH_LOCK = threading.Lock()
+_graph_copied: dict[torch.device, torch.cuda.Event] = {}
+
+
+@contextmanager
+def _graph_turn(stream: torch.cuda.Stream) -> Iterator[None]:
+    """Inside: this thread alone replays CUDA graphs on ``stream``, after the last replay's output was copied."""
+    with _GRAPH_LOCK:
+        last = _graph_copied.get(stream.device)
+        if last is not None:
+            stream.wait_event(last)
+        yield
+        copied = torch.cuda.Event()
+        copied.record(stream)
+        _graph_copied[stream.device] = copied
 
 
 def uses_cuda_graphs(function: Callable) -> bool:
