@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import inspect
+import itertools
 import math
 import operator
 import os
@@ -673,19 +675,66 @@ def current_device(device: torch.device) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
+MIN_TORCHCODEC = (0, 17)  # 0.16 lacks the stream synchronisation before nvJPEG's hardware decoder
+
+
 def check_gpu_decode(device: torch.device) -> None:
-    """``gpu=True`` decodes with nvJPEG through TorchCodec on the loader's CUDA device: refuse it
-    where it would quietly run a slower path."""
+    """``gpu=True`` decodes with nvJPEG through TorchCodec on the loader's CUDA device: a small JPEG is
+    decoded there now, so that a TorchCodec that is missing, too old (before 0.17, nvJPEG's hardware
+    engine could write while kernels still ran on the stream), built without nvJPEG or unable to start
+    its decoder is refused here, not found at the first batch.
+
+    Raises:
+        UsageError: any of those, in one line that says what to install, or to use ``gpu=False``.
+    """
     if device.type != "cuda":
         raise UsageError(f"gpu=True decodes on a CUDA device, and this loader's device is {device.type}: use gpu=False")
-    try:  # decode_jpeg first appears in TorchCodec 0.16; importing it also loads TorchCodec's FFmpeg libraries
-        from torchcodec.decoders import decode_jpeg  # noqa: F401
+    advice = "pip install 'gpuload[cuda]' (TorchCodec 0.17 or newer), or use gpu=False"
+    try:  # decode_jpeg first appears in TorchCodec 0.16
+        import torchcodec
+        from torchcodec.decoders import decode_jpeg
     except Exception as error:  # ImportError, or the RuntimeError/OSError of a TorchCodec that cannot load
         raise UsageError(
-            f"gpu=True decodes with TorchCodec's nvJPEG (torchcodec.decoders.decode_jpeg, TorchCodec 0.16 or newer), "
-            f"which does not load here ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}): "
-            "pip install 'gpuload[cuda]', or use gpu=False"
+            f"gpu=True decodes with TorchCodec's nvJPEG (torchcodec.decoders.decode_jpeg), which does not load "
+            f"here ({_first_line(error)}): {advice}"
         ) from None
+    version = getattr(torchcodec, "__version__", "0")
+    if _release(version) < MIN_TORCHCODEC:
+        raise UsageError(f"gpu=True needs TorchCodec 0.17 or newer, found {version}: {advice}")
+    try:
+        (decoded,) = decode_jpeg([_probe_jpeg()], mode="RGB", device=current_device(device))
+        found = tuple(decoded.shape)
+    except Exception as error:  # nvJPEG missing from the build, its decoder failing to start...
+        raise UsageError(
+            f"gpu=True: TorchCodec {version} could not decode a 16x16 JPEG on {device} ({_first_line(error)}): {advice}"
+        ) from None
+    if found != (3, 16, 16):
+        raise UsageError(f"gpu=True: TorchCodec {version} decoded a 16x16 RGB JPEG to shape {list(found)}: {advice}")
+
+
+@functools.cache
+def _probe_jpeg() -> bytes:
+    """A 16x16 colour JPEG (4:2:0, as photos are), for :func:`check_gpu_decode`."""
+    import simplejpeg
+
+    pixels = np.arange(16 * 16 * 3, dtype=np.uint8).reshape(16, 16, 3)
+    return simplejpeg.encode_jpeg(pixels, quality=90, colorsubsampling="420")
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"0.17.0+cu130"`` -> ``(0, 17, 0)``: the numbers of a version string's release part."""
+    numbers = []
+    for part in version.split("+")[0].split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        numbers.append(int(digits))
+    return tuple(numbers)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
 
 
 class _HostSlot:
