@@ -53,7 +53,7 @@ def run_bench(
     batch_size: int = 64,
     device: str | torch.device | None = None,
     epochs: int = 3,
-    folder_batches: int = 10,
+    max_batches: int | None = None,
     augment: int | None = None,
     progress: bool = True,
 ) -> dict:
@@ -61,7 +61,9 @@ def run_bench(
 
     Contenders, on the same dataset and batch size, shuffled, page cache warmed by an untimed
     first epoch, each timed over ``epochs`` epochs of one loader, as a training loop runs them
-    (median, min and max):
+    (median, min and max). Every contender's epoch is the same: the whole batches of the dataset's
+    images, or, with ``max_batches`` (for a dataset the stock loaders take too long to read), those
+    of its first ``max_batches * batch_size`` images; the report's ``timed_images`` is that count.
 
     - ``limit_gather`` and ``limit_gather_split``: the machine's limit, the better of two
       parallel gathers from the memmap into a reused host buffer (see :class:`_GatherLimit`);
@@ -69,8 +71,7 @@ def run_bench(
     - ``gpuload``: :class:`gpuload.DataLoader` to ``device``;
     - ``collate``: the stock ``torch.utils.data.DataLoader`` with :class:`gpuload.Collate`;
     - ``image_folder``: ``ImageFolder`` + stock ``DataLoader`` decoding the source JPEGs on all
-      cores, when the sources are still there (epochs of the first ``folder_batches`` batches of
-      images: it is slow), with persistent workers, as a training loop keeps them.
+      cores, when the sources are still there, with persistent workers, as a training loop keeps them.
 
     With ``augment`` (an output side, e.g. 224), the same with a per-sample random resized crop to
     ``augment`` and a flip: ``gpuload_crop`` (``decode=RandomResizedCropDecode(augment)``: the loader's
@@ -86,8 +87,16 @@ def run_bench(
     Where the build re-encoded images (``--max-side``, progressive sources...), the sources are not
     the JPEGs that gpuload decodes: the stock loader then decodes the stored JPEGs instead
     (``stored_jpegs_augment``), like for like; the report's ``stock_loader_reads`` says which.
+
+    A contender that raises (while it is made or while it runs) does not stop the others: the report's
+    ``failed`` maps its name to its error in one line, and ``results`` holds the contenders measured.
+    ``gpuload bench`` prints the failures in its table and on stderr, and exits with 1 when one of
+    gpuload's own contenders (``gpuload*``) failed, 0 when only a stock loader or a limit did.
     """
-    for name, value in (("batch_size", batch_size), ("epochs", epochs), ("folder_batches", folder_batches)):
+    checked = {"batch_size": batch_size, "epochs": epochs}
+    if max_batches is not None:
+        checked["max_batches"] = max_batches
+    for name, value in checked.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise UsageError(f"{name} must be a positive integer, got {value!r}")
     if augment is not None and (not isinstance(augment, int) or isinstance(augment, bool) or augment < 1):
@@ -97,54 +106,58 @@ def run_bench(
     if len(dataset) < batch_size:
         raise UsageError(f"the dataset has {len(dataset)} images, fewer than one batch of {batch_size}")
     batches = len(dataset) // batch_size
+    timed = min(batches, max_batches or batches) * batch_size  # images of every contender's epoch
+    epoch = _Epoch(len(dataset), None if timed == batches * batch_size else range(timed), timed)
     if dataset.image_shape is None:  # jpeg: batches of crops
         augment = augment or 224
         image_shape = (3, augment, augment)
-        contenders: dict[str, tuple[Callable[[], int], int]] = {"limit_decode": (_DecodeLimit(dataset), epochs)}
+        contenders: dict[str, Callable[[], Callable[[], int]]] = {"limit_decode": partial(_DecodeLimit, dataset, epoch)}
         decodes = {"gpuload_decode": {"fast": True}, "gpuload_decode_exact": {"fast": False}}
         if device.type == "cuda" and _gpu_decode_loads(device):
             decodes["gpuload_decode_gpu"] = {"gpu": True}
         for name, options in decodes.items():
-            decode = RandomResizedCropDecode(augment, **options)
-            loader = DataLoader(dataset, batch_size, shuffle=True, drop_last=True, device=device, decode=decode)
-            contenders[name] = (partial(_drain, loader), epochs)
+            contenders[name] = partial(
+                _loader, dataset, batch_size, epoch, device, decode=partial(RandomResizedCropDecode, augment, **options)
+            )
     else:
         image_shape = tuple(dataset.image_shape)
-        contenders = _raw_contenders(dataset, batch_size, device, epochs, augment)
+        contenders = _raw_contenders(dataset, batch_size, epoch, device, augment)
     image_bytes = math.prod(image_shape)
     crop_bytes = 3 * augment * augment if augment is not None else image_bytes  # what a cropping contender serves
     sources = [Path(source) for source, _ in dataset.samples]
     # A jpeg build that re-encoded images (--max-side...) stores other JPEGs than its sources.
     stored = dataset.image_shape is None and bool(dataset.manifest.jpeg["reencoded"])
     if stored:
-        contenders["stored_jpegs_augment"] = (
-            _Folder(dataset, batch_size, folder_batches, device, augment=augment, stored=True),
-            epochs,
+        contenders["stored_jpegs_augment"] = partial(
+            _Folder, dataset, batch_size, epoch, device, augment=augment, stored=True
         )
     if all(source.is_file() for source in sources[:: max(1, len(sources) // 16)]):
         if dataset.image_shape is not None:
-            contenders["image_folder"] = (_Folder(dataset, batch_size, folder_batches, device), epochs)
+            contenders["image_folder"] = partial(_Folder, dataset, batch_size, epoch, device)
         if augment is not None and not stored:
-            contenders["image_folder_augment"] = (
-                _Folder(dataset, batch_size, folder_batches, device, augment=augment),
-                epochs,
-            )
+            contenders["image_folder_augment"] = partial(_Folder, dataset, batch_size, epoch, device, augment=augment)
     else:
         sources = []
 
-    with tqdm(
-        total=sum(count + 1 for _, count in contenders.values()), desc="bench", unit="pass", disable=not progress
-    ) as bar:
-        results = {}
-        for name, (run, count) in contenders.items():
+    results, failed = {}, {}
+    with tqdm(total=len(contenders) * (epochs + 1), desc="bench", unit="pass", disable=not progress) as bar:
+        for name, make in contenders.items():
             bar.set_postfix_str(name)
-            _timed(run, device)  # warm-up: page cache, pinned buffers, CUDA context, thread pools, workers
-            bar.update()
-            runs = []
-            for _ in range(count):
-                seconds, images = _timed(run, device)
-                runs.append(images / seconds)
-                bar.update()
+            run, runs, passes = None, [], 0
+            try:
+                run = make()
+                # the first pass warms up: page cache, pinned buffers, CUDA context, thread pools, workers
+                for passes in range(1, epochs + 2):
+                    seconds, images = _timed(run, device)
+                    runs += [images / seconds] if passes > 1 else []
+                    bar.update()
+            except Exception as error:  # one contender's failure is reported; the others still run
+                failed[name] = _one_line(error)
+                bar.update(epochs + 2 - passes)  # the passes left, the failed one included
+                continue
+            finally:
+                run = None  # the stock loader's persistent workers stop here
+                gc.collect()
             served = crop_bytes if name.endswith(("_augment", "_crop")) else image_bytes
             results[name] = {
                 "images_per_second": statistics.median(runs),
@@ -153,8 +166,6 @@ def run_bench(
                 "runs": runs,
                 "gigabytes_per_second": statistics.median(runs) * served / 1e9,
             }
-            run = contenders[name] = None  # the stock loader's persistent workers stop here
-            gc.collect()
     return {
         "dataset": str(dataset.path),
         "format": "raw" if dataset.image_shape is not None else "jpeg",
@@ -162,6 +173,8 @@ def run_bench(
         "image_shape": list(image_shape),
         "batch_size": batch_size,
         "batches_per_epoch": batches,
+        "max_batches": max_batches,
+        "timed_images": timed,
         "device": str(device),
         "sources_present": bool(sources),
         "stock_loader_reads": "the stored JPEGs" if stored else "the sources",
@@ -169,38 +182,73 @@ def run_bench(
         "machine": describe_machine(),
         "machine_line": machine_line(),
         "results": results,
+        "failed": failed,
     }
+
+
+def _one_line(error: BaseException) -> str:
+    """``"RuntimeError: its message's first line"``."""
+    message = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {message[0]}" if message else type(error).__name__
+
+
+class _Epoch:
+    """What every contender's epoch reads: ``timed`` images in whole batches, shuffled anew each epoch,
+    from the whole dataset (``subset`` None: the stock semantics, a partial last batch dropped) or
+    from the images of ``subset`` (exactly ``timed`` of them)."""
+
+    def __init__(self, length: int, subset: range | None, timed: int) -> None:
+        self.length, self.subset, self.timed = length, subset, timed
+
+    def order(self) -> torch.Tensor:
+        """One epoch's shuffled indices, ``timed`` of them."""
+        if self.subset is None:
+            return torch.randperm(self.length)[: self.timed]
+        return torch.as_tensor(self.subset)[torch.randperm(len(self.subset))]
+
+    def loader_options(self) -> dict:
+        """``shuffle`` and ``sampler`` of a ``DataLoader`` (gpuload's or torch's) serving this epoch."""
+        if self.subset is None:
+            return {"shuffle": True}
+        return {"shuffle": False, "sampler": torch.utils.data.SubsetRandomSampler(self.subset)}
+
+
+def _loader(
+    dataset: MemmapImageDataset, batch_size: int, epoch: _Epoch, device: torch.device, **options
+) -> Callable[[], int]:
+    """An epoch of :class:`gpuload.DataLoader`; a ``decode`` option is a factory, called here."""
+    if "decode" in options:
+        options["decode"] = options["decode"]()
+    loader = DataLoader(dataset, batch_size, drop_last=True, device=device, **epoch.loader_options(), **options)
+    return partial(_drain, loader)
 
 
 def _raw_contenders(
-    dataset: MemmapImageDataset, batch_size: int, device: torch.device, epochs: int, augment: int | None
-) -> dict[str, tuple[Callable[[], int], int]]:
-    contenders: dict[str, tuple[Callable[[], int], int]] = {
-        "limit_gather": (_GatherLimit(dataset, batch_size, split=False), epochs),
-        "limit_gather_split": (_GatherLimit(dataset, batch_size, split=True), epochs),
-        "gpuload": (
-            partial(_drain, DataLoader(dataset, batch_size, shuffle=True, drop_last=True, device=device)),
-            epochs,
-        ),
-        "collate": (
-            partial(
-                _drain,
-                torch.utils.data.DataLoader(
-                    dataset, batch_size, shuffle=True, drop_last=True, collate_fn=Collate(device)
-                ),
-            ),
-            epochs,
-        ),
+    dataset: MemmapImageDataset, batch_size: int, epoch: _Epoch, device: torch.device, augment: int | None
+) -> dict[str, Callable[[], Callable[[], int]]]:
+    """Each contender on a raw dataset, as a function that makes it (a call runs one epoch)."""
+
+    def collate() -> Callable[[], int]:
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size, drop_last=True, collate_fn=Collate(device), **epoch.loader_options()
+        )
+        return partial(_drain, loader)
+
+    contenders: dict[str, Callable[[], Callable[[], int]]] = {
+        "limit_gather": partial(_GatherLimit, dataset, batch_size, epoch, split=False),
+        "limit_gather_split": partial(_GatherLimit, dataset, batch_size, epoch, split=True),
+        "gpuload": partial(_loader, dataset, batch_size, epoch, device),
+        "collate": collate,
     }
     if device.type == "cuda":
-        contenders["limit_h2d"] = (lambda: _h2d_limit(dataset, batch_size, device), epochs)
+        contenders["limit_h2d"] = lambda: partial(_h2d_limit, dataset, batch_size, epoch.timed // batch_size, device)
     if augment is not None:
-        decode = RandomResizedCropDecode(augment)
-        loader = DataLoader(dataset, batch_size, shuffle=True, drop_last=True, device=device, decode=decode)
-        contenders["gpuload_crop"] = (partial(_drain, loader), epochs)
-        crop = RandomResizedCrop(augment, flip=True)
-        loader = DataLoader(dataset, batch_size, shuffle=True, drop_last=True, device=device, transform=crop)
-        contenders["gpuload_augment"] = (partial(_drain, loader), epochs)
+        contenders["gpuload_crop"] = partial(
+            _loader, dataset, batch_size, epoch, device, decode=partial(RandomResizedCropDecode, augment)
+        )
+        contenders["gpuload_augment"] = partial(
+            _loader, dataset, batch_size, epoch, device, transform=RandomResizedCrop(augment, flip=True)
+        )
     return contenders
 
 
@@ -216,34 +264,52 @@ def _gpu_decode_loads(device: torch.device) -> bool:
     return True
 
 
-def gather_limit(report: dict) -> float:
+def gather_limit(report: dict) -> float | None:
     """The machine's limit of a :func:`run_bench` report: the better of the two parallel gathers
-    (raw), or the whole decode (jpeg)."""
+    (raw), or the whole decode (jpeg); ``None`` where none was measured (it failed)."""
     return max(
-        result["images_per_second"]
-        for name, result in report["results"].items()
-        if name.startswith(("limit_gather", "limit_decode"))
+        (
+            result["images_per_second"]
+            for name, result in report["results"].items()
+            if name.startswith(("limit_gather", "limit_decode"))
+        ),
+        default=None,
     )
 
 
 def bench_rows(report: dict) -> list[dict]:
     """Each contender of a :func:`run_bench` report: its name, label, rate, GB/s, share of the machine's
-    limit (``None`` but for contenders serving whole raw images) and speed-up over the stock loader doing
-    the same work (``None`` where there is none)."""
+    limit (``None`` but for contenders serving whole raw images, and where the limit failed) and speed-up
+    over the stock loader doing the same work (``None`` where there is none or it failed); then each
+    contender that failed, with its ``error`` and ``None`` for its numbers."""
     limit = gather_limit(report)
     rates = {name: result["images_per_second"] for name, result in report["results"].items()}
     rows = []
     for name, result in report["results"].items():
         rate = result["images_per_second"]
         stock = next((other for other in _STOCK.get(name, ()) if other in rates), None)
+        whole = name in _WHOLE and report.get("format") != "jpeg" and limit is not None
         rows.append(
             {
                 "name": name,
                 "label": BENCH_LABELS[name],
                 "images_per_second": rate,
                 "gigabytes_per_second": result["gigabytes_per_second"],
-                "of_limit": rate / limit if name in _WHOLE and report.get("format") != "jpeg" else None,
+                "of_limit": rate / limit if whole else None,
                 "x_stock": rate / rates[stock] if stock is not None and stock != name else None,
+                "error": None,
+            }
+        )
+    for name, error in report.get("failed", {}).items():  # reports older than failures have no "failed"
+        rows.append(
+            {
+                "name": name,
+                "label": BENCH_LABELS[name],
+                "images_per_second": None,
+                "gigabytes_per_second": None,
+                "of_limit": None,
+                "x_stock": None,
+                "error": error,
             }
         )
     return rows
@@ -253,14 +319,18 @@ def format_bench(report: dict) -> str:
     """The report of :func:`run_bench` as a table: each contender's rate, its share of the machine's
     limit (contenders serving whole images) and its speed-up over the stock loader doing the same work."""
     c, h, w = report["image_shape"]
+    timed = report.get("timed_images")  # reports older than the field timed the stock loaders on fewer images
     lines = [
         f"gpuload bench on {report['machine_line']}",
         f"{report['images']} {'jpeg images decoded to' if report.get('format') == 'jpeg' else 'images of'} "
         f"{c}x{h}x{w} uint8, batch {report['batch_size']}, shuffled, "
-        f"device {report['device']}, page cache warm",
+        f"device {report['device']}, page cache warm" + (f", epochs of {timed} images" if timed is not None else ""),
         f"{'contender':<58} {'images/s':>10} {'GB/s':>7} {'of limit':>9} {'x stock':>8}",
     ]
     for row in bench_rows(report):
+        if row["error"] is not None:
+            lines.append(f"{row['label']:<58} failed: {row['error']}")
+            continue
         share = "" if row["of_limit"] is None else f"{row['of_limit']:.0%}"
         speedup = "" if row["x_stock"] is None else f"{row['x_stock']:.2f}x"
         lines.append(
@@ -315,19 +385,19 @@ def _drain(loader: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> int:
 
 
 class _DecodeLimit:
-    """Every stored JPEG of a jpeg dataset decoded whole by libjpeg-turbo, one thread per core, into
-    reused buffers, in a shuffled order: what decoding alone costs."""
+    """The stored JPEGs of an epoch (:class:`_Epoch`) of a jpeg dataset decoded whole by libjpeg-turbo,
+    one thread per core, into reused buffers, in a shuffled order: what decoding alone costs."""
 
-    def __init__(self, dataset: MemmapImageDataset) -> None:
-        self.dataset, self.workers = dataset, default_workers()
+    def __init__(self, dataset: MemmapImageDataset, epoch: _Epoch) -> None:
+        self.dataset, self.epoch, self.workers = dataset, epoch, default_workers()
         height, width = dataset.data.shapes.max(0).values.tolist()
         self.buffers = [np.empty(height * width * 3, dtype=np.uint8) for _ in range(self.workers)]
 
     def __call__(self) -> int:
-        shares = torch.randperm(len(self.dataset)).chunk(self.workers)
+        order = self.epoch.order()
         with ThreadPoolExecutor(self.workers) as pool:
-            list(pool.map(self._decode, shares, self.buffers))
-        return len(self.dataset)
+            list(pool.map(self._decode, order.chunk(self.workers), self.buffers))
+        return len(order)
 
     def _decode(self, indices: torch.Tensor, buffer: np.ndarray) -> None:
         for index in indices.tolist():
@@ -335,20 +405,19 @@ class _DecodeLimit:
 
 
 class _GatherLimit:
-    """One shuffled epoch gathered from the memmap into a reused buffer, nothing else.
+    """One shuffled epoch (:class:`_Epoch`) gathered from the memmap into a reused buffer, nothing else.
 
     ``split=False``: one ``index_select`` per batch on all of torch's threads; ``split=True``:
     the batch cut into one share per core, each gathered by its own thread.
     """
 
-    def __init__(self, dataset: MemmapImageDataset, batch_size: int, *, split: bool) -> None:
+    def __init__(self, dataset: MemmapImageDataset, batch_size: int, epoch: _Epoch, *, split: bool) -> None:
         self.source = storage_order(dataset.data.images)[0]  # the file's order, as the loader gathers
         self.buffer = torch.empty((batch_size, *self.source.shape[1:]), dtype=self.source.dtype)
-        self.batch_size, self.split, self.workers = batch_size, split, default_workers()
+        self.batch_size, self.epoch, self.split, self.workers = batch_size, epoch, split, default_workers()
 
     def __call__(self) -> int:
-        order = torch.randperm(len(self.source))
-        batches = [order[i : i + self.batch_size] for i in range(0, len(order) - self.batch_size + 1, self.batch_size)]
+        batches = self.epoch.order().split(self.batch_size)  # whole batches: the epoch has timed images
         if not self.split:
             for indices in batches:
                 torch.index_select(self.source, 0, indices, out=self.buffer)
@@ -365,29 +434,28 @@ class _GatherLimit:
         return len(batches) * self.batch_size
 
 
-def _h2d_limit(dataset: MemmapImageDataset, batch_size: int, device: torch.device) -> int:
-    """Copies of one pinned batch-sized buffer to the device, back to back, as many as an epoch has batches."""
+def _h2d_limit(dataset: MemmapImageDataset, batch_size: int, batches: int, device: torch.device) -> int:
+    """``batches`` copies of one pinned batch-sized buffer to the device, back to back (an epoch's)."""
     host = torch.empty((batch_size, *dataset.image_shape), dtype=torch.uint8, pin_memory=True)
     target = torch.empty_like(host, device=device)
-    batches = len(dataset) // batch_size
     for _ in range(batches):
         target.copy_(host, non_blocking=True)
     return batches * batch_size
 
 
 class _Folder:
-    """ImageFolder over the first ``batches`` batches of sources, in the stock loader's worker
-    processes (all cores, persistent, ``pin_memory`` on CUDA), batches copied to ``device``:
-    decoded to the dataset's size, or, with ``augment``, randomly cropped to ``augment`` and
-    flipped, per sample. ``stored``: a jpeg dataset's stored JPEGs instead of the sources
-    (:class:`_StoredJpegs`). A call is one whole shuffled epoch of that subset (nothing is left in
-    flight for the next)."""
+    """ImageFolder over the sources of the dataset's images, in the dataset's order (an index is the same
+    image as in the dataset), in the stock loader's worker processes (all cores, persistent, ``pin_memory``
+    on CUDA), batches copied to ``device``: decoded to the dataset's size, or, with ``augment``, randomly
+    cropped to ``augment`` and flipped, per sample. ``stored``: a jpeg dataset's stored JPEGs instead of the
+    sources (:class:`_StoredJpegs`). A call is one whole shuffled epoch (:class:`_Epoch`; nothing is left
+    in flight for the next)."""
 
     def __init__(
         self,
         dataset: MemmapImageDataset,
         batch_size: int,
-        batches: int,
+        epoch: _Epoch,
         device: torch.device,
         augment: int | None = None,
         stored: bool = False,
@@ -405,17 +473,17 @@ class _Folder:
                 folder = _StoredJpegs(dataset, transform)
             else:
                 folder = ImageFolder(dataset.manifest.source, loader=_TorchvisionDecoder(), transform=transform)
-        if not stored:
-            built = {str(Path(dataset.manifest.source) / relative) for relative, _ in dataset.manifest.samples}
-            folder.samples = folder.imgs = [sample for sample in folder.samples if sample[0] in built]  # not skipped
+        if not stored:  # the images the build kept (not those it skipped), in its order
+            folder.samples = folder.imgs = dataset.samples
         self.device = device
         self.loader = torch.utils.data.DataLoader(
-            torch.utils.data.Subset(folder, range(min(len(folder), batches * batch_size))),
+            folder,
             batch_size,
-            shuffle=True,
+            drop_last=True,
             num_workers=default_workers(),
             pin_memory=device.type == "cuda",
             persistent_workers=True,
+            **epoch.loader_options(),
         )
 
     def __call__(self) -> int:

@@ -1,14 +1,15 @@
+import json
 import shutil
 
 import pytest
 
 from gpuload import MemmapImageDataset
-from gpuload.bench import format_bench, run_bench
+from gpuload.bench import bench_rows, format_bench, gather_limit, run_bench
 from gpuload.cli import main
 
 
 def test_all_contenders_measured_on_the_cpu(built_dataset):
-    report = run_bench(built_dataset, batch_size=4, device="cpu", epochs=2, folder_batches=2, progress=False)
+    report = run_bench(built_dataset, batch_size=4, device="cpu", epochs=2, max_batches=2, progress=False)
     results = report["results"]
     assert set(results) == {"limit_gather", "limit_gather_split", "gpuload", "collate", "image_folder"}
     for result in results.values():
@@ -21,9 +22,7 @@ def test_all_contenders_measured_on_the_cpu(built_dataset):
 
 
 def test_augmentation_contenders(built_dataset):
-    report = run_bench(
-        built_dataset, batch_size=4, device="cpu", epochs=1, folder_batches=2, augment=16, progress=False
-    )
+    report = run_bench(built_dataset, batch_size=4, device="cpu", epochs=1, max_batches=2, augment=16, progress=False)
     croppers = ("gpuload_crop", "gpuload_augment", "image_folder_augment")
     assert set(croppers) <= set(report["results"])
     assert all(report["results"][name]["images_per_second"] > 0 for name in croppers)
@@ -33,7 +32,7 @@ def test_augmentation_contenders(built_dataset):
 
 
 def test_a_jpeg_dataset_is_measured_cropped_at_decode_time(jpeg_dataset):
-    report = run_bench(jpeg_dataset, batch_size=4, device="cpu", epochs=2, folder_batches=2, augment=16, progress=False)
+    report = run_bench(jpeg_dataset, batch_size=4, device="cpu", epochs=2, max_batches=2, augment=16, progress=False)
     results = report["results"]
     assert set(results) == {"limit_decode", "gpuload_decode", "gpuload_decode_exact", "image_folder_augment"}
     assert report["format"] == "jpeg" and report["image_shape"] == [3, 16, 16]
@@ -51,7 +50,7 @@ def test_on_a_store_of_re_encoded_images_the_stock_loader_decodes_the_same_jpegs
     from gpuload import build_memmap
 
     store = build_memmap(photo_folder, tmp_path / "small.jpeg", format="jpeg", max_side=24, progress=False)
-    report = run_bench(store, batch_size=4, device="cpu", epochs=1, folder_batches=2, augment=16, progress=False)
+    report = run_bench(store, batch_size=4, device="cpu", epochs=1, max_batches=2, augment=16, progress=False)
     assert set(report["results"]) == {"limit_decode", "gpuload_decode", "gpuload_decode_exact", "stored_jpegs_augment"}
     assert report["results"]["stored_jpegs_augment"]["images_per_second"] > 0
     assert report["stock_loader_reads"] == "the stored JPEGs" and report["reencoded"] == {"larger_than_max_side": 20}
@@ -76,9 +75,117 @@ def test_the_stock_loaders_workers_stop_after_their_turn(built_dataset, monkeypa
         "_timed",
         lambda run, device: children.append(multiprocessing.active_children()) or timed(run, device),
     )
-    run_bench(built_dataset, batch_size=4, device="cpu", epochs=1, folder_batches=2, augment=16, progress=False)
+    run_bench(built_dataset, batch_size=4, device="cpu", epochs=1, max_batches=2, augment=16, progress=False)
     assert len(children) == 16 and children[-2] == []  # image_folder_augment starts with image_folder's workers gone
     assert len(children[-1]) == 2  # its own, persistent across its epochs
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "max_batches", "timed"),
+    [(4, None, 20), (6, None, 18), (4, 2, 8), (4, 99, 20)],  # 20 images: whole batches of the epoch, or the cap's
+)
+def test_every_contender_times_the_same_number_of_images(built_dataset, monkeypatch, batch_size, max_batches, timed):
+    """The stock loaders were timed on the first 10 batches and gpuload on the whole epoch."""
+    import gpuload.bench
+
+    served, real = [], gpuload.bench._timed
+
+    def spy(run, device):
+        seconds, images = real(run, device)
+        served.append(images)
+        return seconds, images
+
+    monkeypatch.setattr(gpuload.bench, "_timed", spy)
+    report = run_bench(
+        built_dataset,
+        batch_size=batch_size,
+        device="cpu",
+        epochs=1,
+        max_batches=max_batches,
+        augment=16,
+        progress=False,
+    )
+    assert len(served) == 2 * len(report["results"]) == 16  # warm-up and one epoch each, every contender
+    assert served == [timed] * 16 and report["timed_images"] == timed
+
+
+def test_on_a_jpeg_dataset_every_contender_times_the_same_number_of_images(jpeg_dataset, monkeypatch):
+    import gpuload.bench
+
+    served, real = [], gpuload.bench._timed
+    monkeypatch.setattr(gpuload.bench, "_timed", lambda run, device: served.append(real(run, device)) or served[-1])
+    report = run_bench(jpeg_dataset, batch_size=6, device="cpu", epochs=1, augment=16, progress=False)
+    assert len(report["results"]) == 4 and [images for _, images in served] == [18] * 8  # the decode limit too
+
+
+class TestAFailingContender:
+    """One contender's failure is recorded in one line and the others are still measured."""
+
+    @staticmethod
+    def _fail(monkeypatch, name: str) -> None:
+        import gpuload.bench
+
+        def fail(*args, **kwargs):
+            raise RuntimeError("the disk went away\nsecond line")
+
+        monkeypatch.setattr(gpuload.bench, name, fail)
+
+    def test_the_others_are_measured_and_the_table_shows_it(self, built_dataset, monkeypatch):
+        self._fail(monkeypatch, "_Folder")
+        report = run_bench(built_dataset, batch_size=4, device="cpu", epochs=1, max_batches=2, progress=False)
+        assert report["failed"] == {"image_folder": "RuntimeError: the disk went away"}
+        assert set(report["results"]) == {"limit_gather", "limit_gather_split", "gpuload", "collate"}
+        assert all(result["images_per_second"] > 0 for result in report["results"].values())
+        row = next(row for row in bench_rows(report) if row["name"] == "image_folder")
+        assert row["error"] == "RuntimeError: the disk went away" and row["images_per_second"] is None
+        assert next(row for row in bench_rows(report) if row["name"] == "gpuload")["x_stock"] is None
+        table = format_bench(report)
+        line = next(line for line in table.splitlines() if line.startswith("torch DataLoader + ImageFolder"))
+        assert line.endswith("failed: RuntimeError: the disk went away")
+
+    def test_without_a_limit_no_share_of_it(self, built_dataset, monkeypatch):
+        self._fail(monkeypatch, "_GatherLimit")
+        report = run_bench(built_dataset, batch_size=4, device="cpu", epochs=1, max_batches=2, progress=False)
+        assert set(report["failed"]) == {"limit_gather", "limit_gather_split"}
+        assert gather_limit(report) is None
+        assert all(row["of_limit"] is None for row in bench_rows(report))
+        assert "gpuload.DataLoader" in format_bench(report)
+
+    def test_a_failure_while_iterating_is_caught_too(self, built_dataset, monkeypatch):
+        import gpuload.bench
+
+        def drain(loader):
+            if isinstance(loader, gpuload.DataLoader):
+                raise OSError("read failed")
+            return sum(len(batch) for batch, _ in loader)
+
+        monkeypatch.setattr(gpuload.bench, "_drain", drain)
+        report = run_bench(built_dataset, batch_size=4, device="cpu", epochs=1, max_batches=2, progress=False)
+        assert report["failed"] == {"gpuload": "OSError: read failed"}
+        assert {"collate", "image_folder", "limit_gather"} <= set(report["results"])
+
+    def test_the_cli_exits_1_when_gpuloads_own_contender_failed(self, built_dataset, monkeypatch, capsys, tmp_path):
+        import gpuload.bench
+
+        real = gpuload.bench.DataLoader
+
+        def loader(*args, **kwargs):
+            raise RuntimeError("gpuload broke")
+
+        monkeypatch.setattr(gpuload.bench, "DataLoader", loader)
+        out = tmp_path / "bench.json"
+        argv = ["bench", str(built_dataset), "--batch-size", "4", "--device", "cpu", "--epochs", "1"]
+        assert main([*argv, "--max-batches", "2", "--json", str(out)]) == 1
+        printed = capsys.readouterr()
+        assert "failed: RuntimeError: gpuload broke" in printed.out
+        assert printed.err.endswith("\ngpuload bench: 1 contender failed (gpuload): its numbers are missing\n")
+        assert json.loads(out.read_text())["failed"] == {"gpuload": "RuntimeError: gpuload broke"}  # still written
+        monkeypatch.setattr(gpuload.bench, "DataLoader", real)
+        self._fail(monkeypatch, "_Folder")
+        assert main([*argv, "--max-batches", "2"]) == 0  # a stock contender's failure: said, not fatal
+        assert capsys.readouterr().err.endswith(
+            "\ngpuload bench: 1 contender failed (image_folder): its numbers are missing\n"
+        )
 
 
 def test_without_sources_the_folder_contender_is_left_out(photo_copy, tmp_path):
@@ -105,6 +212,7 @@ def test_fewer_images_than_a_batch(built_dataset):
         ["--device", "mps"],
         ["--device", "tpu"],  # not even a device torch knows
         ["--augment", "0"],
+        ["--max-batches", "0"],
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(built_dataset, capsys, argv):
@@ -118,7 +226,7 @@ def test_the_stock_loader_reads_only_the_sources_the_build_kept(photo_copy, tmp_
 
     (photo_copy / "face" / "broken.jpg").write_bytes(b"not a jpeg")
     built = build_memmap(photo_copy, tmp_path / "kept.memmap", progress=False)
-    report = run_bench(built, batch_size=4, device="cpu", epochs=1, folder_batches=2, progress=False)
+    report = run_bench(built, batch_size=4, device="cpu", epochs=1, max_batches=2, progress=False)
     assert report["results"]["image_folder"]["images_per_second"] > 0
 
 
@@ -136,9 +244,9 @@ def test_cli_prints_the_table_and_writes_json(built_dataset, tmp_path, capsys):
 def test_the_gather_limit_gathers_in_the_files_order_as_the_loader_does(built_dataset):
     """A raw dataset is channels-last on disk: a limit gathering into a channel-first buffer would
     transpose every pixel and measure something slower than the loader it bounds."""
-    from gpuload.bench import _GatherLimit
+    from gpuload.bench import _Epoch, _GatherLimit
 
-    limit = _GatherLimit(MemmapImageDataset(built_dataset), 4, split=False)
+    limit = _GatherLimit(MemmapImageDataset(built_dataset), 4, _Epoch(20, None, 20), split=False)
     assert limit.source.shape == (20, 48, 64, 3) and limit.source.is_contiguous()
     assert limit.buffer.shape == (4, 48, 64, 3)
 
