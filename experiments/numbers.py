@@ -173,6 +173,8 @@ def _bench(result: dict, into: dict[str, str], prefix: str) -> None:
     from gpuload.bench import bench_rows
 
     for row in bench_rows(result):
+        if row["error"] is not None:  # a contender that failed has no numbers to name
+            continue
         into[f"{prefix}.{row['name']}"] = count(row["images_per_second"])
         into[f"{prefix}.{row['name']}.gbps"] = f"{row['gigabytes_per_second']:.1f}"
         if row["of_limit"] is not None:
@@ -452,6 +454,8 @@ def _bench_table(results: dict[str, dict], stem: str) -> str:
             "" if row["of_limit"] is None else percent(row["of_limit"]),
             "" if row["x_stock"] is None else times(row["x_stock"]),
         ]
+        if row["error"] is None
+        else [row["label"], f"failed: {row['error']}", "", "", ""]
         for row in bench_rows(results[stem])
     ]
     return _markdown(["contender", "images/s", "GB/s", "of the limit", "x stock"], rows, "lrrrr")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -89,3 +90,42 @@ class TestSaveFigure:
         monkeypatch.setattr(_common, "ASSETS", tmp_path)
         module.plot(result)
         assert (tmp_path / f"{experiment}.png").is_file()
+
+
+class TestRunBench:
+    """experiments.run's bench step keeps a report in which a contender failed, and never an earlier run's."""
+
+    @pytest.fixture
+    def bench_step(self, tmp_path, monkeypatch):
+        import gpuload.cli
+
+        monkeypatch.setattr(_common, "RESULTS", tmp_path / "results")
+        folder = tmp_path / "photos"
+        folder.with_suffix(".memmap").mkdir()  # built: the step goes straight to gpuload bench
+        monkeypatch.setattr(_common, "photo_folders", lambda workdir, count, size: (folder, folder))
+        step = SimpleNamespace(run=None)  # a test sets run(json_path) -> exit code: gpuload bench's stand-in
+        monkeypatch.setattr(gpuload.cli, "main", lambda argv: step.run(argv[argv.index("--json") + 1]))
+        return step
+
+    def test_a_failed_gpuload_contender_keeps_its_report(self, bench_step, tmp_path):
+        from experiments.run import bench
+
+        def run(path):
+            Path(path).write_text(json.dumps({"results": {}, "failed": {"gpuload": "RuntimeError: broke"}}))
+            return 1
+
+        bench_step.run = run
+        with pytest.raises(SystemExit, match="failed with exit code 1"):
+            bench(["--device", "cpu", "--workdir", str(tmp_path)])
+        report = json.loads((tmp_path / "results" / "bench_cpu.json").read_text())
+        assert report["experiment"] == "bench" and report["failed"] == {"gpuload": "RuntimeError: broke"}
+
+    def test_an_earlier_report_is_not_taken_for_this_one(self, bench_step, tmp_path):
+        from experiments.run import bench
+
+        (tmp_path / "results").mkdir()
+        (tmp_path / "results" / "bench_cpu.json").write_text("{}")
+        bench_step.run = lambda path: 2  # a usage error: nothing measured, nothing written
+        with pytest.raises(SystemExit, match="failed with exit code 2"):
+            bench(["--device", "cpu", "--workdir", str(tmp_path)])
+        assert not (tmp_path / "results" / "bench_cpu.json").exists()

@@ -61,3 +61,15 @@ def test_a_number_with_a_unit_outside_a_tag_is_found(text):
 )
 def test_tagged_numbers_code_and_plain_numbers_pass(text):
     assert numbers.untagged(text) == []
+
+
+def test_a_failed_bench_contender_is_a_row_saying_so_and_names_no_number(results):
+    changed = copy.deepcopy(results)
+    report = changed["bench_cpu"]
+    del report["results"]["image_folder"]
+    report["failed"] = {"image_folder": "RuntimeError: the disk went away"}
+    rendered = numbers.render("<!--t bench_cpu-->\nSTALE\n<!--/t-->\n", changed)
+    assert "| torch DataLoader + ImageFolder (JPEGs) | failed: RuntimeError: the disk went away |  |  |  |" in rendered
+    known = numbers.values(changed)
+    assert "bench_cpu.gpuload" in known and "bench_cpu.image_folder" not in known
+    assert "bench_cpu.gpuload.x_stock" not in known  # its stock loader failed
