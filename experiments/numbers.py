@@ -319,28 +319,35 @@ def _remote_reads_table(results: dict[str, dict]) -> str:
     latencies = (0.0, result["latency_ms"])
     table = []
 
-    def cells(values: dict[str, list[float]], unit: float) -> list[str]:
-        medians = {client: unit / statistics.median(seconds) for client, seconds in values.items()}
+    def cells(rates: dict[str, list[float]]) -> list[str]:
+        medians = {client: statistics.median(values) for client, values in rates.items()}
         best = max(medians, key=medians.get)
         return [
             (f"**{count(medians[client])}**" if client == best else count(medians[client]))
-            + f" ({count(unit / max(values[client]))}-{count(unit / min(values[client]))})"
+            + f" ({count(min(rates[client]))}-{count(max(rates[client]))})"
             for client in ("obstore", "s3fs")
         ]
+
+    def megabytes_per_second(row: dict) -> list[float]:
+        """Each repeat's rate: the bytes fetched over its time (results before that field: the blocks
+        asked for, which were drawn with repeats and fetched merged, over the time)."""
+        if "bytes_fetched" in row:
+            fetched = row["bytes_fetched"]
+        else:
+            fetched = [row["requests"] * row["block_MiB"] * 2**20] * len(row["seconds"])
+        return [size / seconds / 1e6 for size, seconds in zip(fetched, row["seconds"], strict=True)]
 
     for latency in latencies:
         for size in (1.0, 4.0, 16.0):
             rows = [row for row in result["blocks"] if row["block_MiB"] == size and row["latency_ms"] == latency]
             if rows:
-                unit = rows[0]["requests"] * size * 2**20 / 1e6
-                table.append(
-                    [f"{size:.0f} MiB, {latency:.0f} ms", *cells({r["client"]: r["seconds"] for r in rows}, unit)]
-                )
+                rates = {row["client"]: megabytes_per_second(row) for row in rows}
+                table.append([f"{size:.0f} MiB, {latency:.0f} ms", *cells(rates)])
     for latency in latencies:
         rows = [r for r in result["small_ranges"] if r["latency_ms"] == latency and r["client"] in ("obstore", "s3fs")]
         if rows:
             label = f"{rows[0]['range_bytes'] / 1e3:.0f} KB ranges, {latency:.0f} ms (ranges/s)"
-            table.append([label, *cells({r["client"]: r["seconds"] for r in rows}, rows[0]["ranges"])])
+            table.append([label, *cells({r["client"]: [r["ranges"] / s for s in r["seconds"]] for r in rows})])
     return _markdown(["block, added latency", "obstore", "s3fs"], table, "lrr")
 
 

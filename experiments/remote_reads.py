@@ -8,7 +8,9 @@ question 3. Three questions, each contender in the same run:
 
 1. **Client**: obstore (Rust ``object_store``) against s3fs (aiobotocore), both through
    :class:`gpuload.store.remote_file.RemoteFile` (its threads, ``If-Match`` on every GET), fetching
-   aligned blocks of 1, 4 and 16 MiB with 16 requests in flight, without and with added latency.
+   distinct aligned blocks of 1, 4 and 16 MiB, drawn at random from an object as large as the budget
+   (so every block is read once, in a random order), one request a block, 16 requests in flight,
+   without and with added latency; rates are the bytes the client fetched over the time.
 2. **Small ranges** (image-sized, 48 KB, random): requests per second for each client, and obstore's
    own ``get_ranges`` (one call, no ``If-Match``) for reference.
 3. **Object size**: the time of one 4 MiB ranged GET from a 16 MiB and from a 512 MiB object, on
@@ -67,8 +69,9 @@ def main(argv: list[str] | None = None) -> None:
 def _measure(args) -> None:
     repeats = 1 if args.quick else args.repeats
     budget = 8 * MiB if args.quick else args.budget_mib * MiB
-    object_bytes = 32 * MiB if args.quick else 128 * MiB
     block_sizes = [1 * MiB, 4 * MiB] if args.quick else [1 * MiB, 4 * MiB, 16 * MiB]
+    # at least as large as what a contender reads (the budget, or one block): no block is drawn twice
+    object_bytes = -(-budget // max(block_sizes)) * max(block_sizes)
     latencies = [0.0, args.latency_ms / 1000]
     rng = random.Random(0)
     payload = rng.randbytes(object_bytes)
@@ -85,22 +88,18 @@ def _measure(args) -> None:
             for block in block_sizes:
                 count = max(1, budget // block)
                 for name, store in stores.items():
-                    seconds = []
-                    for _ in range(repeats):
-                        starts = [rng.randrange(object_bytes // block) * block for _ in range(count)]
-                        with RemoteFile(store, "data.memmap", block_size=block, workers=16) as file:
-                            started = time.perf_counter()
-                            file.read_many([(start, block) for start in starts])
-                            seconds.append(time.perf_counter() - started)
-                    best = statistics.median(seconds)
+                    runs = [read_blocks(store, "data.memmap", block, count, rng) for _ in range(repeats)]
+                    seconds = [run["seconds"] for run in runs]
                     row = {
                         "client": "obstore" if name == "obstore" else "s3fs",
                         "latency_ms": latency * 1000,
                         "block_MiB": block / MiB,
-                        "requests": count,
+                        "blocks": count,
+                        "requests": [run["requests"] for run in runs],
+                        "bytes_fetched": [run["bytes_fetched"] for run in runs],
                         "seconds": seconds,
-                        "MB_per_s": count * block / best / 1e6,
-                        "requests_per_s": count / best,
+                        "MB_per_s": statistics.median(run["bytes_fetched"] / run["seconds"] for run in runs) / 1e6,
+                        "requests_per_s": statistics.median(run["requests"] / run["seconds"] for run in runs),
                     }
                     results["blocks"].append(row)
                     print(f"blocks  {row['client']:8} {row['latency_ms']:4.0f} ms  {row['block_MiB']:4.0f} MiB  "
@@ -146,6 +145,7 @@ def _measure(args) -> None:
             "device": "cpu",
             "latency_ms": args.latency_ms,
             "budget_MiB": budget / MiB,
+            "object_MiB": object_bytes / MiB,
             "repeats": repeats,
             "quick": args.quick,
             "servers": "the tests' Range HTTP server as a path-style S3 GET/HEAD endpoint (blocks, small ranges) and "
@@ -153,6 +153,26 @@ def _measure(args) -> None:
             **results,
         },
     )
+
+
+def read_blocks(store, name: str, block: int, count: int, rng: random.Random) -> dict:
+    """``count`` distinct aligned blocks of ``block`` bytes of the object ``name``, drawn with ``rng``, read
+    through :class:`RemoteFile` (one request a block, 16 in flight): the seconds, and the requests and bytes
+    that the client fetched.
+
+    Raises:
+        ValueError: the object holds fewer than ``count`` blocks.
+    """
+    with RemoteFile(store, name, block_size=block, blocks_per_request=1, workers=16) as file:
+        if count > file.size // block:
+            raise ValueError(
+                f"{name} holds {file.size // block} blocks of {block:,} bytes, fewer than the {count} to read once each"
+            )
+        starts = [index * block for index in rng.sample(range(file.size // block), count)]
+        started = time.perf_counter()
+        file.read_many([(start, block) for start in starts])
+        seconds = time.perf_counter() - started
+        return {"seconds": seconds, "requests": file.stats["requests"], "bytes_fetched": file.stats["bytes_fetched"]}
 
 
 def _object_sizes(s3: S3Server, store, tmp: str, *, quick: bool, repeats: int) -> list[dict]:

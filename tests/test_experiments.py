@@ -171,3 +171,30 @@ class TestTrainAugmentDataWait:
 
     def test_an_instant_loader_is_not(self):
         assert 0 < self._share(0.0)["data_wait_share"] < 0.05
+
+
+class TestRemoteReads:
+    """remote_reads drew 256 MiB of blocks with repeats from a 128 MiB object: neighbours merged, about 111 MiB
+    fetched, and its rate divided 268 MB by the time."""
+
+    @pytest.mark.parametrize("backend", ["obstore", "fsspec"])
+    def test_each_block_is_fetched_once_and_the_bytes_fetched_are_counted(self, tmp_path, monkeypatch, backend):
+        import random
+
+        from servers import RangeHTTPServer, fake_aws_environment
+
+        from experiments.remote_reads import read_blocks
+        from gpuload.store.remote import Retry, open_store
+
+        block, count = 4096, 32
+        folder = tmp_path / "bench" / "ds"
+        folder.mkdir(parents=True)
+        (folder / "data.memmap").write_bytes(random.Random(0).randbytes(count * block))  # as large as what is read
+        with RangeHTTPServer(tmp_path) as web:
+            for name, value in fake_aws_environment(web.url).items():
+                monkeypatch.setenv(name, value)
+            store = open_store("s3://bench/ds", backend=backend, retry=Retry())
+            run = read_blocks(store, "data.memmap", block, count, random.Random(1))
+            ranges = [request.headers["Range"] for request in web.requests if request.method == "GET"]
+        assert sorted(ranges) == sorted(f"bytes={i * block}-{(i + 1) * block - 1}" for i in range(count))  # once each
+        assert run["bytes_fetched"] == count * block and run["requests"] == count and run["seconds"] > 0

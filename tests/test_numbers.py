@@ -73,3 +73,26 @@ def test_a_failed_bench_contender_is_a_row_saying_so_and_names_no_number(results
     known = numbers.values(changed)
     assert "bench_cpu.gpuload" in known and "bench_cpu.image_folder" not in known
     assert "bench_cpu.gpuload.x_stock" not in known  # its stock loader failed
+
+
+def test_remote_reads_rates_are_the_bytes_fetched_over_the_time(results):
+    """A result that records the bytes fetched is read from them; an older one (blocks asked for) still renders."""
+    import statistics
+
+    changed = copy.deepcopy(results)
+    row = next(
+        row
+        for row in changed["remote_reads"]["blocks"]
+        if (row["client"], row["block_MiB"], row["latency_ms"]) == ("obstore", 1.0, 0.0)
+    )
+    row["bytes_fetched"] = [111 * 2**20] * len(row["seconds"])  # fewer than the blocks asked for
+    row["requests"] = [111] * len(row["seconds"])
+    rates = [111 * 2**20 / seconds / 1e6 for seconds in row["seconds"]]
+    expected = f"{numbers.count(statistics.median(rates))} ({numbers.count(min(rates))}-{numbers.count(max(rates))})"
+
+    def obstore_cell(result: dict) -> str:
+        table = numbers.render("<!--t remote_reads-->\n<!--/t-->\n", result)
+        return next(line for line in table.splitlines() if line.startswith("| 1 MiB, 0 ms |")).split(" | ")[1]
+
+    assert obstore_cell(changed).replace("*", "") == expected
+    assert obstore_cell(results).replace("*", "") != expected  # the committed result: the blocks asked for
