@@ -211,6 +211,7 @@ FONT_SIZES = {
     "figure.titlesize": 17,
 }
 FOOTNOTE_PX = 14
+EDGE_PX = 4  # the footnote's distance from the figure's edges, and the least room right of a wrapped text
 FOOTNOTE_GID = "footnote"  # the footnote's texts, which layout() replaces
 
 
@@ -251,16 +252,19 @@ def small_texts(fig) -> list[str]:
         if text.get_fontsize() * scale < MIN_FONT_PX - 1e-6:
             problems.append(f"{text.get_text()!r} at {text.get_fontsize() * scale:.1f} px")
     edges = fig.bbox
-    titles = list(fig.texts) + [
-        title for axis in fig.axes for title in (axis.title, axis._left_title, axis._right_title)
-    ]
-    for text in titles:
-        if not text.get_visible() or not text.get_text().strip():
-            continue
+    for text in _titles(fig):
         box = text.get_window_extent(renderer)
         if box.x0 < edges.x0 - 1 or box.x1 > edges.x1 + 1:
             problems.append(f"{text.get_text()!r} is wider than the figure")
     return problems
+
+
+def _titles(fig) -> list:
+    """The visible figure-level texts (titles, footnote) and panel titles of ``fig``."""
+    texts = list(fig.texts) + [
+        title for axis in fig.axes for title in (axis.title, axis._left_title, axis._right_title)
+    ]
+    return [text for text in texts if text.get_visible() and text.get_text().strip()]
 
 
 def legend_right(fig, axis, title: str | None = None) -> float:
@@ -301,8 +305,9 @@ def layout(fig, result: dict, statistics: str, *, right: float = 1.0) -> None:
     and lay the panels out above it, up to ``right`` (a share of the width).
 
     The footnote is wrapped to the figure's width at its commas and semicolons: one line where it fits, as
-    many as it needs on a machine with a long description; a piece wider than the figure on its own is cut
-    short with an ellipsis. Called again, it replaces the footnote it wrote.
+    many as it needs on a machine with a long description, a piece wider than the figure on its own cut
+    short with an ellipsis. A title that runs off the figure (one naming such a machine's CPU) is wrapped at
+    its spaces. Called again, it replaces the footnote it wrote.
     """
     for text in [text for text in fig.texts if text.get_gid() == FOOTNOTE_GID]:
         text.remove()
@@ -312,28 +317,51 @@ def layout(fig, result: dict, statistics: str, *, right: float = 1.0) -> None:
         + (f" (CUDA {machine['cuda']})" if machine.get("cuda") else "")
         + f"; torch {machine['torch']}; {machine['date'][:10]}; {statistics}"
     )
-    renderer = fig.canvas.get_renderer()
-    margin = 4  # canvas px from the figure's left, right and bottom edges
     footnote = fig.text(
-        margin / fig.bbox.width, margin / fig.bbox.height, "", fontsize=FOOTNOTE_PX, color="0.35", va="bottom"
+        EDGE_PX / fig.bbox.width, EDGE_PX / fig.bbox.height, note, fontsize=FOOTNOTE_PX, color="0.35", va="bottom"
     )
     footnote.set_gid(FOOTNOTE_GID)
+    _wrap(fig, footnote, r"(?<=[,;]) ", cut=True)
+    bottom = (footnote.get_window_extent(fig.canvas.get_renderer()).y1 + EDGE_PX) / fig.bbox.height
+    fig.tight_layout(rect=(0, bottom, right, 1), pad=0.4, w_pad=1.2)
+    wrapped = False
+    for text in _titles(fig):
+        if text is not footnote:
+            wrapped |= _wrap(fig, text, " ")
+    if wrapped:  # room for the titles' new lines
+        fig.tight_layout(rect=(0, bottom, right, 1), pad=0.4, w_pad=1.2)
+
+
+def _wrap(fig, text, breaks: str, *, cut: bool = False) -> bool:
+    """Break each line of ``text`` that runs off ``fig`` at the matches of the regex ``breaks`` (joined with a
+    space where a line goes on); with ``cut``, a piece too wide on its own is cut short with an ellipsis
+    (else it stays, for :func:`small_texts` to refuse). Whether it changed the text."""
+    renderer = fig.canvas.get_renderer()
+    original = text.get_text()
 
     def fits(line: str) -> bool:
-        footnote.set_text(line)
-        return footnote.get_window_extent(renderer).width <= fig.bbox.width - 2 * margin
+        text.set_text(line)
+        box = text.get_window_extent(renderer)
+        return box.x0 >= 0 and box.x1 <= fig.bbox.width - EDGE_PX
 
+    if all(fits(line) for line in original.split("\n")):
+        text.set_text(original)
+        return False
     lines: list[str] = []
-    for piece in re.split(r"(?<=[,;]) ", note):
-        if lines and fits(f"{lines[-1]} {piece}"):
-            lines[-1] = f"{lines[-1]} {piece}"
-            continue
-        while len(piece) > 1 and not fits(piece):
-            piece = piece.removesuffix("…")[:-1] + "…"
-        lines.append(piece)
-    footnote.set_text("\n".join(lines))
-    bottom = (footnote.get_window_extent(renderer).y1 + margin) / fig.bbox.height
-    fig.tight_layout(rect=(0, bottom, right, 1), pad=0.4, w_pad=1.2)
+    for line in original.split("\n"):
+        current = ""
+        for piece in re.split(breaks, line):
+            if current and fits(f"{current} {piece}"):
+                current = f"{current} {piece}"
+                continue
+            if current:
+                lines.append(current)
+            while cut and len(piece) > 1 and not fits(piece):
+                piece = piece.removesuffix("…")[:-1] + "…"
+            current = piece
+        lines.append(current)
+    text.set_text("\n".join(lines))
+    return True
 
 
 def plot_spread(

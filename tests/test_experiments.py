@@ -24,6 +24,21 @@ LONG_MACHINE = {
 }
 
 
+# Each experiment that draws, and the figures it draws.
+PLOTTED = {
+    "decode_costs": ["decode_costs"],
+    "decoders": ["decoders"],
+    "gpu_preprocess": ["gpu_preprocess"],
+    "jpeg_quality": ["jpeg_quality", "jpeg_quality_crops"],
+    "jpeg_store": ["jpeg_store"],
+    "memmap_vs_folder": ["memmap_vs_folder"],
+    "remote_loading": ["remote_loading"],
+    "train_augment": ["train_augment"],
+    "train_order": ["train_order", "train_order_trace"],
+    "transfer_order": ["transfer_order"],
+}
+
+
 def _committed(name: str) -> dict:
     return json.loads((ROOT / "assets" / "results" / f"{name}.json").read_text())
 
@@ -79,17 +94,27 @@ class TestSaveFigure:
         (footnote,) = [text for text in fig.texts if text.get_gid() == "footnote"]
         assert footnote.get_text().split("\n")[0].endswith("…")
 
-    @pytest.mark.parametrize("experiment", ["memmap_vs_folder", "train_augment", "transfer_order"])
+    @pytest.mark.parametrize("experiment", sorted(PLOTTED))
     def test_a_committed_result_from_a_long_named_machine_is_drawn(self, experiment, tmp_path, monkeypatch):
-        """memmap_vs_folder failed on an Intel Xeon VM: its footnote was wider than the figure."""
+        """memmap_vs_folder failed on an Intel Xeon VM: its footnote was wider than the figure, and so
+        were the titles that name the device."""
         import importlib
+        import shutil
 
         module = importlib.import_module(f"experiments.{experiment}")
         result = _committed(experiment)
         result["machine"] = result["machine"] | LONG_MACHINE
+        named = f"cpu ({LONG_MACHINE['cpu']}, {LONG_MACHINE['cores']} cores)"
+        for key in ("device_name", "cpu"):  # what the titles say
+            if key in result:
+                result[key] = named
+        result["device_names"] = dict.fromkeys(result.get("device_names", ()), named)
+        if experiment == "train_order":  # its trace figure too
+            shutil.copytree(ROOT / "assets" / "traces", tmp_path / "traces")
         monkeypatch.setattr(_common, "ASSETS", tmp_path)
         module.plot(result)
-        assert (tmp_path / f"{experiment}.png").is_file()
+        for name in PLOTTED[experiment]:
+            assert (tmp_path / f"{name}.png").is_file(), name
 
 
 class TestRunBench:
@@ -166,8 +191,8 @@ class TestTrainAugmentDataWait:
 
     def test_a_slow_loader_is_waited_for(self):
         run = self._share(0.25)
-        assert run["data_wait_share"] > 0.3  # 0.25 s a batch against a ResNet-18 step on 32x32 images
-        assert run["data_wait_share"] * run["step_ms"] == pytest.approx(250, rel=0.2)  # ms waited per step
+        assert run["data_wait_share"] > 0.1
+        assert run["data_wait_share"] * run["step_ms"] == pytest.approx(250, rel=0.2)  # ms waited per step: 0.25 s
 
     def test_an_instant_loader_is_not(self):
         assert 0 < self._share(0.0)["data_wait_share"] < 0.05

@@ -343,7 +343,7 @@ def test_figures_are_drawn_for_the_back_row(tmp_path, monkeypatch):
         _common.save_figure(fig, "small", _results("transfer_order"))
     assert not (tmp_path / "small.png").exists()
     fig, axes = _common.figure()
-    fig.suptitle("a title far too long for the figure " * 4)
+    fig.suptitle("a_title_with_no_space_far_too_long_for_the_figure" * 3)  # wrapped at spaces, it has none
     with pytest.raises(ValueError, match="wider than the figure"):
         _common.save_figure(fig, "wide", _results("transfer_order"))
     with pytest.raises(ValueError, match="must fit the 980x552 slide canvas"):
