@@ -18,29 +18,85 @@ ASSETS = Path(os.environ.get("GPULOAD_ASSETS", ROOT / "assets"))  # the CI smoke
 RESULTS = ASSETS / "results"
 
 
-def photo_folders(workdir: Path, count: int, size: tuple[int, int] = (480, 640), quality: int = 3) -> tuple[Path, Path]:
+# Where no ffmpeg runs (the GPU machine: nothing can be installed there, and imageio-ffmpeg's wheel alone is
+# larger than what a call may carry), the copy at ffmpeg's -q:v 3 is made by Pillow (libjpeg) with the one
+# quantisation table ffmpeg writes at that quality for all three components (read from its output, in
+# Pillow's order), 4:2:0 chroma, optimised Huffman tables (as ffmpeg's default) and a restart marker per MCU
+# row (as gpuload compress asks for): PSNR within half a decibel of ffmpeg's, bytes within a fifth
+# (tests/test_gpu_check.py).
+FFMPEG_QTABLES = {
+    3: [8, 6, 7, 8, 9, 10, 10, 12, 6, 6, 8, 9, 10, 10, 12, 13, 7, 8, 9, 10, 10, 12, 12, 14, 8, 8, 9, 10, 10, 12, 13, 15,
+        8, 9, 10, 10, 12, 13, 15, 18, 9, 10, 10, 12, 13, 15, 18, 21, 9, 10, 10, 12, 14, 17, 21, 25, 10, 10, 13, 14, 17,
+        21, 25, 31],
+}  # fmt: skip
+
+
+def photo_folders(
+    workdir: Path, count: int, size: tuple[int, int] | None = (480, 640), quality: int = 3
+) -> tuple[Path, Path]:
     """An ImageFolder of ``count`` camera-like JPEG originals (PIL quality 98) and its
     ffmpeg ``-q:v quality`` copy, made once under ``workdir`` and reused.
 
     The originals are made in a hidden temporary folder and renamed when complete; the copy is
     resumed (and redone where an earlier version wrote it) by ``compress_folder`` itself, which must
-    compress every photo. Nothing outside those two names is ever removed.
+    compress every photo. Nothing outside those two names is ever removed. ``size=None``: the photo set
+    of :mod:`experiments._photos` instead (real photographs at ImageNet-like sizes). Where no ffmpeg is found,
+    the copy is Pillow's with ffmpeg's quantisation table (see ``FFMPEG_QTABLES``; its folder's name says
+    ``pillow``), for the qualities whose table is there; others raise.
+
+    Raises:
+        FileNotFoundError: no ffmpeg, for a quality with no Pillow match.
     """
-    classes = len(gpuload.SAMPLE_CLASSES)
-    per_class = -(-count // classes)
-    tag = f"{per_class * classes}-{size[0]}x{size[1]}"
-    originals = workdir / f"originals-{tag}"
+    if size is None:
+        from ._photos import make_photo_set
+
+        tag = f"{count}-varied"
+        originals = workdir / f"originals-{tag}"
+        if not originals.exists():
+            make_photo_set(originals, count)  # made under a temporary name, renamed when complete
+    else:
+        classes = len(gpuload.SAMPLE_CLASSES)
+        per_class = -(-count // classes)
+        tag = f"{per_class * classes}-{size[0]}x{size[1]}"
+        originals = workdir / f"originals-{tag}"
+        if not originals.exists():
+            partial = workdir / f".originals-{tag}.partial"
+            if partial.exists():
+                shutil.rmtree(partial)  # a run of this function was killed while writing it
+            gpuload.make_sample_folder(partial, images_per_class=per_class, size=size, quality=98)
+            os.rename(partial, originals)
+    try:
+        gpuload.find_ffmpeg()
+    except FileNotFoundError:
+        if quality not in FFMPEG_QTABLES:
+            raise
+        return originals, pillow_copy(originals, workdir / f"pillow-q{quality}-{tag}", quality)
     compressed = workdir / f"q{quality}-{tag}"
-    if not originals.exists():
-        partial = workdir / f".originals-{tag}.partial"
-        if partial.exists():
-            shutil.rmtree(partial)  # a run of this function was killed while writing it
-        gpuload.make_sample_folder(partial, images_per_class=per_class, size=size, quality=98)
-        os.rename(partial, originals)
     report = gpuload.compress_folder(originals, compressed, quality=quality, progress=False)  # skips what is finished
     if report.failed:  # an experiment on fewer photos than it says would mislead
         raise RuntimeError(f"compress failed on {len(report.failed)} photos, first {report.failed[0]}")
     return originals, compressed
+
+
+def pillow_copy(originals: Path, copy: Path, quality: int) -> Path:
+    """``originals`` re-encoded by Pillow as ffmpeg's ``-q:v quality`` quantises into ``copy`` (made in a
+    hidden temporary folder, renamed when complete), once."""
+    if copy.exists():
+        return copy
+    partial = copy.with_name(f".{copy.name}.partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    from PIL import Image
+
+    for source in sorted(originals.rglob("*.jpg")):
+        target = partial / source.relative_to(originals)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with Image.open(source) as image:
+            image.convert("RGB").save(
+                target, qtables=[FFMPEG_QTABLES[quality]], subsampling="4:2:0", optimize=True, restart_marker_rows=1
+            )
+    os.rename(partial, copy)
+    return copy
 
 
 def add_device_argument(parser) -> None:
