@@ -390,6 +390,8 @@ class TestDecodeBatch:
 
         expected = decode_batch(varied_jpegs, torch.arange(12), CenterCropDecode(32), seed=0, epoch=0,
                                 device=torch.device(device))  # fmt: skip
+        libjpeg = decode_batch(varied_jpegs, torch.tensor([4]), CenterCropDecode(32), seed=0, epoch=0,
+                               device=torch.device("cpu"))  # fmt: skip
         monkeypatch.setattr(gpuload.loading.crop, "_batch_decoder", batch_decoder)
         with pytest.warns(RuntimeWarning) as warned:
             out = decode_batch(varied_jpegs, torch.arange(12), CenterCropDecode(32), seed=0, epoch=0,
@@ -398,7 +400,9 @@ class TestDecodeBatch:
             f"the GPU decoder refused {varied_jpegs.describe(4)} (nvjpegDecode failed: unknown chroma subsampling); "
             "decoded by libjpeg-turbo on the CPU instead"
         ]
-        assert_nearly_equal(out[:, :, :, :], expected, most=0.9 if device == "cuda" else 0.99)
+        others = [row for row in range(12) if row != 4]
+        assert_nearly_equal(out[others], expected[others])
+        assert mean_difference(out[4].cpu(), libjpeg[0]) <= 0.6  # libjpeg-turbo's pixels, resampled on the device
 
     def test_a_decode_of_another_size_than_recorded_is_an_error_not_a_transposed_image(
         self, varied_jpegs, device, monkeypatch
@@ -438,8 +442,10 @@ class TestDecodeBatch:
         assert shapes[0] == ((5, 3, 24, 24), device, device) and len(shapes) == 3
 
 
-def assert_nearly_equal(a: torch.Tensor, b: torch.Tensor, most: float = 0.99) -> None:
-    """uint8 pixels at most 1 apart, and at least a share ``most`` of them equal."""
+def assert_nearly_equal(a: torch.Tensor, b: torch.Tensor, most: float | None = None) -> None:
+    """uint8 pixels at most 1 apart, and at least a share ``most`` of them equal (99 % on the CPU's float32,
+    95 % on CUDA's float16 products by default)."""
+    most = most if most is not None else (0.95 if a.is_cuda else 0.99)
     difference = (a.int() - b.int()).abs()
     equal = float((difference == 0).float().mean())
     assert int(difference.max()) <= 1 and equal >= most, f"max difference {int(difference.max())}, {equal:.2%} equal"
