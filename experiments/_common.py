@@ -86,15 +86,20 @@ def pillow_copy(originals: Path, copy: Path, quality: int) -> Path:
     partial = copy.with_name(f".{copy.name}.partial")
     if partial.exists():
         shutil.rmtree(partial)
+    from concurrent.futures import ThreadPoolExecutor
+
     from PIL import Image
 
-    for source in sorted(originals.rglob("*.jpg")):
+    def encode(source: Path) -> None:
         target = partial / source.relative_to(originals)
         target.parent.mkdir(parents=True, exist_ok=True)
         with Image.open(source) as image:
             image.convert("RGB").save(
                 target, qtables=[FFMPEG_QTABLES[quality]], subsampling="4:2:0", optimize=True, restart_marker_rows=1
             )
+
+    with ThreadPoolExecutor(os.cpu_count()) as pool:  # Pillow's codecs release the GIL
+        list(pool.map(encode, sorted(originals.rglob("*.jpg"))))
     os.rename(partial, copy)
     return copy
 

@@ -114,7 +114,8 @@ def steps(python: str, device: str = "cuda", *, short: bool = False) -> list[Ste
     """Every step of a run on ``device``, in order of importance (``short``: the rehearsal CI runs)."""
     this = (python, "-m", "experiments.gpu_check")
     short_flag = ("--short",) if short else ()
-    tests = (python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda" if device == "cuda" else "not cuda")
+    tests = (python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", "--durations=15")
+    tests += ("-m", "cuda" if device == "cuda" else "not cuda")
     found = [
         Step("environment", 1, (*this, "environment", "--device", device), 90),
         Step("data", 1, (*this, "data", "--device", device, *short_flag), 180),
