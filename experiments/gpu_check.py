@@ -399,11 +399,18 @@ def install(folder: Path) -> None:
     wheels = sorted(str(path) for path in folder.glob("*.whl"))
     if not wheels:
         raise SystemExit(f"gpu_check: no wheels in {folder}: run `python -m experiments.gpu_check prepare` here first")
-    subprocess.run(
+    installed = subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--upgrade",
          "--target", str(target), *wheels],
-        check=True,
+        check=False,
     )  # fmt: skip
+    if installed.returncode != 0:  # no pip in that Python: a wheel is a zip of what goes into site-packages
+        import zipfile
+
+        print("gpu_check: pip failed; unpacking the wheels into /tmp/site instead", flush=True)
+        for wheel in wheels:
+            with zipfile.ZipFile(wheel) as archive:
+                archive.extractall(target)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))
     sys.path.insert(0, str(target))
 
