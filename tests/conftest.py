@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import shutil
@@ -41,12 +40,12 @@ def pytest_collection_modifyitems(config, items):
 # The deletion check of the stream protocol (experiments/gpu_check.py, and a `cuda` test): with
 # GPULOAD_DELETE_STEP naming one step of gpuload.loading.loader's protocol, that step does nothing
 # in this test session, and the `cuda` tests that guard it must fail.
-# Each step, and what it does once deleted: nothing (a context manager: enters and leaves).
+# Each step, and what it does once deleted: nothing.
 PROTOCOL_STEPS = {
     "_host_waits": lambda *args: None,
     "_stream_waits": lambda *args: None,
     "_record_on": lambda *args: None,
-    "_graph_turn": lambda *args: contextlib.nullcontext(),
+    "_on_consumer_side": lambda *args: False,  # a CUDA-graph transform then runs in the producers
 }
 
 

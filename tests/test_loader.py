@@ -789,6 +789,24 @@ class TestTransform:
         with pytest.raises(TypeError, match="transform must be callable"):
             DataLoader(indexed_data(), transform="flip")
 
+    def test_one_compiled_with_cuda_graphs_runs_in_the_consumers_thread_with_the_same_draws(self, monkeypatch):
+        """Its graphs' static buffers and torch's per-thread graph state cannot be shared by the producers
+        (see the CUDA test); each batch gets the generator of its place in the epoch all the same."""
+        seen = []
+        augment = RandomResizedCrop(3, flip=True, brightness=0.5)
+
+        def graphed(images, generator=None):
+            seen.append(threading.current_thread())
+            return augment(images, generator=generator)
+
+        reference = self.batches()
+        monkeypatch.setattr(loader_module, "uses_cuda_graphs", lambda function: function is graphed)
+        loader = DataLoader(indexed_data(40, (12, 16)), batch_size=4, shuffle=True, seed=3, device="cpu",
+                            transform=graphed, threads=2)  # fmt: skip
+        batches = [(images.clone(), labels.clone()) for images, labels in loader]
+        assert seen == [threading.current_thread()] * len(loader)
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(reference, batches, strict=True))
+
 
 class TestJpegDatasets:
     """A jpeg dataset is decoded (and cropped) into the ring by the loader's threads."""
@@ -1115,7 +1133,7 @@ EPOCHS = 2
 PROTOCOL_TESTS = (
     "test_every_batch_is_exact_under_overlap",
     "test_a_slow_transform_on_the_side_stream_is_waited_for",
-    "test_two_producers_replaying_one_cuda_graph_serve_intact_batches",
+    "test_a_cuda_graph_transform_runs_in_the_consumers_thread_with_intact_batches",
 )
 
 
@@ -1184,7 +1202,7 @@ class TestCuda:
         reference = checksums(data.images.flip(-1).cuda(), data.labels.cuda()).cpu()
         assert torch.equal(torch.cat(sums, dim=1).cpu(), reference[:, order])
 
-    @pytest.mark.parametrize("step", ["_host_waits", "_stream_waits", "_record_on", "_graph_turn"])
+    @pytest.mark.parametrize("step", ["_host_waits", "_stream_waits", "_record_on", "_on_consumer_side"])
     def test_the_overlap_tests_fail_without_each_step_of_the_protocol(self, step):
         """The deletion check: each step of the stream protocol removed in turn, the tests above must
         fail (a test that still passed would not guard that step)."""
@@ -1279,13 +1297,16 @@ class TestCuda:
         reference = checksums(data.images.flip(-1).cuda(), data.labels.cuda()).cpu()
         assert torch.equal(torch.cat(sums, dim=1).cpu(), reference[:, order])
 
-    def test_two_producers_replaying_one_cuda_graph_serve_intact_batches(self, data):
-        """Both producers replay one captured graph (one set of static buffers) on their own streams.
-        The wait after the flip (eager: a graph break) holds back the loader's copy of the output, so
-        without one replay at a time the other producer's replay overwrites it first."""
+    def test_a_cuda_graph_transform_runs_in_the_consumers_thread_with_intact_batches(self, data):
+        """A captured graph's static buffers are shared by every caller and torch keeps graph state per
+        thread: in two producers, one replay overwrote the other's output while the wait after the flip
+        (eager: a graph break) held back its copy, and torch 2.11 failed an assertion in the thread that
+        captured (seen on an H200). In the consumer's thread, each batch's replay and copy come in turn."""
+        threads = []
 
         @torch._dynamo.disable
         def wait() -> None:
+            threads.append(threading.current_thread())
             torch.cuda._sleep(SLEEP_CYCLES)
 
         def flip_then_wait(images: torch.Tensor) -> torch.Tensor:
@@ -1305,6 +1326,7 @@ class TestCuda:
         order = epoch_order(len(data), epoch=0, seed=3, shuffle=True)
         reference = checksums(data.images.flip(-1).cuda(), data.labels.cuda()).cpu()
         assert torch.equal(torch.cat(sums, dim=1).cpu(), reference[:, order])
+        assert set(threads) == {threading.current_thread()}
 
 
 class TestBlockShuffle:

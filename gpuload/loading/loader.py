@@ -15,7 +15,6 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -110,7 +109,9 @@ class DataLoader:
         transform: applied to each uint8 image batch on ``device`` right after its copy, by the
             background threads (on CUDA on the loader's side stream, before the batch is handed
             over), without autograd; e.g. :class:`gpuload.RandomResizedCrop` for a user who prefers
-            augmentation outside the model. When it (or the module that ``torch.compile`` wrapped)
+            augmentation outside the model. One compiled with CUDA graphs (``mode="reduce-overhead"``)
+            runs in the consumer's thread on its stream as each batch is taken, and its output is copied
+            (see :func:`uses_cuda_graphs`). When it (or the module that ``torch.compile`` wrapped)
             takes a ``generator`` argument it gets one seeded by ``(seed, epoch, rank, the batch's
             position in the epoch)``: its random draws do not depend on thread timing and replay
             exactly after a resume. A transform without one (an ``nn.Sequential``, a lambda) that
@@ -928,40 +929,23 @@ class _BatchTransform:
 
     def __call__(self, images: torch.Tensor, *, number: int) -> torch.Tensor:
         with torch.no_grad():
-            if not (self.copy_output and images.is_cuda):
-                return self._apply(images, number)
-            with _graph_turn(torch.cuda.current_stream(images.device)):
-                return self._apply(images, number).clone()
-
-    def _apply(self, images: torch.Tensor, number: int) -> torch.Tensor:
-        if not self.takes_generator:
-            return self.function(images)
-        position = self.start + number * self.step  # where this batch starts in the epoch's order
-        digest = hashlib.blake2b(repr((self.seed, self.epoch, self.rank, position)).encode(), digest_size=8)
-        seed = int.from_bytes(digest.digest(), "big") >> 1
-        return self.function(images, generator=torch.Generator(device=images.device).manual_seed(seed))
+            if not self.takes_generator:
+                out = self.function(images)
+            else:
+                position = self.start + number * self.step  # where this batch starts in the epoch's order
+                digest = hashlib.blake2b(repr((self.seed, self.epoch, self.rank, position)).encode(), digest_size=8)
+                seed = int.from_bytes(digest.digest(), "big") >> 1
+                out = self.function(images, generator=torch.Generator(device=images.device).manual_seed(seed))
+            return out.clone() if self.copy_output and out.is_cuda else out
 
 
-# A function compiled with CUDA graphs replays into static input and output buffers that every thread
-# calling it shares (its graphs belong to the graph tree of the thread that captured them), and torch
-# does not order replays queued on different streams: two producers would overwrite each other's
-# batch, or trip the tree's checks with concurrent runs. One replay and the copy of its output at a time,
-# each producer's stream waiting for the previous copy (the next step of the stream protocol).
-_GRAPH_LOCK = threading.Lock()
-_graph_copied: dict[torch.device, torch.cuda.Event] = {}
-
-
-@contextmanager
-def _graph_turn(stream: torch.cuda.Stream) -> Iterator[None]:
-    """Inside: this thread alone replays CUDA graphs on ``stream``, after the last replay's output was copied."""
-    with _GRAPH_LOCK:
-        last = _graph_copied.get(stream.device)
-        if last is not None:
-            stream.wait_event(last)
-        yield
-        copied = torch.cuda.Event()
-        copied.record(stream)
-        _graph_copied[stream.device] = copied
+def _on_consumer_side(transform: _BatchTransform | None) -> bool:
+    """Whether ``transform`` runs in the consumer's thread, on its stream, when it takes the batch: one
+    compiled with CUDA graphs. Its graphs replay into static buffers that every caller shares, with no
+    order between replays queued on two producers' streams (each would overwrite the other's batch),
+    and torch keeps the graphs' state per thread (torch 2.11 fails an assertion when another thread
+    captures one); the consumer's thread is where the user's compiled model runs too, one batch at a time."""
+    return transform is not None and transform.copy_output
 
 
 def uses_cuda_graphs(function: Callable) -> bool:
@@ -1060,7 +1044,9 @@ class _Pipeline:
         # A function of its own so that no local keeps a view of the batch once it is published:
         # on the CPU a view left behind would make its slot look held by the user.
         try:
-            transform = None if self.transform is None else partial(self.transform, number=number)
+            transform = None
+            if self.transform is not None and not _on_consumer_side(self.transform):
+                transform = partial(self.transform, number=number)
             item = (slot, *slot.fill(self.gather, self.labels, self.batches[number], transform, stream))
         except BaseException as error:  # raised in the consumer when it reaches this batch
             item = _Failed(error)
@@ -1176,6 +1162,8 @@ class _EpochIterator:
             _stream_waits(stream, event)
             _record_on(stream, images, labels)
             self._pipeline.release(slot)  # refilled only after its event: the copy is done
+        if _on_consumer_side(self._pipeline.transform):  # after the wait: queued on the consumer's stream
+            images = self._pipeline.transform(images, number=self.served)
         self.served += 1
         if self._pipeline.prefetcher is not None:
             self._pipeline.prefetcher.served(self.served)
