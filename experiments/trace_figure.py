@@ -13,10 +13,13 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import re
 from pathlib import Path
 
 from ._common import figure, read_result, save_figure
 
+MAX_LABEL = 32  # characters of a box's label or legend entry
+LEGEND_BOXES = 4  # narrow boxes named in a panel's legend, the longest first
 MAX_DEPTH = 4  # ProfilerStep > record_function range > op > sub-op; deeper levels are noise on a slide
 CHARACTER_WIDTH = 0.0115  # of the axis width, for the 14 px labels on a 900 px wide figure
 GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
@@ -73,6 +76,22 @@ def lanes(
     return result
 
 
+def label_of(event: dict) -> str:
+    """What a box says: an op without ``aten::``; a CUDA kernel by its function's name alone (a kernel's
+    name is its whole C++ signature, templates and all); at most ``MAX_LABEL`` characters.
+
+    Example:
+        >>> label_of({"name": "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl<(lambda)>>(int, T)",
+        ...           "cat": "kernel"})
+        'elementwise_kernel'
+    """
+    name = event["name"].removeprefix("aten::")
+    if event.get("cat") == "kernel":
+        signature = re.sub(r"^void\s+", "", name).replace("(anonymous namespace)::", "")
+        name = re.split(r"[<(]", signature, maxsplit=1)[0].rsplit("::", 1)[-1] or signature
+    return name if len(name) <= MAX_LABEL else name[: MAX_LABEL - 1] + "\u2026"
+
+
 def _colour(name: str, palette: dict):
     """The colour of the boxes named ``name``: the next of tab20 for each new name, so no two names share one."""
     import matplotlib
@@ -93,8 +112,8 @@ def draw(
     mark_short: bool = False,
 ) -> None:
     """Boxes of every event in ``[start, end]`` on ``axis``, time in ms from ``start``; a box too narrow
-    for its name gets a legend entry instead (boxes under ``MIN_SHARE`` of the span are not drawn:
-    unreadable). With ``mark_short``, a ``record_function`` range under that gets a marker where it is,
+    for its name gets a legend entry instead, for the ``LEGEND_BOXES`` names that take the most time
+    (boxes under ``MIN_SHARE`` of the span are not drawn: unreadable). With ``mark_short``, a ``record_function`` range under that gets a marker where it is,
     and a legend entry with its duration."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -109,7 +128,7 @@ def draw(
         tick_labels.append(lane)
         for level, event in nested:
             if event["dur"] < MIN_SHARE * span:
-                name = event["name"]
+                name = label_of(event)
                 if mark_short and event.get("cat") == "user_annotation" and name not in marked:
                     marker = SHORT_MARKERS[len(marked) % len(SHORT_MARKERS)]
                     colour = _colour(name, palette)
@@ -120,15 +139,16 @@ def draw(
                     marked[name] = Line2D([], [], linestyle="none", label=label, **style)
                 continue
             left, width = (event["ts"] - start) / 1e3, event["dur"] / 1e3
-            colour = _colour(event["name"], palette)
+            label = label_of(event)
+            colour = _colour(label, palette)
             axis.broken_barh([(left, width)], (row + level + 0.05, 0.9), color=colour, edgecolor="white")
-            label = event["name"].removeprefix("aten::")
             if len(label) * CHARACTER_WIDTH * span < event["dur"]:  # only labels that fit in their box
                 axis.text(
                     left + width / 2, row + level + 0.5, label, ha="center", va="center", fontsize=14, clip_on=True
                 )
             else:
-                unlabelled.setdefault(label, colour)
+                colour_and_time = unlabelled.setdefault(label, [colour, 0.0])
+                colour_and_time[1] += event["dur"]
         row += depth + 0.5
     axis.set_xlim(0, span / 1e3)
     axis.set_ylim(row, 0)
@@ -137,10 +157,17 @@ def draw(
     axis.set_title(title)
     axis.grid(True, axis="x", alpha=0.3)
     if unlabelled or marked:
-        handles = [Patch(color=colour, label=label) for label, colour in unlabelled.items()]
+        # The narrow boxes that take the most time (a GPU step has dozens of kernels: a legend of all of
+        # them would cover the panel), then the markers.
+        longest = sorted(unlabelled.items(), key=lambda item: -item[1][1])[:LEGEND_BOXES]
+        handles = [Patch(color=colour, label=label) for label, (colour, _) in longest]
         title = "narrow boxes" if not marked else "too short to draw" if not unlabelled else "narrow / too short"
+        if len(unlabelled) > LEGEND_BOXES:
+            title = f"narrow boxes: the {LEGEND_BOXES} longest of {len(unlabelled)}" + (
+                " / too short" if marked else ""
+            )
         handles += list(marked.values())
-        axis.legend(handles=handles, loc="lower right", title=title, ncols=min(3, len(handles)))
+        axis.legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), title=title, frameon=False)
 
 
 def plot_trace(trace: Path, name: str, result: dict, caption: str) -> Path:
@@ -159,6 +186,7 @@ def plot_trace(trace: Path, name: str, result: dict, caption: str) -> Path:
     draw(top, events, start, end, f"one training step ({caption})", max_depth=2, palette=palette)
     zoom = _zoom_title(inside, first_range, forward)
     draw(bottom, events, first_range, forward, zoom, palette=palette, mark_short=True)
+    # the legends stand right of the panels: the layout makes room for them (they are the axes' artists)
     return save_figure(fig, name, result, statistics="one profiler step, as recorded")
 
 

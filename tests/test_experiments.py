@@ -223,3 +223,36 @@ class TestRemoteReads:
             ranges = [request.headers["Range"] for request in web.requests if request.method == "GET"]
         assert sorted(ranges) == sorted(f"bytes={i * block}-{(i + 1) * block - 1}" for i in range(count))  # once each
         assert run["bytes_fetched"] == count * block and run["requests"] == count and run["seconds"] > 0
+
+
+class TestTraceFigure:
+    """experiments/trace_figure.py on the GPU's trace: dozens of kernels named by whole C++ signatures."""
+
+    def test_a_kernel_is_named_by_its_function(self):
+        from experiments.trace_figure import MAX_LABEL, label_of
+
+        kernel = {
+            "cat": "kernel",
+            "name": "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int, T1, T2)",
+        }
+        assert label_of(kernel) == "vectorized_elementwise_kernel"
+        assert label_of({"cat": "cpu_op", "name": "aten::copy_"}) == "copy_"
+        anonymous = "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>(float*, int)"
+        assert label_of({"cat": "kernel", "name": anonymous}) == "cunn_SoftMaxForward"
+        assert len(label_of({"cat": "kernel", "name": "void " + "x" * 200 + "(int)"})) == MAX_LABEL
+
+    def test_the_gpu_trace_names_at_most_a_few_narrow_boxes_beside_its_panels(self, tmp_path, monkeypatch):
+        from experiments import trace_figure
+
+        figures = []
+        monkeypatch.setattr(trace_figure, "save_figure", lambda fig, *args, **kwargs: figures.append(fig))
+        trace = ROOT / "assets" / "traces" / "train_order_cuda_cuda_first.json.gz"
+        trace_figure.plot_trace(trace, "trace", _committed("train_order_cuda"), "a caption")
+        (fig,) = figures
+        for axis in fig.axes:
+            legend = axis.get_legend()
+            assert legend is None or len(legend.get_texts()) <= trace_figure.LEGEND_BOXES + len(
+                trace_figure.SHORT_MARKERS
+            )
+            entries = [text.get_text() for text in legend.get_texts()] if legend else []
+            assert all(len(entry) <= trace_figure.MAX_LABEL or ":" in entry for entry in entries)
