@@ -85,13 +85,29 @@ def _describe(prefix: str, result: dict, into: dict[str, str]) -> None:
 
 
 def values(results: dict[str, dict]) -> dict[str, str]:
-    """Every named number, formatted, from the results that are there (a missing result: no names)."""
+    """Every named number, formatted, from the results that are there (a missing result: no names). A GPU
+    run's result of an experiment (``<name>_cuda``) gives the same names as its CPU one, under ``<name>_cuda.``."""
     found: dict[str, str] = {}
     for name, make in SECTIONS.items():
         if name in results:
             _describe(name, results[name], found)
             make(results[name], found)
+        if f"{name}_cuda" in results and not name.startswith("bench"):
+            on_gpu: dict[str, str] = {}
+            _describe(name, results[f"{name}_cuda"], on_gpu)
+            make(results[f"{name}_cuda"], on_gpu)
+            found.update(
+                {f"{name}_cuda{key[len(name) :]}": value for key, value in on_gpu.items() if key.startswith(f"{name}.")}
+            )
     return found
+
+
+def _gpu_check(result: dict, into: dict[str, str]) -> None:
+    """What pytest said of the CUDA tests of a ``gpu_check`` run, and the GPU."""
+    tests = next((step for step in result["steps"] if step["step"] == "tests"), None)
+    said = re.findall(r"(\d+) (passed|failed|errors?)\b", tests.get("output_tail", "")) if tests else []
+    into["gpu_check_cuda.tests"] = ", ".join(f"{number} {what}" for number, what in said) or "not run"
+    into["gpu_check_cuda.gpu"] = result["gpu"]
 
 
 def _jpeg_store(result: dict, into: dict[str, str]) -> None:
@@ -277,8 +293,14 @@ def _train_order(result: dict, into: dict[str, str]) -> None:
 
 
 def _train_augment(result: dict, into: dict[str, str]) -> None:
+    rates = {}
     for row in result["rows"]:
-        into[f"train_augment.{row['contender']}"] = f"{row['images_per_second']['median']:,.1f}"
+        rates[row["contender"]] = row["images_per_second"]["median"]
+        into[f"train_augment.{row['contender']}"] = count(rates[row["contender"]])
+        if "data_wait_share" in row:
+            into[f"train_augment.{row['contender']}.wait"] = percent(row["data_wait_share"]["median"])
+    if {"gpuload", "stock"} <= rates.keys():
+        into["train_augment.gpuload_x_stock"] = times(rates["gpuload"] / rates["stock"])
     into["train_augment.device"] = result["device_name"]
 
 
@@ -383,6 +405,10 @@ SECTIONS: dict[str, Callable[[dict, dict[str, str]], None]] = {
     "build_memmap": _build_memmap,
     "bench_cpu": lambda result, into: _bench(result, into, "bench_cpu"),
     "bench_jpeg_cpu": lambda result, into: _bench(result, into, "bench_jpeg_cpu"),
+    "bench_cuda": lambda result, into: _bench(result, into, "bench_cuda"),
+    "bench_jpeg_cuda": lambda result, into: _bench(result, into, "bench_jpeg_cuda"),
+    "bench_jpeg_varied_cuda": lambda result, into: _bench(result, into, "bench_jpeg_varied_cuda"),
+    "gpu_check_cuda": _gpu_check,
     "gpu_preprocess": _gpu_preprocess,
     "decode_costs": _decode_costs,
     "decoders": _decoders,
@@ -520,6 +546,9 @@ TABLES: dict[str, Callable[[dict[str, dict]], str]] = {
     "which_format": _which_format,
     "bench_cpu": lambda results: _bench_table(results, "bench_cpu"),
     "bench_jpeg_cpu": lambda results: _bench_table(results, "bench_jpeg_cpu"),
+    "bench_cuda": lambda results: _bench_table(results, "bench_cuda"),
+    "bench_jpeg_cuda": lambda results: _bench_table(results, "bench_jpeg_cuda"),
+    "bench_jpeg_varied_cuda": lambda results: _bench_table(results, "bench_jpeg_varied_cuda"),
     "build_memmap": _build_table,
     "remote_loading": _remote_table,
     "remote_reads": _remote_reads_table,

@@ -187,13 +187,14 @@ def test_a_missing_plot_is_an_error(talk_repo):
 
 
 def test_cpu_results_say_what_they_are():
-    """No GPU has run the committed experiments: the GPU measurements owed are listed once, on one slide,
-    with the one command that makes them; no other slide sends the audience to a GPU run."""
+    """The GPU measurements are listed once, on one slide, with the one command that makes them, and
+    what the committed GPU results measured (on which GPU) or that none did; no other slide sends the
+    audience to a GPU run."""
     deck = render_slides(ROOT)
     slides = _slides(deck)
     owed = [slide for slide in slides if GPU_CHECK in slide]
-    assert len(owed) == 1 and "# What a GPU run will add" in owed[0]
-    assert "No GPU has run these experiments yet" in owed[0]
+    gpu = json.loads((ROOT / "assets" / "results" / "gpu_check_cuda.json").read_text())["gpu"]
+    assert len(owed) == 1 and "# What the GPU run measured" in owed[0] and f"On {gpu}, " in owed[0]
     assert "experiments.run --device cuda" not in deck and "CPU stand-in" not in deck
     assert "cuda_first" not in deck and "x.cuda()" not in deck
     titles = re.findall(r"^# (.+)$", deck, flags=re.MULTILINE)
@@ -476,6 +477,8 @@ def test_gpu_results_are_marked_on_the_gpu_slide(talk_repo):
     """A GPU run's results (bench_cuda.json, <name>_cuda.json) are marked as measured on the one slide
     that lists what a GPU run adds, and bench_cuda's copy limit fills the overlap slide."""
     results = talk_repo / "assets" / "results"
+    for committed in results.glob("*_cuda.json"):  # a GPU run that measured only the bench
+        committed.unlink()
     gpu = {"gpu": "NVIDIA H100 80GB HBM3", "cuda": "13.0"}
     bench = _results("bench_cpu")
     bench["machine"].update(gpu)
@@ -484,7 +487,10 @@ def test_gpu_results_are_marked_on_the_gpu_slide(talk_repo):
     bench["results"]["gpuload"]["images_per_second"] = 12345.0
     (results / "bench_cuda.json").write_text(json.dumps(bench))
     deck = render_slides(talk_repo)
-    assert f"{dict(GPU_OWED)['bench_cuda']} (measured on NVIDIA H100 80GB HBM3, " in deck
+    date = bench["machine"]["date"][:10]
+    assert f"{dict(GPU_OWED)['bench_cuda']} ({date})" in deck
+    assert f"On NVIDIA H100 80GB HBM3, 1 of {len(GPU_OWED)} measured, {len(GPU_OWED) - 1} still owed:" in deck
+    assert f"{dict(GPU_OWED)['train_order_cuda']}\n" in deck  # not measured: no date
     assert "the loader reaches 25 % of the pinned host-to-device copy limit" in deck
     assert "No GPU has run these experiments yet" not in deck
     assert "GPU results on the slide that lists them." in deck
