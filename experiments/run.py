@@ -8,8 +8,9 @@ with a GPU one command reproduces every GPU result of the talk::
 A GPU run writes ``assets/results/<name>_cuda.json`` and ``assets/<name>_cuda.png`` beside the CPU
 results, which keep their plain names; each result carries the device's name (``device_name``: the
 GPU's, for a GPU run) and the machine. The last step, ``bench``, builds a memmap of photos and runs
-``gpuload bench --device cuda --augment 224`` on it, writing ``bench_cuda.json`` (``bench_cpu.json``
-on the CPU): every contender, the stock loaders included, timed on whole epochs of the same photos.
+``gpuload bench --device cuda --augment 224`` on it and on a jpeg memmap of the same photos, writing
+``bench_cuda.json`` and ``bench_jpeg_cuda.json`` (``bench_cpu.json`` and ``bench_jpeg_cpu.json`` on the
+CPU): every contender, the stock loaders included, timed on whole epochs of the same photos.
 The talk's generator prefers a GPU result to the CPU one of the same name.
 
 ``--quick``: tiny sizes, a smoke test (CI runs it). Its results are not worth keeping, so it writes
@@ -48,10 +49,9 @@ EXPERIMENTS = (
 
 
 def bench(argv: list[str]) -> None:
-    """``gpuload bench`` on a memmap of photos built here: ``assets/results/bench_<cpu|cuda>.json``."""
-    from gpuload.cli import main as gpuload_main
-
-    from ._common import RESULTS, add_device_argument, device_name, photo_folders, resolve_device
+    """``gpuload bench`` on a raw and a jpeg memmap of the same photos, built here:
+    ``assets/results/bench_<cpu|cuda>.json`` and ``bench_jpeg_<cpu|cuda>.json``."""
+    from ._common import add_device_argument, photo_folders, resolve_device
 
     parser = argparse.ArgumentParser(prog="bench")
     add_device_argument(parser)
@@ -68,23 +68,36 @@ def bench(argv: list[str]) -> None:
         (100, (120, 160), 8, 1, 32) if args.quick else (2000, (480, 640), 64, 3, 224)
     )
     _, folder = photo_folders(args.workdir, images, size)
-    dataset = folder.with_suffix(".memmap")
-    if not dataset.exists():
-        gpuload.build_memmap(folder, dataset, progress=False)
+    failed = []
+    for kind, suffix, stem in (("raw", ".memmap", "bench"), ("jpeg", ".jpeg", "bench_jpeg")):
+        dataset = folder.with_suffix(suffix)
+        if not dataset.exists():
+            gpuload.build_memmap(folder, dataset, format=kind, progress=False)
+        command = ["bench", str(dataset), "--device", device.type, "--batch-size", str(batch_size)]
+        command += ["--epochs", str(epochs), "--augment", str(augment)]
+        failed += _bench_report(command, f"{stem}_{device.type}", device, args.quick)
+    if failed:
+        raise SystemExit(f"gpuload bench failed: {'; '.join(failed)}")
+
+
+def _bench_report(command: list[str], name: str, device, quick: bool) -> list[str]:
+    """Run ``gpuload <command> --json assets/results/<name>.json`` and stamp the report; returns the failure, if any."""
+    from gpuload.cli import main as gpuload_main
+
+    from ._common import RESULTS, device_name
+
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"bench_{device.type}.json"
-    command = ["bench", str(dataset), "--device", device.type, "--batch-size", str(batch_size)]
-    command += ["--epochs", str(epochs), "--augment", str(augment), "--json", str(path)]
+    path = RESULTS / f"{name}.json"
+    command = [*command, "--json", str(path)]
     print(f"  gpuload {' '.join(command)}", flush=True)
     path.unlink(missing_ok=True)  # an earlier run's report is not this one's
     code = gpuload_main(command)
     if path.is_file():  # measured, even where a gpuload contender failed (code 1: the report says which)
         report = json.loads(path.read_text())
-        report.update(experiment="bench", device_name=device_name(device), quick=args.quick)
+        report.update(experiment="bench", device_name=device_name(device), quick=quick)
         path.write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {path}")
-    if code != 0:
-        raise SystemExit(f"gpuload {' '.join(command)} failed with exit code {code}")
+    return [] if code == 0 else [f"gpuload {' '.join(command)} exited with {code}"]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -127,6 +127,7 @@ class TestRunBench:
         monkeypatch.setattr(_common, "RESULTS", tmp_path / "results")
         folder = tmp_path / "photos"
         folder.with_suffix(".memmap").mkdir()  # built: the step goes straight to gpuload bench
+        folder.with_suffix(".jpeg").mkdir()
         monkeypatch.setattr(_common, "photo_folders", lambda workdir, count, size: (folder, folder))
         step = SimpleNamespace(run=None)  # a test sets run(json_path) -> exit code: gpuload bench's stand-in
         monkeypatch.setattr(gpuload.cli, "main", lambda argv: step.run(argv[argv.index("--json") + 1]))
@@ -140,10 +141,11 @@ class TestRunBench:
             return 1
 
         bench_step.run = run
-        with pytest.raises(SystemExit, match="failed with exit code 1"):
+        with pytest.raises(SystemExit, match="exited with 1"):
             bench(["--device", "cpu", "--workdir", str(tmp_path)])
-        report = json.loads((tmp_path / "results" / "bench_cpu.json").read_text())
-        assert report["experiment"] == "bench" and report["failed"] == {"gpuload": "RuntimeError: broke"}
+        for name in ("bench_cpu", "bench_jpeg_cpu"):  # the raw and the jpeg dataset's
+            report = json.loads((tmp_path / "results" / f"{name}.json").read_text())
+            assert report["experiment"] == "bench" and report["failed"] == {"gpuload": "RuntimeError: broke"}
 
     def test_an_earlier_report_is_not_taken_for_this_one(self, bench_step, tmp_path):
         from experiments.run import bench
@@ -151,7 +153,7 @@ class TestRunBench:
         (tmp_path / "results").mkdir()
         (tmp_path / "results" / "bench_cpu.json").write_text("{}")
         bench_step.run = lambda path: 2  # a usage error: nothing measured, nothing written
-        with pytest.raises(SystemExit, match="failed with exit code 2"):
+        with pytest.raises(SystemExit, match="exited with 2"):
             bench(["--device", "cpu", "--workdir", str(tmp_path)])
         assert not (tmp_path / "results" / "bench_cpu.json").exists()
 
