@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from experiments._common import ROOT, add_device_argument, write_result
 
 sys.path.insert(0, str(ROOT / "tests"))
@@ -74,7 +76,7 @@ def _measure(args) -> None:
     object_bytes = -(-budget // max(block_sizes)) * max(block_sizes)
     latencies = [0.0, args.latency_ms / 1000]
     rng = random.Random(0)
-    payload = rng.randbytes(object_bytes)
+    payload = np.random.default_rng(0).bytes(object_bytes)  # random.randbytes overflows past 256 MiB
     results: dict = {"blocks": [], "small_ranges": [], "object_size": []}
     with tempfile.TemporaryDirectory() as tmp, S3Server() as s3, RangeHTTPServer(tmp) as web:
         os.environ.update(fake_aws_environment(web.url))
