@@ -27,6 +27,7 @@ from gpuload.store.dataset import JpegSamples, storage_order
 
 PINNED = Path(__file__).parent / "data" / "tiny.memmap"
 PINNED_V2 = Path(__file__).parent / "data" / "v2"
+PINNED_V3 = Path(__file__).parent / "data" / "v3"
 
 
 @pytest.fixture
@@ -311,6 +312,56 @@ class TestPinnedFormat:
         assert dataset.data.labels.tolist() == [0, 0, 1, 1]
         sums = [f"{xxhash.xxh3_64_intdigest(dataset.data.images[i].numpy()):016x}" for i in range(4)]
         assert sums == dataset.manifest.checksums
+
+
+class TestPinnedVersion3:
+    """``tests/data/v3`` holds a raw and a jpeg dataset built from ``tests/data/v2/sources`` by the release
+    that kept every image's path and checksum in ``manifest.json`` (format version 3, raw images
+    channels-last): they open, read, load and verify as they did."""
+
+    @pytest.fixture
+    def moved(self, tmp_path) -> Path:
+        """The datasets with their manifests pointing at the committed sources (``source`` is not digested)."""
+        for name in ("raw.memmap", "jpeg.memmap"):
+            shutil.copytree(PINNED_V3 / name, tmp_path / name)
+            manifest = json.loads((tmp_path / name / "manifest.json").read_text())
+            manifest["source"] = str(PINNED_V2 / "sources")
+            (tmp_path / name / "manifest.json").chmod(0o644)
+            (tmp_path / name / "manifest.json").write_text(json.dumps(manifest, separators=(",", ":")))
+        return tmp_path
+
+    def test_manifests_are_version_3_with_the_samples_in_them(self):
+        for name in ("raw.memmap", "jpeg.memmap"):
+            manifest = json.loads((PINNED_V3 / name / "manifest.json").read_text())
+            assert manifest["format_version"] == 3 and len(manifest["samples"]) == len(manifest["checksums"]) == 4
+
+    def test_raw_pixels_are_the_sources_decoded_channels_last(self, moved):
+        dataset = MemmapImageDataset(moved / "raw.memmap")
+        assert dataset.manifest.layout == "channels_last"
+        assert dataset.data.images.is_contiguous(memory_format=torch.channels_last)
+        assert dataset.data.images.shape == (4, 3, 6, 8) and list(dataset.targets) == [0, 0, 1, 1]
+        for index, (path, label) in enumerate(dataset.samples):
+            assert torch.equal(dataset[index][0], decode_image(path, (6, 8), "crop"))
+            assert label == dataset.targets[index] and path.startswith(str(PINNED_V2 / "sources"))
+
+    def test_jpeg_images_decode_as_their_sources(self, moved):
+        dataset = MemmapImageDataset(moved / "jpeg.memmap")
+        for index, (path, _) in enumerate(dataset.samples):
+            assert torch.equal(dataset[index][0], decode_image(path))
+
+    def test_both_verify_with_their_sources(self, moved):
+        for name in ("raw.memmap", "jpeg.memmap"):
+            assert verify_memmap(moved / name, sources="all", progress=False) == []
+
+    def test_both_load_through_the_loader(self):
+        raw = MemmapImageDataset(PINNED_V3 / "raw.memmap")
+        batches = list(gpuload.DataLoader(raw, batch_size=4, device="cpu"))
+        assert torch.equal(batches[0][0], raw.data.images)
+        decode = gpuload.CenterCropDecode((12, 16), ratio=1.0)
+        jpeg = gpuload.DataLoader(
+            MemmapImageDataset(PINNED_V3 / "jpeg.memmap"), batch_size=2, device="cpu", decode=decode
+        )
+        assert [images.shape for images, _ in jpeg] == [(2, 3, 12, 16), (2, 3, 12, 16)]
 
 
 class TestPinnedVersion2:
