@@ -266,7 +266,7 @@ class Request:
     headers: email.message.Message = field(default_factory=email.message.Message)
 
 
-FAULTS = ("503", "500", "reset", "short", "stall")
+FAULTS = ("503", "500", "404", "reset", "short", "stall")
 
 
 class FaultProxy(_Served):
@@ -275,8 +275,9 @@ class FaultProxy(_Served):
     - :attr:`latency`: seconds added before every answer (a remote store's round trip).
     - :meth:`fail`: the next ``times`` requests whose method is in ``methods`` (and whose path contains
       ``path``) get the fault instead of their answer: ``"503"`` (S3's ``SlowDown``), ``"500"``,
-      ``"reset"`` (the connection closed with no answer), ``"short"`` (the answer's headers, then half
-      its body, then the connection closed), ``"stall"`` (no answer for ``stall_seconds``).
+      ``"404"`` (S3's ``NoSuchKey``: an object gone between its HEAD and its GET), ``"reset"`` (the
+      connection closed with no answer), ``"short"`` (the answer's headers, then half its body, then
+      the connection closed), ``"stall"`` (no answer for ``stall_seconds``).
     - :attr:`requests`: every request, in order (method, path, headers), faulted or not.
 
     Example:
@@ -373,9 +374,12 @@ def _proxy_handler(owner: FaultProxy):
                 owner._stopping.wait(owner.stall_seconds)
                 self.close_connection = True
                 return
-            if fault in ("503", "500"):
-                code, reason = ("SlowDown", "Please reduce your request rate.") if fault == "503" else (
-                    "InternalError", "We encountered an internal error. Please try again.")  # fmt: skip
+            if fault in ("503", "500", "404"):
+                code, reason = {
+                    "503": ("SlowDown", "Please reduce your request rate."),
+                    "500": ("InternalError", "We encountered an internal error. Please try again."),
+                    "404": ("NoSuchKey", "The specified key does not exist."),
+                }[fault]
                 data = f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{reason}</Message></Error>'
                 self.send_response(int(fault))
                 self.send_header("Content-Type", "application/xml")

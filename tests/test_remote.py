@@ -2,6 +2,7 @@
 
 import os
 import random
+import shutil
 import threading
 import time
 
@@ -9,6 +10,7 @@ import pytest
 from conftest import FAST_RETRY
 
 import gpuload.store.remote as remote
+from gpuload.cli import main
 from gpuload.errors import UsageError
 from gpuload.store.remote import (
     ObjectChangedError,
@@ -207,6 +209,30 @@ class TestReads:
         store._read = lambda name, start, length, expect: original(name, 0, len(PAYLOAD), expect)
         with pytest.raises(RemoteError, match="does not honour HTTP Range requests"):
             store.read("data.memmap", 10, 5, info)
+
+
+class TestSecrets:
+    def test_an_object_gone_between_its_head_and_its_get_is_named_without_secrets(self, served):
+        store, proxy, _ = served
+        info = store.info("data.memmap")
+        proxy.fail("404")
+        with pytest.raises(FileNotFoundError) as caught:
+            store.read("data.memmap", 0, 10, info)
+        assert "data.memmap" in str(caught.value) and "SECRET" not in str(caught.value)
+
+    def test_verify_of_a_presigned_url_never_prints_its_secret(self, capsys, jpeg_dataset, http, http_root):
+        shutil.copytree(jpeg_dataset, http_root / "photos.jpeg")
+        http.proxy.fail("404", path="data.memmap")  # HEAD answers, the GET of the images does not
+        assert main(["verify", f"{http.proxy.url}/photos.jpeg?X-Amz-Signature=SECRET"]) == 2
+        out, err = capsys.readouterr()
+        assert "data.memmap" in err and "SECRET" not in out + err
+
+    @pytest.mark.parametrize("classify", [remote._classify, remote._classify_client])
+    def test_a_long_message_is_redacted_before_it_is_cut(self, classify):
+        """A message cut inside ``user:password@`` no longer looks like userinfo: redact, then cut."""
+        text = "x" * 283 + " https://user:hunter2@host/a.bin?X-Amz-Signature=SECRET failed"
+        message = str(classify(Exception(text)))
+        assert "hun" not in message and "SECRET" not in message
 
 
 class TestBackoff:

@@ -294,6 +294,8 @@ class Store:
         for attempt in range(self.retry.attempts):
             try:
                 return call()
+            except FileNotFoundError:  # the backends' texts may hold a URL with its query: ours instead
+                raise FileNotFoundError(f"{what}: no such object") from None
             except _Transient as error:
                 if attempt == len(bounds) and isinstance(error, _NoCredentials):
                     raise RemoteError(
@@ -427,9 +429,7 @@ class _ObstoreStore(Store):
         exceptions = self._obstore.exceptions
         try:
             return function(*args, **kwargs)
-        except FileNotFoundError:
-            raise
-        except exceptions.NotFoundError:
+        except (FileNotFoundError, exceptions.NotFoundError):  # their texts name the endpoint: not kept
             raise FileNotFoundError(f"{self.display}: no such object ({args[1] if len(args) > 1 else ''})") from None
         except exceptions.PreconditionError:
             raise ObjectChangedError("the object changed since it was opened") from None
@@ -438,7 +438,9 @@ class _ObstoreStore(Store):
         except exceptions.GenericError as error:
             raise _classify(error) from None
         except (ConnectionError, TimeoutError) as error:
-            raise _Transient(redact(_first_line(error))) from None
+            raise _Transient(_first_line(error)) from None
+        except exceptions.BaseError as error:  # the rest of obstore's errors: final, and redacted
+            raise RemoteError(_first_line(error)) from None
 
     def _info(self, name: str) -> ObjectInfo:
         meta = self._call(self._obstore.head, self._store, name)
@@ -492,7 +494,7 @@ _METADATA = "169.254.169.254"  # the cloud instance metadata service (AWS, GCP, 
 
 def _classify(error: BaseException) -> BaseException:
     """A backend's error as :class:`_Transient` (5xx, 429, 408, no status: the connection) or :class:`RemoteError`."""
-    text = redact(_first_line(error))
+    text = _first_line(error)
     if _METADATA in text:  # no key, profile or role: obstore fell back to the instance metadata service
         return _NoCredentials(text)
     status = _STATUS.search(str(error))
@@ -502,8 +504,10 @@ def _classify(error: BaseException) -> BaseException:
 
 
 def _first_line(error: BaseException) -> str:
+    """The first line of ``error``'s text, redacted, then cut at 300 characters (in this order: a URL
+    cut inside ``user:password@`` no longer looks like one and would keep the password's start)."""
     text = str(error).strip() or type(error).__name__
-    return text.splitlines()[0][:300]
+    return redact(text.splitlines()[0])[:300]
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -536,13 +540,13 @@ class _FsspecStore(Store):
             if getattr(error, "name", None):
                 raise _missing(error.name, url) from None
             raise UsageError(  # fsspec's own message names the package its filesystem needs
-                f"reading {self.display} needs a Python package that is missing: {redact(_first_line(error))}"
+                f"reading {self.display} needs a Python package that is missing: {_first_line(error)}"
             ) from None
         except ValueError as error:
-            raise UsageError(f"cannot open {self.display}: {redact(_first_line(error))}") from None
+            raise UsageError(f"cannot open {self.display}: {_first_line(error)}") from None
         except OSError as error:  # some filesystems (ftp, sftp) connect as they are made
             raise RemoteError(
-                f"cannot open {self.display}: {redact(_first_line(error)) or type(error).__name__}; "
+                f"cannot open {self.display}: {_first_line(error) or type(error).__name__}; "
                 "check the URL, the network and the server"
             ) from None
         if scheme in ("s3", "s3a"):
@@ -561,14 +565,12 @@ class _FsspecStore(Store):
         except (FileNotFoundError, RemoteError, _Transient):
             raise
         except PermissionError as error:
-            raise RemoteError(
-                f"{self.display}: access denied ({redact(_first_line(error))}); check the credentials"
-            ) from None
+            raise RemoteError(f"{self.display}: access denied ({_first_line(error)}); check the credentials") from None
         except (ConnectionError, TimeoutError, asyncio.TimeoutError) as error:
-            raise _Transient(redact(_first_line(error)) or type(error).__name__) from None
+            raise _Transient(_first_line(error) or type(error).__name__) from None
         except OSError as error:
             if error.errno in _TRANSIENT_ERRNOS:  # s3fs's translation of a 503 or a throttle (EBUSY)
-                raise _Transient(redact(_first_line(error))) from None
+                raise _Transient(_first_line(error)) from None
             raise _classify_client(error) from None
         except Exception as error:  # the async clients' own errors (aiohttp, botocore): classify by status
             raise _classify_client(error) from None
@@ -739,7 +741,7 @@ def _classify_client(error: BaseException) -> BaseException:
     if status is None and isinstance(response, dict):
         status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         code = response.get("Error", {}).get("Code", "")
-    text = redact(_first_line(error))
+    text = _first_line(error)
     if status == 412 or code in ("PreconditionFailed",):
         return ObjectChangedError("the object changed since it was opened")
     if status == 404 or code in ("NoSuchKey", "NoSuchBucket", "404"):
