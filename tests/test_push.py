@@ -174,6 +174,12 @@ class TestRefusals:
             push_memmap(jpeg_dataset, url, progress=False)
         assert local(jpeg_dataset) == before and not (jpeg_dataset / "inner").exists()
 
+    @pytest.mark.parametrize("backend", ["obstore", "fsspec"])
+    def test_a_missing_bucket_is_one_line_that_says_to_create_it(self, jpeg_dataset, s3, backend):
+        store = open_store(f"s3://missing-{s3.bucket}/photos.jpeg", backend=backend, retry=FAST_RETRY)
+        with pytest.raises(RemoteError, match=rf"^no such bucket: missing-{s3.bucket} at .*; create it first"):
+            push_memmap(jpeg_dataset, store.url, store=store, progress=False)
+
     def test_http_is_read_only(self, jpeg_dataset, http):
         with pytest.raises(UsageError, match="cannot be listed or written; push to s3:// or file://"):
             push_memmap(jpeg_dataset, f"{http.url}/photos.jpeg", progress=False)

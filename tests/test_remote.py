@@ -188,6 +188,7 @@ class TestReads:
         message = str(caught.value)
         assert message.startswith(f"GET {store.object_url('data.memmap')} bytes 10-14 failed 3 times, last: ")
         assert "SECRET" not in message and "\n" not in message
+        assert "<?xml" not in message  # the server's XML error as its code and message
         assert len(proxy.gets()) == FAST_RETRY.attempts
 
     def test_an_object_replaced_after_open_stops_the_read_without_retrying(self, served):
@@ -233,6 +234,24 @@ class TestSecrets:
         text = "x" * 283 + " https://user:hunter2@host/a.bin?X-Amz-Signature=SECRET failed"
         message = str(classify(Exception(text)))
         assert "hun" not in message and "SECRET" not in message
+
+
+@pytest.mark.parametrize("backend", S3_BACKENDS)
+class TestMissingBucket:
+    def test_listing_a_missing_bucket_says_so_in_one_line(self, s3, backend):
+        store = open_store(f"s3://missing-{s3.bucket}/ds", backend=backend, retry=FAST_RETRY)
+        with pytest.raises(
+            RemoteError, match=rf"^no such bucket: missing-{s3.bucket} at s3://missing-{s3.bucket}/ds; create it first"
+        ) as caught:
+            store.list()
+        assert "\n" not in str(caught.value) and "<?xml" not in str(caught.value)
+
+    def test_opening_a_dataset_in_a_missing_bucket_says_so(self, s3, backend):
+        from gpuload.store.remote_dataset import open_remote
+
+        store = open_store(f"s3://missing-{s3.bucket}/ds", backend=backend, retry=FAST_RETRY)
+        with pytest.raises(RemoteError, match=rf"^no such bucket: missing-{s3.bucket} at "):
+            open_remote(store)
 
 
 class TestBackoff:

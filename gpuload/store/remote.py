@@ -65,6 +65,13 @@ _URL_IN_TEXT = re.compile(
     r"""([A-Za-z][A-Za-z0-9+.-]*://)([^\s/?#@'"<>]*@)?([^\s?#'"<>]*)(\?[^\s#'"<>]*)?(#[^\s'"<>]*)?"""
 )
 OBSTORE_SCHEMES = ("s3", "gs", "az", "abfs", "abfss")
+# What S3, GCS and Azure answer for a bucket (container) that does not exist, in any of the backends' texts.
+_MISSING_BUCKET = re.compile(r"NoSuchBucket|ContainerNotFound|The specified bucket does not exist")
+_MAKE_BUCKET = {
+    "s3": "aws s3 mb s3://{bucket}",
+    "gs": "gcloud storage buckets create gs://{bucket}",
+    "az": "az storage container create --name {bucket}",
+}
 BACKENDS = ("auto", "obstore", "fsspec")
 
 
@@ -310,6 +317,16 @@ class Store:
                 time.sleep(random.uniform(0, bounds[attempt]))
         raise AssertionError("unreachable")
 
+    def _no_such_bucket(self) -> RemoteError:
+        """The one line for a bucket (or Azure container) that does not exist, naming how to make one."""
+        scheme, _, rest = self.display.partition("://")
+        bucket = rest.split("/", 1)[0].split("@", 1)[0]
+        make = _MAKE_BUCKET.get(scheme, "with your provider's console or command line").format(bucket=bucket)
+        return RemoteError(
+            f"no such bucket: {bucket} at {self.display}; create it first ({make}), or check the bucket's name and "
+            "the endpoint"
+        )
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.display!r})"
 
@@ -429,14 +446,16 @@ class _ObstoreStore(Store):
         exceptions = self._obstore.exceptions
         try:
             return function(*args, **kwargs)
-        except (FileNotFoundError, exceptions.NotFoundError):  # their texts name the endpoint: not kept
+        except (FileNotFoundError, exceptions.NotFoundError, exceptions.GenericError) as error:
+            if _MISSING_BUCKET.search(str(error)):  # the XML error's code, past the text's first line
+                raise self._no_such_bucket() from None
+            if isinstance(error, exceptions.GenericError):
+                raise _classify(error) from None
             raise FileNotFoundError(f"{self.display}: no such object ({args[1] if len(args) > 1 else ''})") from None
         except exceptions.PreconditionError:
             raise ObjectChangedError("the object changed since it was opened") from None
         except (exceptions.PermissionDeniedError, exceptions.UnauthenticatedError) as error:
             raise RemoteError(f"{self.display}: access denied ({_first_line(error)}); check the credentials") from None
-        except exceptions.GenericError as error:
-            raise _classify(error) from None
         except (ConnectionError, TimeoutError) as error:
             raise _Transient(_first_line(error)) from None
         except exceptions.BaseError as error:  # the rest of obstore's errors: final, and redacted
@@ -507,7 +526,14 @@ def _first_line(error: BaseException) -> str:
     """The first line of ``error``'s text, redacted, then cut at 300 characters (in this order: a URL
     cut inside ``user:password@`` no longer looks like one and would keep the password's start)."""
     text = str(error).strip() or type(error).__name__
-    return redact(text.splitlines()[0])[:300]
+    first = text.splitlines()[0]
+    xml = _XML_ERROR.search(text)
+    if xml is not None and "<?xml" in first:  # obstore's text: the server's XML error, often cut after its first line
+        first = first.partition("<?xml")[0] + f"{xml['code']}: {xml['message']}"
+    return redact(first)[:300]
+
+
+_XML_ERROR = re.compile(r"<Code>(?P<code>[^<]*)</Code>\s*<Message>(?P<message>[^<]*)</Message>")
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -562,7 +588,11 @@ class _FsspecStore(Store):
     def _run(self, function: Callable[[], _T]) -> _T:
         try:
             return function()
-        except (FileNotFoundError, RemoteError, _Transient):
+        except (RemoteError, _Transient):
+            raise
+        except FileNotFoundError as error:  # s3fs's text for a missing bucket
+            if _MISSING_BUCKET.search(str(error)):
+                raise self._no_such_bucket() from None
             raise
         except PermissionError as error:
             raise RemoteError(f"{self.display}: access denied ({_first_line(error)}); check the credentials") from None
@@ -573,6 +603,9 @@ class _FsspecStore(Store):
                 raise _Transient(_first_line(error)) from None
             raise _classify_client(error) from None
         except Exception as error:  # the async clients' own errors (aiohttp, botocore): classify by status
+            response = getattr(error, "response", None)
+            if isinstance(response, dict) and _MISSING_BUCKET.search(response.get("Error", {}).get("Code", "")):
+                raise self._no_such_bucket() from None
             raise _classify_client(error) from None
 
     def _info(self, name: str) -> ObjectInfo:
@@ -628,6 +661,25 @@ class _FsspecStore(Store):
 
         return sync(self.fs.loop, head)
 
+    def _s3_check_bucket(self) -> None:
+        """HeadBucket: a 404 is a missing bucket (said as such), anything else is the caller's to classify."""
+        from fsspec.asyn import sync
+
+        bucket = self.fs.split_path(self._root)[0]
+
+        async def head() -> None:
+            await self.fs.set_session()
+            client = await self.fs.get_s3(bucket)
+            await client.head_bucket(Bucket=bucket)
+
+        try:
+            sync(self.fs.loop, head)
+        except Exception as error:
+            status = (getattr(error, "response", None) or {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status == 404:
+                raise self._no_such_bucket() from None
+            raise
+
     def _s3_read(self, path: str, start: int, length: int, expect: ObjectInfo | None) -> bytes:
         """One GET with ``If-Match`` through s3fs's aiobotocore client (s3fs's ``cat_file`` cannot send it)."""
         from fsspec.asyn import sync
@@ -654,7 +706,9 @@ class _FsspecStore(Store):
         try:
             found = self._run(lambda: self.fs.find(self._root, detail=True))
         except FileNotFoundError:
-            return {}
+            found = {}
+        if not found and self.scheme in ("s3", "s3a"):
+            self._run(self._s3_check_bucket)  # s3fs lists a missing bucket as empty
         prefix = self._root.rstrip("/") + "/"
         return {
             path[len(prefix) :]: ObjectInfo(size=int(info["size"]), etag=_version_stamp(info))
