@@ -81,6 +81,24 @@ class TestFolder:
         with pytest.raises(OSError, match=r"the cache folder .*cache cannot be written \(Read-only file system\)"):
             BlockCache(tmp_path / "cache", "1MB")  # it opens its usage file to count what is there
 
+    def test_a_new_folder_is_private(self, tmp_path):
+        BlockCache(tmp_path / "cache", "1MB")
+        assert (tmp_path / "cache").stat().st_mode & 0o777 == 0o700
+
+    def test_a_folder_that_others_may_write_is_refused(self, tmp_path):
+        (tmp_path / "cache").mkdir()
+        (tmp_path / "cache").chmod(0o777)
+        with pytest.raises(UsageError, match=r"cache is writable by other users \(mode 0o777\); .*chmod go-w"):
+            BlockCache(tmp_path / "cache", "1MB")
+        assert list((tmp_path / "cache").iterdir()) == []
+
+    @pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
+    def test_a_folder_of_another_user_is_refused(self, tmp_path):
+        BlockCache(tmp_path / "cache", "1MB")
+        os.chown(tmp_path / "cache", 12345, 12345)
+        with pytest.raises(UsageError, match=r"cache belongs to another user \(uid 12345, you are uid 0\)"):
+            BlockCache(tmp_path / "cache", "1MB")
+
     def test_another_cache_version_is_refused(self, tmp_path):
         BlockCache(tmp_path / "cache", "1MB")
         (tmp_path / "cache" / MARKER).write_text(json.dumps({"format": "gpuload.cache", "version": 99}))

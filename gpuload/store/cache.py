@@ -27,6 +27,8 @@ Guarantees:
 - **No fsync of blocks**: a block the kernel lost in a power cut comes back as zeros or garbage,
   which the dataset's per-image checksum catches; it then drops the block (:meth:`BlockCache.drop`)
   and reads it again.
+- **Private.** A new cache folder is made ``0o700``; a folder that another user owns, or that others
+  may write, is refused (blocks are read back as data: whoever can write them can feed a job).
 - Two datasets, or two versions of one object, never share a block: the namespace key is the hash of
   the object's redacted URL, its size and ETag, and the block size.
 
@@ -136,7 +138,7 @@ class BlockCache:
 
     Raises:
         UsageError: ``path`` holds files and is not a gpuload cache, or a cache of another format
-            version; a bad ``size``.
+            version; another user owns it or others may write it; a bad ``size``.
         OSError: the folder cannot be created or written (naming it).
     """
 
@@ -292,17 +294,32 @@ class BlockCache:
     def _claim_folder(self) -> None:
         marker = self.path / MARKER
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as error:
             raise type(error)(
                 error.errno, f"cannot create the cache folder {self.path} ({error.strerror}); pass a writable folder"
             ) from None
         if not self.path.is_dir():
             raise UsageError(f"the cache {self.path} is not a folder; pass a folder for gpuload's cache")
+        self._check_private()
         if marker.is_file():
             self._check_marker(marker)
         else:
             self._mark_new_folder(marker)
+
+    def _check_private(self) -> None:
+        """Blocks are read back as data: a folder that another user owns or may write could feed them in."""
+        stat = self.path.stat()
+        if stat.st_uid != os.geteuid():
+            raise UsageError(
+                f"the cache {self.path} belongs to another user (uid {stat.st_uid}, you are uid {os.geteuid()}): "
+                "blocks they put there would be read as your data; pass a cache folder of your own"
+            )
+        if stat.st_mode & 0o022:
+            raise UsageError(
+                f"the cache {self.path} is writable by other users (mode {oct(stat.st_mode & 0o777)}); blocks they "
+                f"put there would be read as your data: run chmod go-w {self.path}, or pass a folder of your own"
+            )
 
     def _check_marker(self, marker: Path) -> None:
         try:
