@@ -292,7 +292,7 @@ def prepare(args, root: Path) -> dict:
     if not local.exists():
         gpuload.build_memmap(folder, local, format="jpeg", progress=False)
     dataset = gpuload.MemmapImageDataset(local)
-    samples = [(str(Path(dataset.manifest.source) / path), label) for path, label in dataset.manifest.samples]
+    samples = list(dataset.samples)
     bucket = root / BUCKET
     bucket.mkdir(parents=True, exist_ok=True)
     sizes = {"photos": sum(Path(path).stat().st_size for path, _ in samples), "local": local, "count": len(samples)}

@@ -30,6 +30,7 @@ from gpuload import (
     make_sample_folder,
     verify_memmap,
 )
+from gpuload.store.table import SampleTable, file_digest
 
 PINNED = Path(__file__).parent / "data" / "tiny.memmap"
 
@@ -89,17 +90,20 @@ class TestOutput:
         manifest = json.loads((built_dataset / "manifest.json").read_text())
         assert manifest["source"] == str(photo_folder)
         assert manifest["image_shape"] == [3, *SIZE]
-        assert manifest["format_version"] == 3 and manifest["layout"] == "channels_last"
-        assert manifest["resize"] == "crop"
-        assert manifest["samples"][0] == ["background/0000.jpg", 0]
-        assert len(manifest["checksums"]) == 20 and all(len(c) == 16 for c in manifest["checksums"])
+        assert manifest["format_version"] == 4 and manifest["layout"] == "channels_last"
+        assert manifest["resize"] == "crop" and manifest["count"] == 20 and manifest["order"] == {}
+        assert "samples" not in manifest and "checksums" not in manifest  # in the table files: nothing per image here
+        table = SampleTable.open(built_dataset, 20)
+        assert table.path(0) == "background/0000.jpg" and int(table.labels[0]) == 0
+        assert manifest["table"] == {name: file_digest(built_dataset / name) for name in manifest["table"]}
+        assert sorted(manifest["table"]) == ["checksums.memmap", "labels.memmap", "path_offsets.memmap", "paths.memmap"]
         assert manifest["skipped"] == []
         assert manifest["max_image_pixels"] == Image.MAX_IMAGE_PIXELS  # what verify decodes the sources with
         assert {"gpuload", "torch", "tensordict", "pillow", "python"} <= set(manifest["versions"])
 
     def test_images_are_stored_channels_last_as_decoded(self, photo_folder, built_dataset):
         first = (built_dataset / "images.memmap").read_bytes()[: 3 * SIZE[0] * SIZE[1]]
-        source = photo_folder / json.loads((built_dataset / "manifest.json").read_text())["samples"][0][0]
+        source = MemmapImageDataset(built_dataset).samples[0][0]
         expected = gpuload.store.decode.decode_image(source).permute(1, 2, 0).contiguous().numpy().tobytes()
         assert first == expected
 
@@ -143,7 +147,9 @@ class TestBadInputs:
         assert sorted(reasons) == sorted(f"collar/{name}" for name in BAD_FILES)
         for name, reason in BAD_FILES.items():
             assert reason in reasons[f"collar/{name}"]
-        assert all("collar/" + name not in [path for path, _ in dataset.manifest.samples] for name in BAD_FILES)
+        assert all(
+            str(with_bad_files / "collar" / name) not in [path for path, _ in dataset.samples] for name in BAD_FILES
+        )
 
     def test_bad_files_are_skipped_when_probing_the_size_too(self, with_bad_files):
         dataset = MemmapImageDataset(build_memmap(with_bad_files, progress=False))

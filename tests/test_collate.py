@@ -73,7 +73,7 @@ class TestJpegDatasets:
         with pytest.raises(DatasetError) as caught:
             next(iter(loader))
         assert str(caught.value) == (
-            f"{copy}: image {damaged} ({MemmapImageDataset(copy).manifest.samples[damaged][0]}) decodes to "
+            f"{copy}: image {damaged} ({MemmapImageDataset(copy).table.path(damaged)}) decodes to "
             f"{SIZE[0]}x{SIZE[1]} where its recorded size is {SIZE[0] + 1}x{SIZE[1]}: shapes.memmap is damaged; "
             "run gpuload verify, then rebuild the dataset"
         )

@@ -24,6 +24,7 @@ from gpuload import (
     verify_memmap,
 )
 from gpuload.store.dataset import JpegSamples, storage_order
+from gpuload.store.table import file_digest
 
 PINNED = Path(__file__).parent / "data" / "tiny.memmap"
 PINNED_V2 = Path(__file__).parent / "data" / "v2"
@@ -161,17 +162,21 @@ class TestLargerThanMemory:
         folder.mkdir()
         manifest = json.loads((built_dataset / "manifest.json").read_text())
         meta = json.dumps({"images": {"shape": [count, 480, 640, 3]}})  # what tensordict records
-        manifest.update(
-            samples=[["face/0000.jpg", 0]] * count,
-            checksums=["0" * 16] * count,
-            image_shape=list(shape),
-            files={"images.memmap": count * 3 * 480 * 640, "labels.memmap": count * 8, "meta.json": len(meta)},
-        )
-        (folder / "manifest.json").write_text(json.dumps(manifest))
         (folder / "meta.json").write_text(meta)
-        for name, size in (("images.memmap", count * 3 * 480 * 640), ("labels.memmap", count * 8)):
+        sizes = {"images.memmap": count * 3 * 480 * 640, "labels.memmap": count * 8, "checksums.memmap": count * 8}
+        for name, size in sizes.items():
             with open(folder / name, "wb") as file:
                 file.truncate(size)
+        (folder / "paths.memmap").write_bytes(b"face/0000.jpg" * count)
+        (folder / "path_offsets.memmap").write_bytes((np.arange(count + 1, dtype=np.int64) * 13).tobytes())
+        table = ("labels.memmap", "checksums.memmap", "paths.memmap", "path_offsets.memmap")
+        manifest.update(
+            count=count,
+            image_shape=list(shape),
+            files={name: (folder / name).stat().st_size for name in (*table, "images.memmap", "meta.json")},
+            table={name: file_digest(folder / name) for name in table},
+        )
+        (folder / "manifest.json").write_text(json.dumps(manifest))
         assert (folder / "images.memmap").stat().st_size > 2 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         dataset = MemmapImageDataset(folder)
         assert len(dataset) == count
@@ -202,17 +207,21 @@ class TestDamagedFolders:
         with pytest.raises(DatasetError, match="labels.memmap is missing"):
             MemmapImageDataset(copy)
 
-    @pytest.mark.parametrize("storage", ["raw", "jpeg"])
+    @pytest.mark.parametrize("storage", ["raw", "jpeg", "raw version 3", "jpeg version 3"])
     def test_a_damaged_label_is_refused_at_open_not_served(self, built_dataset, jpeg_dataset, tmp_path, storage):
-        copy = self.damage(built_dataset if storage == "raw" else jpeg_dataset, tmp_path)
+        built = {"raw": built_dataset, "jpeg": jpeg_dataset}.get(storage) or PINNED_V3 / f"{storage.split()[0]}.memmap"
+        copy = self.damage(built, tmp_path)
         labels = copy / "labels.memmap"
         labels.chmod(0o644)
         data = bytearray(labels.read_bytes())
         data[8 * 3] ^= 0x01  # image 3: class 0 becomes 1
         labels.write_bytes(bytes(data))
-        with pytest.raises(
-            DatasetError, match=r"1 labels in labels.memmap differ from the manifest \(first at index 3"
-        ):
+        message = (  # version 3 compares the labels with the manifest's, version 4 with the build's digest of the file
+            r"1 labels in labels.memmap differ from the manifest \(first at index 3"
+            if "version 3" in storage
+            else r"is damaged: labels.memmap differs from what was built; run gpuload verify"
+        )
+        with pytest.raises(DatasetError, match=message):
             MemmapImageDataset(copy)
 
     def test_missing_manifest(self, tmp_path):
@@ -256,12 +265,12 @@ class TestDamagedFolders:
         [
             {"layout": "channels_first"},
             {"image_shape": [3, SIZE[1], SIZE[0]]},
-            {"format_version": 2, "layout": None},  # an old version's manifest: channel-first
+            {"format_version": 2, "layout": None},  # version 3's manifest made version 2's: channel-first
         ],
     )
     def test_a_manifest_edited_to_another_layout_or_shape_is_refused(self, built_dataset, tmp_path, edit):
         """The same bytes read in another order are scrambled pixels: refused at open, and by verify."""
-        copy = self.damage(built_dataset, tmp_path)
+        copy = self.damage(PINNED_V3 / "raw.memmap" if "format_version" in edit else built_dataset, tmp_path)
         manifest = json.loads((copy / "manifest.json").read_text())
         for name, value in edit.items():
             if value is None:

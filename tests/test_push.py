@@ -15,7 +15,16 @@ from gpuload.store.push import push_memmap
 from gpuload.store.remote import open_store
 from gpuload.store.remote_dataset import PUSH_MARKER
 
-JPEG_FILES = ["data.memmap", "labels.memmap", "meta.json", "offsets.memmap", "shapes.memmap"]
+JPEG_FILES = [
+    "checksums.memmap",
+    "data.memmap",
+    "labels.memmap",
+    "meta.json",
+    "offsets.memmap",
+    "path_offsets.memmap",
+    "paths.memmap",
+    "shapes.memmap",
+]
 
 
 @pytest.fixture(params=["s3", "file"])
@@ -44,7 +53,7 @@ class TestPush:
         assert order == [PUSH_MARKER, *JPEG_FILES, MANIFEST_NAME]  # the marker first, the manifest last
         assert report.uploaded == [*JPEG_FILES, MANIFEST_NAME] and PUSH_MARKER not in target.list()
         assert report.skipped == [] and report.bytes_uploaded == sum(len(data) for data in local(jpeg_dataset).values())
-        assert report.summary().startswith(f"pushed to {target.display}: 6 objects uploaded")
+        assert report.summary().startswith(f"pushed to {target.display}: 9 objects uploaded")
 
     def test_a_second_push_uploads_nothing(self, jpeg_dataset, target, monkeypatch):
         push_memmap(jpeg_dataset, target.url, store=target, progress=False)
@@ -58,16 +67,24 @@ class TestPush:
         with pytest.raises(RemoteError, match=r"PUT s3://.*/photos.jpeg/offsets.memmap failed 3 times"):
             push_memmap(jpeg_dataset, store.url, store=store, progress=False)
         # no manifest: not a dataset; the marker says a push did not finish
-        assert sorted(store.list()) == [PUSH_MARKER, "data.memmap", "labels.memmap", "meta.json"]
+        assert sorted(store.list()) == [PUSH_MARKER, "checksums.memmap", "data.memmap", "labels.memmap", "meta.json"]
         s3.proxy.clear()
         report = push_memmap(jpeg_dataset, store.url, store=store, progress=False)
-        assert report.skipped == ["data.memmap", "labels.memmap", "meta.json"]
-        assert report.uploaded == ["offsets.memmap", "shapes.memmap", MANIFEST_NAME]
+        assert report.skipped == ["checksums.memmap", "data.memmap", "labels.memmap", "meta.json"]
+        assert report.uploaded == [
+            "offsets.memmap",
+            "path_offsets.memmap",
+            "paths.memmap",
+            "shapes.memmap",
+            MANIFEST_NAME,
+        ]
         assert [
             request.path.split("/")[-1].split("?")[0] for request in s3.proxy.requests if request.method == "PUT"
         ] == [
             PUSH_MARKER,
             "offsets.memmap",
+            "path_offsets.memmap",
+            "paths.memmap",
             "shapes.memmap",
             MANIFEST_NAME,
         ]
@@ -194,9 +211,9 @@ class TestCommandLine:
     def test_push_prints_a_summary(self, capsys, jpeg_dataset, s3):
         assert main(["push", str(jpeg_dataset), s3.url("photos.jpeg")]) == 0
         out = capsys.readouterr().out
-        assert out.startswith(f"pushed to {s3.url('photos.jpeg')}: 6 objects uploaded") and "0 already there" in out
+        assert out.startswith(f"pushed to {s3.url('photos.jpeg')}: 9 objects uploaded") and "0 already there" in out
         assert main(["push", str(jpeg_dataset), s3.url("photos.jpeg")]) == 0
-        assert "0 objects uploaded (0.00 GB), 6 already there" in capsys.readouterr().out
+        assert "0 objects uploaded (0.00 GB), 9 already there" in capsys.readouterr().out
 
     def test_errors_are_one_line_with_exit_code_2(self, capsys, built_dataset, jpeg_dataset, s3, monkeypatch):
         monkeypatch.setattr(push_module, "open_store", lambda url: open_store(url, retry=FAST_RETRY))

@@ -97,7 +97,7 @@ class TestDamage:
         labels[3] = (labels[3] + 1) % 5
         s3.client().put_object(Bucket=s3.bucket, Key=f"{local.name}/labels.memmap", Body=labels.tobytes())
         with pytest.raises(
-            DatasetError, match=r"1 labels in labels.memmap differ from the manifest \(first at index 3"
+            DatasetError, match=r"is damaged: labels.memmap differs from what was built; push the dataset again"
         ):
             open_remote(url)
 

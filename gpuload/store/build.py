@@ -39,13 +39,16 @@ from .files import (
     resolve,
 )
 from .jpeg import REENCODE_REASONS, StoredJpeg, store_jpeg
-from .manifest import ARRAYS, BUILD_PATHS, MANIFEST_NAME, Manifest, dataset_around, holds_build_files
+from .manifest import ARRAYS, BUILD_PATHS, MANIFEST_NAME, TENSORDICT, Manifest, dataset_around, holds_build_files
 from .scan import ImageFolderIndex, scan_image_folder, shown_names
+from .table import TABLE_FILES, TableWriter, file_digest
 from .writer import BlockWriter
 
 __all__ = ["build_memmap"]
 
 FORMATS = tuple(ARRAYS)
+ORDERS = ("shuffled", "source")
+BLOCK_SIZE = 4 * 2**20  # a jpeg dataset's images never cross the end of a block of this size (the block cache's)
 
 
 def build_memmap(
@@ -58,6 +61,8 @@ def build_memmap(
     max_side: int | None = None,
     quality: int | None = None,
     classes: Sequence[str] | None = None,
+    order: str | None = None,
+    seed: int = 0,
     workers: int | None = None,
     strict: bool = False,
     overwrite: bool = False,
@@ -70,10 +75,15 @@ def build_memmap(
     channels-last: ``[N, H, W, 3]`` in the file, shown as ``[N, 3, H, W]`` by
     :class:`gpuload.MemmapImageDataset`): the fastest to load, as large as the pixels.
     ``format="jpeg"`` keeps each image's JPEG bytes, at its own size, in ``out/data.memmap`` with
-    ``offsets.memmap`` and ``shapes.memmap`` beside: 10-20x smaller, for datasets larger than RAM,
-    decoded (and cropped) when loaded. Both keep ``labels.memmap`` (int64 ``[N]``), the ``meta.json`` of a plain tensordict
-    ``TensorDict`` (``tensordict.TensorDict.load_memmap(out)`` opens it anywhere) and a
-    ``manifest.json``, and are written in ImageFolder's order by parallel threads in bounded memory.
+    ``offsets.memmap`` (each image's start and end) and ``shapes.memmap`` beside: 10-20x smaller, for
+    datasets larger than RAM, decoded (and cropped) when loaded. Its images lie in ``data.memmap`` in a
+    seeded random order (``order="shuffled"``), none across the end of a 4 MiB block, so that the blocks
+    a reader at a URL fetches together hold images of every class; the index stays in ImageFolder's
+    order (``order="source"`` stores them in that order too). Both keep, in ImageFolder's order, each
+    image's label, checksum and source path in flat files (``labels.memmap``, ``checksums.memmap``,
+    ``paths.memmap`` and ``path_offsets.memmap``: opening maps them, nothing per image in memory), the
+    ``meta.json`` of a plain tensordict ``TensorDict`` of the arrays (``tensordict.TensorDict.load_memmap(out)``
+    opens it anywhere) and a ``manifest.json``, written by parallel threads in bounded memory.
 
     Crash safety: the build holds a lock beside ``out`` (a second build of the same ``out`` fails
     at once), writes into a hidden sibling folder, flushes every file and the folder to disk
@@ -95,6 +105,9 @@ def build_memmap(
             out. A raw build refuses it.
         classes: the class names, in label order (e.g. the training set's, for its validation set):
             a class folder not in the list is an error, a listed class with no image is kept.
+        order: jpeg: how the images lie in ``data.memmap``: ``"shuffled"`` (when left out: a random
+            order seeded by ``seed``, block-aligned) or ``"source"`` (ImageFolder's). A raw build refuses it.
+        seed: the seed of the shuffled order (the same sources and seed give the same dataset).
         workers: decoding threads; defaults to the number of cores.
         strict: raise on the first file that cannot be decoded instead of skipping it.
         overwrite: replace an existing ``out``, which must be a gpuload dataset and nothing else.
@@ -119,8 +132,9 @@ def build_memmap(
         >>> tmp = Path(tempfile.mkdtemp())
         >>> src = make_sample_folder(tmp / "photos", images_per_class=2, size=(24, 32))
         >>> out = build_memmap(src, size=(24, 32), progress=False)
-        >>> out.name, sorted(p.name for p in out.iterdir())
-        ('photos.memmap', ['images.memmap', 'labels.memmap', 'manifest.json', 'meta.json'])
+        >>> out.name, sorted(p.name for p in out.iterdir())  # doctest: +NORMALIZE_WHITESPACE
+        ('photos.memmap', ['checksums.memmap', 'images.memmap', 'labels.memmap', 'manifest.json', 'meta.json',
+                           'path_offsets.memmap', 'paths.memmap'])
     """
     src = resolve(src)
     out = resolve(out) if out is not None else src.with_name(f"{src.name}.memmap")
@@ -145,6 +159,16 @@ def build_memmap(
     quality = 90 if quality is None else quality
     if not _positive_int(quality) or quality > 100:
         raise UsageError(f"quality must be an integer from 1 to 100, got {quality!r}")
+    if order is not None and format != "jpeg":
+        raise UsageError(
+            f"order applies only to format='jpeg' (--format jpeg), got order={order!r} with format='raw'; a raw "
+            "dataset stores its images in ImageFolder's order: leave order out"
+        )
+    order = "shuffled" if order is None else order
+    if order not in ORDERS:
+        raise UsageError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+        raise UsageError(f"seed must be an integer in [0, 2**63), got {seed!r}")
     workers = resolve_workers(workers)
     check_apart(src, out, source_name="src", output_name="out")
     inside = dataset_around(out.parent)
@@ -182,10 +206,12 @@ def build_memmap(
                 todo = [position for position in range(len(index.samples)) if position not in unreadable]
                 if format == "raw":
                     store: _Store = _RawStore(tmp, out, pool, size, resize, workers, sync, len(todo))
+                    store.layout(len(index.samples))
                 else:
                     expected = _source_bytes(index) if max_side is None else 0  # scaled down: smaller, unknown
                     store = _JpegStore(tmp, out, pool, max_side, quality, workers, sync, expected)
-                kept, checksums = _write(store, index, todo, skipped, strict, progress)
+                    store.layout(len(index.samples), None if order == "source" else seed)
+                kept = _write(store, index, store.order(todo), skipped, strict, progress)
                 emptied = sorted(set(_empty_classes(index, kept)) - set(index.empty_classes))
                 if emptied:
                     warnings.warn(
@@ -200,7 +226,7 @@ def build_memmap(
                         "there or write to another disk",
                     )
                 ):
-                    _finish(tmp, src, index, store, kept, checksums, skipped, sync)
+                    _finish(tmp, src, index, store, kept, skipped, sync)
                 _move_into_place(tmp, out, sync)
             except BaseException:
                 pool.shutdown(wait=True, cancel_futures=True)
@@ -344,24 +370,36 @@ def _source_bytes(index: ImageFolderIndex) -> int:
 
 
 class _Store:
-    """How one storage writes the images of a build: a job per image in the thread pool, then, in
-    ImageFolder's order, what the job made is appended to the dataset's files."""
+    """How one storage writes the images of a build: a job per image in the thread pool, then what the
+    job made is appended to the dataset's files, in the order :meth:`order` gives."""
 
     arrays: tuple[str, ...]
+
+    def order(self, positions: list[int]) -> list[int]:
+        """The order in which the images at ``positions`` (ImageFolder's order) are written."""
+        return positions
 
     def submit(self, path: Path) -> Future:
         raise NotImplementedError
 
-    def append(self, result) -> str:
-        """Write what a job made; returns its checksum (hex)."""
+    def append(self, position: int, result) -> int:
+        """Write what the job for the sample at ``position`` made; returns its checksum."""
         raise NotImplementedError
 
     def release(self, future: Future) -> None:
         """The job's result was written or skipped."""
 
-    def close(self, count: int) -> dict[str, torch.Tensor]:
-        """Finish the files; returns the arrays (memory-mapped), for the tensordict metadata."""
+    def close(self, kept: Sequence[int]) -> dict[str, torch.Tensor]:
+        """Finish the files (``kept``: the positions of the samples kept, in ImageFolder's order); returns
+        the arrays (memory-mapped), for the tensordict metadata."""
         raise NotImplementedError
+
+    def checksum(self, position: int) -> int:
+        """The checksum of the sample at ``position``, once appended."""
+        raise NotImplementedError
+
+    def discard(self) -> None:
+        """Remove what the store kept of each sample while writing (once the table is written)."""
 
     def manifest_fields(self) -> dict:
         raise NotImplementedError
@@ -369,9 +407,9 @@ class _Store:
 
 class _RawStore(_Store):
     """uint8 pixels at one size, channels-last (``[N, H, W, 3]``), each decoded into one of a fixed
-    window of reused buffers, then appended to the file."""
+    window of reused buffers, then appended to the file, in ImageFolder's order."""
 
-    arrays = ARRAYS["raw"]
+    arrays = TENSORDICT["raw"]
 
     def __init__(
         self,
@@ -391,6 +429,11 @@ class _RawStore(_Store):
         self.writer = BlockWriter(
             tmp / "images.memmap", count * 3 * size[0] * size[1], write_behind=sync, name=out / "images.memmap"
         )
+        self.checksums: np.ndarray | None = None
+
+    def layout(self, count: int) -> None:
+        """Record the checksums of ``count`` sample positions (a file of the build's own, not memory)."""
+        self.checksums = np.memmap(self.tmp / ".records", dtype="<u8", mode="w+", shape=(max(1, count),))
 
     def submit(self, path: Path) -> Future:
         buffer = self.free.pop()
@@ -398,8 +441,12 @@ class _RawStore(_Store):
         self.busy[future] = buffer
         return future
 
-    def append(self, checksum: int) -> str:
-        return f"{checksum:016x}"
+    def append(self, position: int, checksum: int) -> int:
+        self.checksums[position] = checksum
+        return checksum
+
+    def checksum(self, position: int) -> int:
+        return int(self.checksums[position])
 
     def release(self, future: Future) -> None:
         buffer = self.busy.pop(future)
@@ -407,14 +454,20 @@ class _RawStore(_Store):
             self.writer.write(buffer)
         self.free.append(buffer)
 
-    def close(self, count: int) -> dict[str, torch.Tensor]:
+    def close(self, kept: Sequence[int]) -> dict[str, torch.Tensor]:
         self.writer.close()
         return {
-            "images": MemoryMappedTensor.from_filename(self.tmp / "images.memmap", torch.uint8, (count, *self.size, 3))
+            "images": MemoryMappedTensor.from_filename(
+                self.tmp / "images.memmap", torch.uint8, (len(kept), *self.size, 3)
+            )
         }
 
+    def discard(self) -> None:
+        _discard(self.tmp, self.checksums)
+        self.checksums = None
+
     def manifest_fields(self) -> dict:
-        return {"image_shape": [3, *self.size], "resize": self.resize, "layout": "channels_last"}
+        return {"image_shape": [3, *self.size], "resize": self.resize, "layout": "channels_last", "order": {}}
 
 
 def _decode_raw(path: Path, resize: str, buffer: np.ndarray) -> int:
@@ -422,10 +475,16 @@ def _decode_raw(path: Path, resize: str, buffer: np.ndarray) -> int:
     return xxhash.xxh3_64_intdigest(buffer)
 
 
-class _JpegStore(_Store):
-    """Each image's JPEG bytes, appended to one data file, with their offsets and shapes."""
+# What a jpeg build records of each sample as it is written, by its position in ImageFolder's order.
+_RECORD = np.dtype([("start", "<i8"), ("end", "<i8"), ("shape", "<i4", 2), ("checksum", "<u8")])
 
-    arrays = ARRAYS["jpeg"]
+
+class _JpegStore(_Store):
+    """Each image's JPEG bytes, appended to one data file in the order :meth:`layout` chose (shuffled:
+    none across the end of a block), with what was written recorded by sample position (a file of the
+    build's own, not memory), from which :meth:`close` writes the index in ImageFolder's order."""
+
+    arrays = TENSORDICT["jpeg"]
 
     def __init__(
         self,
@@ -441,30 +500,55 @@ class _JpegStore(_Store):
         self.tmp, self.pool, self.max_side, self.quality = tmp, pool, max_side, quality
         self.window = 4 * workers + 4  # small results: more in flight hides the slow re-encodes
         self.writer = BlockWriter(tmp / "data.memmap", expected_bytes, write_behind=sync, name=out / "data.memmap")
-        self.offsets, self.shapes = [0], []
         self.reencoded = dict.fromkeys(REENCODE_REASONS, 0)
+        self.seed: int | None = None
+        self.records: np.ndarray | None = None
+
+    def layout(self, count: int, seed: int | None) -> None:
+        """Write the images in a random order seeded by ``seed``, block-aligned (``None``: ImageFolder's order)."""
+        self.seed = seed
+        self.records = np.memmap(self.tmp / ".records", dtype=_RECORD, mode="w+", shape=(max(1, count),))
+
+    def order(self, positions: list[int]) -> list[int]:
+        if self.seed is None:
+            return positions
+        shuffled = np.array(positions, dtype=np.int64)
+        np.random.default_rng(self.seed).shuffle(shuffled)
+        return shuffled.tolist()
 
     def submit(self, path: Path) -> Future:
         return self.pool.submit(store_jpeg, path, max_side=self.max_side, quality=self.quality)
 
-    def append(self, stored: StoredJpeg) -> str:
+    def append(self, position: int, stored: StoredJpeg) -> int:
+        start, length = self.writer.written, len(stored.data)
+        if self.seed is not None and length <= BLOCK_SIZE and start // BLOCK_SIZE != (start + length - 1) // BLOCK_SIZE:
+            self.writer.skip(BLOCK_SIZE - start % BLOCK_SIZE)  # to the next block
+            start = self.writer.written
         self.writer.write(np.frombuffer(stored.data, np.uint8))
-        self.offsets.append(self.writer.written)
-        self.shapes.append(stored.shape)
+        self.records[position] = (start, self.writer.written, stored.shape, stored.checksum)
         if stored.reencoded is not None:
             self.reencoded[stored.reencoded] += 1
-        return f"{stored.checksum:016x}"
+        return stored.checksum
 
-    def close(self, count: int) -> dict[str, torch.Tensor]:
+    def checksum(self, position: int) -> int:
+        return int(self.records[position]["checksum"])
+
+    def discard(self) -> None:
+        _discard(self.tmp, self.records)
+        self.records = None
+
+    def close(self, kept: Sequence[int]) -> dict[str, torch.Tensor]:
         self.writer.close()
-        arrays = {"offsets": np.array(self.offsets, np.int64), "shapes": np.array(self.shapes, np.int32).reshape(-1, 2)}
-        for name, array in arrays.items():
-            with open(self.tmp / f"{name}.memmap", "xb") as file:
-                file.write(array.tobytes())
-        data = MemoryMappedTensor.from_filename(self.tmp / "data.memmap", torch.uint8, (self.writer.written,))
-        return {"data": data} | {
-            name: MemoryMappedTensor.from_filename(self.tmp / f"{name}.memmap", dtype, array.shape)
-            for (name, array), dtype in zip(arrays.items(), (torch.int64, torch.int32))
+        with open(self.tmp / "offsets.memmap", "xb") as offsets, open(self.tmp / "shapes.memmap", "xb") as shapes:
+            for first in range(0, len(kept), _CHUNK):
+                records = self.records[np.asarray(kept[first : first + _CHUNK], dtype=np.int64)]
+                offsets.write(np.stack([records["start"], records["end"]], axis=1).astype("<i8").tobytes())
+                shapes.write(records["shape"].astype("<i4").tobytes())
+        count = len(kept)
+        return {
+            "data": MemoryMappedTensor.from_filename(self.tmp / "data.memmap", torch.uint8, (self.writer.written,)),
+            "offsets": MemoryMappedTensor.from_filename(self.tmp / "offsets.memmap", torch.int64, (count, 2)),
+            "shapes": MemoryMappedTensor.from_filename(self.tmp / "shapes.memmap", torch.int32, (count, 2)),
         }
 
     def manifest_fields(self) -> dict:
@@ -473,25 +557,35 @@ class _JpegStore(_Store):
             "image_shape": None,
             "resize": None,
             "jpeg": {"quality": self.quality, "max_side": self.max_side, "reencoded": reencoded},
+            "order": {} if self.seed is None else {"shuffled": self.seed, "block_size": BLOCK_SIZE},
         }
 
 
+_CHUNK = 1 << 16  # samples handled at once where a build goes over all of them
+
+
+def _discard(tmp: Path, records: np.memmap | None) -> None:
+    """Drop a store's record file (the table and index were written from it)."""
+    if records is not None:
+        del records
+    (tmp / ".records").unlink(missing_ok=True)
+
+
 def _write(
-    store: _Store, index: ImageFolderIndex, todo: list[int], skipped: list[dict], strict: bool, progress: bool
-) -> tuple[list[int], list[str]]:
-    """Run the store's jobs for the samples at positions ``todo``, at most a window at once, and append
-    their results in order; returns the positions of the samples kept and their checksums."""
+    store: _Store, index: ImageFolderIndex, order: list[int], skipped: list[dict], strict: bool, progress: bool
+) -> list[int]:
+    """Run the store's jobs for the samples at positions ``order``, at most a window at once, and append
+    their results in that order; returns the positions of the samples kept, in ImageFolder's order."""
     pending: deque[tuple[int, Future]] = deque()
-    positions = iter(todo)
+    positions = iter(order)
     kept: list[int] = []
-    checksums: list[str] = []
 
     def submit_next() -> None:
         position = next(positions, None)
         if position is not None:
             pending.append((position, store.submit(index.root / index.samples[position][0])))
 
-    with tqdm(total=len(todo), unit="img", desc="build-memmap", disable=not progress, file=sys.stderr) as bar:
+    with tqdm(total=len(order), unit="img", desc="build-memmap", disable=not progress, file=sys.stderr) as bar:
         for _ in range(store.window):
             submit_next()
         while pending:
@@ -504,14 +598,14 @@ def _write(
                 skipped.append({"path": index.samples[position][0], "reason": error.reason})
                 bar.set_postfix(skipped=len(skipped), refresh=False)
             else:
-                checksums.append(store.append(result))
+                store.append(position, result)
                 kept.append(position)
             store.release(future)
             submit_next()
             bar.update()
     if not kept:
         raise DecodeError(index.root, f"no image could be decoded; first problem: {skipped[0]['reason']}")
-    return kept, checksums
+    return sorted(kept)
 
 
 def _finish(
@@ -520,25 +614,29 @@ def _finish(
     index: ImageFolderIndex,
     store: _Store,
     kept: list[int],
-    checksums: list[str],
     skipped: list[dict],
     sync: bool,
 ) -> None:
-    """Write labels, the tensordict metadata and the manifest, read-only, flushed to disk with the folder."""
-    labels = np.array([index.samples[position][1] for position in kept], dtype=np.int64)
-    with open(tmp / "labels.memmap", "xb") as file:
-        file.write(labels.tobytes())
-    arrays = store.close(len(kept))
+    """Write the index and the table (in ImageFolder's order), the tensordict metadata and the manifest,
+    read-only, flushed to disk with the folder."""
+    arrays = store.close(kept)
+    with TableWriter(tmp) as table:
+        for position in kept:
+            path, label = index.samples[position]
+            table.append(path, label, store.checksum(position))
+    store.discard()
     arrays["labels"] = MemoryMappedTensor.from_filename(tmp / "labels.memmap", torch.int64, (len(kept),))
+    arrays["checksums"] = MemoryMappedTensor.from_filename(tmp / "checksums.memmap", torch.int64, (len(kept),))
     batch = [len(kept)] if "images" in arrays else []  # jpeg arrays have no common first dimension
     TensorDict(arrays, batch_size=batch).memmap_(prefix=tmp, copy_existing=False, existsok=True)
     del arrays
-    files = {name: (tmp / name).stat().st_size for name in (*(f"{a}.memmap" for a in store.arrays), "meta.json")}
+    names = (*(f"{name}.memmap" for name in ARRAYS["raw" if "images" in store.arrays else "jpeg"]), "meta.json")
+    files = {name: (tmp / name).stat().st_size for name in names}
     Manifest(
         source=str(src),
         classes=index.classes,
-        samples=[list(index.samples[position]) for position in kept],
-        checksums=checksums,
+        count=len(kept),
+        table={name: file_digest(tmp / name) for name in ("labels.memmap", *TABLE_FILES)},
         skipped=sorted(skipped, key=lambda entry: entry["path"]),
         versions=_versions(),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),

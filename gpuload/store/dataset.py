@@ -22,6 +22,7 @@ from tensordict import tensorclass
 from ..errors import DatasetError, UsageError
 from .manifest import Manifest
 from .remote import is_url
+from .table import SampleTable
 
 if TYPE_CHECKING:
     from .cache import BlockCache
@@ -33,6 +34,8 @@ __all__ = [
     "JpegSamples",
     "MemmapImageDataset",
     "RemoteRawData",
+    "Samples",
+    "Targets",
     "decode_jpeg_bytes",
     "storage_order",
 ]
@@ -121,6 +124,78 @@ class JpegSamples(list):
         self.path, self.one_size = path, one_size
 
 
+class Samples(Sequence):
+    """``(source path, label)`` of each image of a dataset, as ``ImageFolder.samples`` gives them, read
+    from the dataset's table when indexed: nothing is made per image until asked for.
+
+    Example:
+        >>> from gpuload.store.table import SampleTable
+        >>> samples = Samples("/photos", SampleTable.from_lists([["cat/1.jpg", 0]], ["0000000000000000"]))
+        >>> samples[0], len(samples), list(samples)
+        (('/photos/cat/1.jpg', 0), 1, [('/photos/cat/1.jpg', 0)])
+    """
+
+    def __init__(self, source: str, table: SampleTable) -> None:
+        self._root, self._table = Path(source), table
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[position] for position in range(*index.indices(len(self)))]
+        position = operator.index(index)
+        if not -len(self) <= position < len(self):
+            raise IndexError(f"sample {position} is out of range for a dataset of {len(self)} images")
+        position %= len(self)
+        return str(self._root / self._table.path(position)), int(self._table.labels[position])
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and list(self) == list(other)
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"Samples({len(self)} images from {str(self._root)!r})"
+
+
+class Targets(Sequence):
+    """The label of each image of a dataset, as ``ImageFolder.targets`` gives them: ints over the
+    labels file, which ``numpy.asarray`` gives without a copy.
+
+    Example:
+        >>> targets = Targets(np.array([2, 0, 1]))
+        >>> targets[0], targets[1:], list(targets) == [2, 0, 1], np.asarray(targets).dtype
+        (2, [0, 1], True, dtype('int64'))
+    """
+
+    def __init__(self, labels: np.ndarray) -> None:
+        self._labels = labels
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self._labels[index].tolist()
+        return int(self._labels[operator.index(index)])
+
+    def __iter__(self):
+        for chunk in range(0, len(self._labels), 1 << 16):
+            yield from self._labels[chunk : chunk + (1 << 16)].tolist()
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and list(self) == list(other)
+
+    __hash__ = None
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self._labels, dtype=dtype)
+
+    def __repr__(self) -> str:
+        return f"Targets({len(self)} labels)"
+
+
 class MemmapImageDataset(torch.utils.data.Dataset):
     """A dataset built by :func:`gpuload.build_memmap`, opened read-only, raw or jpeg.
 
@@ -207,6 +282,8 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         self.storage: str = self.manifest.storage
         self.classes: list[str] = list(self.manifest.classes)
         _check_files(self.path, self.manifest)
+        self.table = _open_table(self.path, self.manifest)
+        self._checksums = self.table.checksums
         if self.storage == "raw":
             self.image_shape: tuple[int, int, int] | None = tuple(self.manifest.image_shape)
             self.data: ImageData | JpegData = _open_raw(self.path, self.manifest)
@@ -215,7 +292,6 @@ class MemmapImageDataset(torch.utils.data.Dataset):
             self.data = _open_jpeg_index(self.path, self.manifest)
             self._jpegs = _JpegFile(self.path / self.manifest.array_path("data"))
             self._starts, self._lengths = self.data.starts.numpy(), self.data.lengths.numpy()  # views, fast to index
-            self._checksums = np.array([int(checksum, 16) for checksum in self.manifest.checksums], dtype=np.uint64)
         self.manifest.check_labels(
             self.data.labels.numpy(), str(self.path), "run gpuload verify, then rebuild the dataset"
         )
@@ -259,6 +335,7 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         self.manifest = index.manifest
         self.storage = self.manifest.storage
         self.classes = list(self.manifest.classes)
+        self.table = index.table
         labels = torch.from_numpy(index.labels.copy())
         self._starts, self._lengths = index.starts.copy(), index.lengths.copy()
         self._checksums = index.checksums()
@@ -371,15 +448,17 @@ class MemmapImageDataset(torch.utils.data.Dataset):
     def class_to_idx(self) -> dict[str, int]:
         return {name: index for index, name in enumerate(self.classes)}
 
-    @property
-    def samples(self) -> list[tuple[str, int]]:
-        """``(source path, label)`` per image, as in ImageFolder."""
-        root = Path(self.manifest.source)
-        return [(str(root / path), label) for path, label in self.manifest.samples]
+    @cached_property
+    def samples(self) -> Samples:
+        """``(source path, label)`` per image, as in ImageFolder: a sequence read from the dataset's table
+        when indexed (nothing made per image up front)."""
+        return Samples(self.manifest.source, self.table)
 
-    @property
-    def targets(self) -> list[int]:
-        return [label for _, label in self.manifest.samples]
+    @cached_property
+    def targets(self) -> Targets:
+        """The label of each image, as in ImageFolder: a sequence of ints over the labels file (``numpy.asarray``
+        of it is the int64 array, no copy)."""
+        return Targets(self.table.labels)
 
     @property
     def skipped(self) -> list[dict]:
@@ -409,7 +488,7 @@ class MemmapImageDataset(torch.utils.data.Dataset):
 
     def describe(self, index: int) -> str:
         """``"<dataset>: image <index> (<source path>)"``, for messages about one image."""
-        return f"{self.path}: image {index} ({self.manifest.samples[index][0]})"
+        return f"{self.path}: image {index} ({self.table.path(index)})"
 
     @cached_property
     def _one_size(self) -> bool:
@@ -594,6 +673,15 @@ def _check_meta(path: Path, manifest: Manifest) -> None:
         )
 
 
+def _open_table(path: Path, manifest: Manifest) -> SampleTable:
+    """The dataset's per-image table: its files mapped (format version 4), or its manifest's lists."""
+    if manifest.format_version < 4:
+        return SampleTable.from_lists(manifest.samples, manifest.checksums)
+    table = SampleTable.open(path, len(manifest))
+    table.check(str(path), len(manifest.classes))
+    return table
+
+
 def _open_raw(path: Path, manifest: Manifest) -> ImageData:
     shapes = manifest.array_shapes
     images = _map(path, manifest.array_path("images"), torch.uint8, shapes["images"])
@@ -601,20 +689,28 @@ def _open_raw(path: Path, manifest: Manifest) -> ImageData:
     if manifest.layout == "channels_last":
         images = images.permute(0, 3, 1, 2)  # [N, 3, H, W] with channels-last strides: a view
     labels = _map(path, manifest.array_path("labels"), torch.int64, shapes["labels"])
-    return ImageData(images=images, labels=labels, batch_size=[len(manifest.samples)]).lock_()
+    return ImageData(images=images, labels=labels, batch_size=[len(manifest)]).lock_()
 
 
 def _open_jpeg_index(path: Path, manifest: Manifest) -> JpegData:
-    count = len(manifest.samples)
-    offsets = _map(path, manifest.array_path("offsets"), torch.int64, (count + 1,)).clone()
-    shapes = _map(path, manifest.array_path("shapes"), torch.int32, (count, 2)).clone()
-    labels = _map(path, manifest.array_path("labels"), torch.int64, (count,)).clone()
-    lengths = offsets[1:] - offsets[:-1]
-    if offsets[0] != 0 or bool((lengths <= 0).any()) or int(offsets[-1]) != manifest.files.get("data.memmap"):
+    """The index of a jpeg dataset, mapped: where each image lies (format version 4: ``offsets`` holds
+    each image's start and end, ``[N, 2]``, the images stored in another order than the index's;
+    before, ``[N + 1]`` boundaries of images stored one after the other), its size and its label."""
+    count = len(manifest)
+    shapes = _map(path, manifest.array_path("shapes"), torch.int32, (count, 2))
+    labels = _map(path, manifest.array_path("labels"), torch.int64, (count,))
+    if manifest.format_version >= 4:
+        bounds = _map(path, manifest.array_path("offsets"), torch.int64, (count, 2))
+        starts, ends = bounds[:, 0], bounds[:, 1]
+    else:
+        offsets = _map(path, manifest.array_path("offsets"), torch.int64, (count + 1,))
+        starts, ends = offsets[:-1], offsets[1:]
+    lengths = ends - starts
+    if bool((starts < 0).any()) or bool((lengths <= 0).any()) or int(ends.max()) > manifest.files.get("data.memmap"):
         raise DatasetError(f"{path} is damaged: offsets.memmap does not cut data.memmap into {count} images")
     if bool((shapes <= 0).any()):
         raise DatasetError(f"{path} is damaged: shapes.memmap holds a size that is not positive")
-    return JpegData(starts=offsets[:-1], lengths=lengths, shapes=shapes, labels=labels, batch_size=[count]).lock_()
+    return JpegData(starts=starts, lengths=lengths, shapes=shapes, labels=labels, batch_size=[count]).lock_()
 
 
 def _map(folder: Path, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:

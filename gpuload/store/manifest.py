@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ __all__ = [
     "LAYOUTS",
     "MANIFEST_NAME",
     "RESIZE_MODES",
+    "TENSORDICT",
     "DatasetError",
     "Manifest",
     "dataset_around",
@@ -41,19 +41,30 @@ __all__ = [
 ]
 
 FORMAT = "gpuload.memmap"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 MANIFEST_NAME = "manifest.json"
 RESIZE_MODES: tuple[str, ...] = ("crop", "pad", "stretch")
 # How a raw dataset's images.memmap orders each image's bytes: version 3 writes channels-last
 # [N, H, W, 3] (what decoders produce and convolutions on tensor cores read); versions 1 and 2 wrote
 # channel-first [N, 3, H, W]. Either way the dataset shows images as [N, 3, H, W].
 LAYOUTS = ("channels_last", "channels_first")
-# The fields that give the arrays their meaning: their digests are checked by ``verify``
-# (version 2 had no ``layout``: its raw images are channel-first).
-DIGESTED = ("storage", "classes", "samples", "checksums", "image_shape", "resize", "jpeg", "files", "layout")
-_DIGESTED_V2 = DIGESTED[:-1]
-# The arrays of each storage, besides meta.json (a plain tensordict TensorDict of them).
-ARRAYS = {"raw": ("images", "labels"), "jpeg": ("data", "offsets", "shapes", "labels")}
+# The fields that give the arrays their meaning: their digests are checked by ``verify``. Version 4
+# keeps each image's path, label and checksum in flat files (gpuload.store.table), whose digests are
+# the field ``table``; versions 1 to 3 kept them in ``samples`` and ``checksums`` (version 2 had no
+# ``layout``: its raw images are channel-first).
+DIGESTED = ("storage", "classes", "count", "image_shape", "resize", "jpeg", "files", "layout", "table")
+_DIGESTED_V3 = ("storage", "classes", "samples", "checksums", "image_shape", "resize", "jpeg", "files", "layout")
+_DIGESTED_V2 = _DIGESTED_V3[:-1]
+# The array files of each storage (``<name>.memmap``) besides meta.json, a plain tensordict TensorDict of
+# those in ``TENSORDICT`` (the paths, of varying lengths, are gpuload's own).
+ARRAYS = {
+    "raw": ("images", "labels", "checksums", "paths", "path_offsets"),
+    "jpeg": ("data", "offsets", "shapes", "labels", "checksums", "paths", "path_offsets"),
+}
+TENSORDICT = {
+    storage: tuple(name for name in names if not name.startswith("path")) for storage, names in ARRAYS.items()
+}
+_ARRAYS_V3 = {"raw": ("images", "labels"), "jpeg": ("data", "offsets", "shapes", "labels")}
 # Version 1 (gpuload 0.1.0) kept the arrays in _tensordict/ beside two tensordict meta.json files.
 _V1_FILES = ("meta.json", "_tensordict/meta.json", "_tensordict/images.memmap", "_tensordict/labels.memmap")
 # The manifest or an array a build writes (both formats, and version 1's _tensordict/): a folder
@@ -63,8 +74,9 @@ BUILD_FILES = (
     "_tensordict",
     *sorted({f"{name}.memmap" for names in ARRAYS.values() for name in names}),
 )
-# Every name a build folder of any format version holds: what a stale temporary folder may contain.
-BUILD_PATHS = frozenset({*BUILD_FILES, *_V1_FILES})
+# Every name a build folder of any format version holds: what a stale temporary folder may contain
+# (``.records``: what a build of format version 4 notes of each image while writing, removed at its end).
+BUILD_PATHS = frozenset({*BUILD_FILES, *_V1_FILES, ".records"})
 
 
 def holds_build_files(folder: Path) -> bool:
@@ -103,8 +115,16 @@ class Manifest:
     Attributes:
         source: the folder the images came from, absolute.
         classes: class names; a label is an index into this list.
-        samples: ``[path relative to source, label]`` per image, in dataset order.
-        checksums: xxh3-64 (hex) of each image's stored bytes (pixels, or JPEG bytes), in dataset order.
+        count: the number of images (format version 4; before, the length of ``samples``).
+        samples: versions 1 to 3: ``[path relative to source, label]`` per image, in dataset order
+            (version 4 keeps them in the table files, see :mod:`gpuload.store.table`); ``None`` in version 4.
+        checksums: versions 1 to 3: xxh3-64 (hex) of each image's stored bytes (pixels, or JPEG
+            bytes), in dataset order; ``None`` in version 4.
+        table: version 4: the xxh3-64 (hex) of each table file's bytes (``labels.memmap``,
+            ``checksums.memmap``, ``paths.memmap``, ``path_offsets.memmap``), written at build time.
+        order: version 4, jpeg: how the images lie in ``data.memmap``: ``{"shuffled": seed,
+            "block_size": bytes}`` (a seeded random order, no image across a block's end: a window of
+            blocks holds images of every class) or ``{}`` (dataset order); the index is in dataset order either way.
         image_shape: ``[3, height, width]`` of every image (raw), ``None`` (jpeg: each image its own size).
         layout: raw: how ``images.memmap`` orders each image's bytes, ``"channels_last"``
             (``[N, H, W, 3]``, written since format version 3) or ``"channels_first"`` (``[N, 3, H, W]``,
@@ -127,10 +147,13 @@ class Manifest:
 
     source: str
     classes: list[str]
-    samples: list[list]
-    checksums: list[str]
     image_shape: list[int] | None
     resize: str | None
+    samples: list[list] | None = None
+    checksums: list[str] | None = None
+    count: int | None = None
+    table: dict = field(default_factory=dict)
+    order: dict = field(default_factory=dict)
     skipped: list[dict] = field(default_factory=list)
     versions: dict = field(default_factory=dict)
     created: str = ""
@@ -149,10 +172,19 @@ class Manifest:
         if self.format_version < 3 and self.storage == "raw":
             self.layout = "channels_first"  # what versions 1 and 2 wrote, and did not record
 
+    def __len__(self) -> int:
+        """The number of images."""
+        return self.count if self.format_version >= 4 else len(self.samples)
+
+    @property
+    def arrays(self) -> tuple[str, ...]:
+        """The array files of this dataset's storage and format version (``<name>.memmap``)."""
+        return (ARRAYS if self.format_version >= 4 else _ARRAYS_V3)[self.storage]
+
     @property
     def array_shapes(self) -> dict[str, tuple[int, ...]]:
         """The shape of each array of a raw dataset as stored in its file."""
-        count = len(self.samples)
+        count = len(self)
         channels, height, width = self.image_shape
         stored = (height, width, channels) if self.layout == "channels_last" else (channels, height, width)
         return {"images": (count, *stored), "labels": (count,)}
@@ -161,16 +193,18 @@ class Manifest:
         """Where the array ``name`` (see :data:`ARRAYS`) lies, relative to the dataset folder."""
         return f"_tensordict/{name}.memmap" if self.format_version == 1 else f"{name}.memmap"
 
-    def describe(self, path: str, bytes_on_disk: int) -> dict:
+    def describe(self, path: str, bytes_on_disk: int, labels: np.ndarray) -> dict:
         """What the dataset at ``path`` holds, as ``gpuload info`` shows it: count, shape, classes
-        with their counts, bytes on disk, provenance."""
-        counts = Counter(label for _, label in self.samples)
+        with their counts (from its ``labels``), bytes on disk, provenance."""
+        import numpy as np  # not at import: the command line's --help imports this module
+
+        counts = np.bincount(np.asarray(labels, dtype=np.int64), minlength=len(self.classes))
         return {
             "path": path,
             "storage": self.storage,
-            "images": len(self.samples),
+            "images": len(self),
             "image_shape": list(self.image_shape) if self.image_shape else None,
-            "classes": {name: counts.get(position, 0) for position, name in enumerate(self.classes)},
+            "classes": {name: int(counts[position]) for position, name in enumerate(self.classes)},
             "bytes_on_disk": bytes_on_disk,
             "source": self.source,
             "resize": self.resize,
@@ -182,14 +216,25 @@ class Manifest:
         }
 
     def check_labels(self, labels: np.ndarray, where: str, advice: str) -> None:
-        """The labels file must say what the manifest says: a damaged label would train on a wrong
-        class without any error (8 bytes per image, compared at every open).
+        """The labels file must say what was built: a damaged label would train on a wrong class
+        without any error (8 bytes per image, checked at every open: against the manifest's labels in
+        versions 1 to 3, against the build's digest of the file in version 4).
 
         Raises:
-            DatasetError: a label differs, naming ``where`` and the first, then ``advice``.
+            DatasetError: a label differs (the first named, in versions 1 to 3), naming ``where``,
+                then ``advice``.
         """
         import numpy as np  # not at import: the command line's --help imports this module
+        import xxhash
 
+        if self.format_version >= 4:
+            if f"{xxhash.xxh3_64_intdigest(np.ascontiguousarray(labels)):016x}" != self.table.get("labels.memmap"):
+                raise DatasetError(f"{where} is damaged: labels.memmap differs from what was built; {advice}")
+            if labels.size and not (0 <= int(labels.min()) and int(labels.max()) < len(self.classes)):
+                raise DatasetError(
+                    f"{where} is damaged: a label in labels.memmap is outside 0..{len(self.classes) - 1}"
+                )
+            return
         recorded = np.fromiter((label for _, label in self.samples), dtype=np.int64, count=len(self.samples))
         differ = np.flatnonzero(labels != recorded)
         if differ.size:
@@ -224,11 +269,9 @@ class Manifest:
 
     def _fields(self) -> dict:
         """The fields by name as written, sharing their values (``asdict`` would deep-copy a million
-        samples); without ``layout`` before version 3, whose manifests have no such field."""
-        fields = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        if self.format_version < 3:
-            del fields["layout"]
-        return fields
+        samples); only those of its format version (see :func:`_version_fields`)."""
+        names = _version_fields(self.format_version)
+        return {name: getattr(self, name) for name in self.__dataclass_fields__ if name in names}
 
     @classmethod
     def read(cls, folder: str | os.PathLike) -> Manifest:
@@ -266,7 +309,7 @@ class Manifest:
                 f"{path} has format version {raw.get('format_version')!r}; this gpuload reads versions 1 to "
                 f"{FORMAT_VERSION}: upgrade gpuload or rebuild the dataset"
             )
-        expected = set(cls.__dataclass_fields__) - ({"layout"} if raw["format_version"] < 3 else set())
+        expected = _version_fields(raw["format_version"])
         missing = sorted(name for name in expected - set(raw) if name in _REQUIRED[raw["format_version"]])
         unknown = sorted(set(raw) - expected)
         if missing or unknown:
@@ -286,13 +329,16 @@ class Manifest:
 
     def _check(self, path: Path) -> None:
         problems = []
-        if len(self.checksums) != len(self.samples):
+        if self.format_version < 4 and len(self.checksums) != len(self.samples):
             problems.append(f"{len(self.checksums)} checksums for {len(self.samples)} samples")
-        if any(not (0 <= label < len(self.classes)) for _, label in self.samples):
+        if self.format_version < 4 and any(not (0 <= label < len(self.classes)) for _, label in self.samples):
             problems.append(f"a sample label is outside 0..{len(self.classes) - 1}")
+        if self.format_version >= 4 and set(self.table) != {"labels.memmap", "checksums.memmap", "paths.memmap",
+                                                             "path_offsets.memmap"}:  # fmt: skip
+            problems.append(f"table lists {sorted(self.table)}, not the four table files")
         if len(set(self.classes)) != len(self.classes):
             problems.append("a class name appears twice")
-        arrays = {"meta.json", *(self.array_path(name) for name in ARRAYS[self.storage])}
+        arrays = {"meta.json", *(self.array_path(name) for name in self.arrays)}
         if self.format_version > 1 and set(self.files) != arrays:
             problems.append(f"files lists {sorted(self.files)}, not {sorted(arrays)}")
         if (self.storage == "raw") != (self.image_shape is not None and self.resize is not None):
@@ -306,10 +352,20 @@ class Manifest:
 
 
 def _digests(fields: dict, version: int) -> dict[str, str]:
+    names = DIGESTED if version >= 4 else _DIGESTED_V3 if version == 3 else _DIGESTED_V2
     return {
         name: f"{xxhash.xxh3_64_intdigest(json.dumps(fields[name], separators=(',', ':')).encode()):016x}"
-        for name in (DIGESTED if version >= 3 else _DIGESTED_V2)
+        for name in names
     }
+
+
+def _version_fields(version: int) -> set[str]:
+    """The fields a manifest of format ``version`` holds: no ``layout`` before version 3; ``samples``
+    and ``checksums`` before version 4, ``count``, ``table`` and ``order`` from it."""
+    names = set(Manifest.__dataclass_fields__)
+    if version < 3:
+        names.discard("layout")
+    return names - ({"count", "table", "order"} if version < 4 else {"samples", "checksums"})
 
 
 def _is_int(value, low: int = 0) -> bool:
@@ -395,10 +451,30 @@ _FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
         "an object of digests",
     ),
     "layout": (lambda value: value is None or value in LAYOUTS, f"one of {', '.join(LAYOUTS)} (null for jpeg)"),
+    "count": (lambda value: _is_int(value, 1), "a positive number of images"),
+    "table": (
+        _str_dict(lambda item: isinstance(item, str) and _HEX16.fullmatch(item) is not None),
+        "an object of the table files' digests",
+    ),
+    "order": (
+        lambda value: (
+            isinstance(value, dict)
+            and (
+                not value
+                or (
+                    set(value) == {"shuffled", "block_size"}
+                    and _is_int(value["shuffled"])
+                    and _is_int(value["block_size"], 1)
+                )
+            )
+        ),
+        'an object {"shuffled": seed, "block_size": bytes}, or {}',
+    ),  # fmt: skip
 }
-_ALWAYS = {"format", "format_version", "source", "classes", "samples", "checksums", "image_shape", "resize"}
+_ALWAYS = {"format", "format_version", "source", "classes", "image_shape", "resize"}
 _REQUIRED = {
-    1: _ALWAYS,
-    2: _ALWAYS | {"checksum", "storage", "files", "digests"},
-    FORMAT_VERSION: _ALWAYS | {"checksum", "storage", "files", "digests", "layout"},
+    1: _ALWAYS | {"samples", "checksums"},
+    2: _ALWAYS | {"samples", "checksums", "checksum", "storage", "files", "digests"},
+    3: _ALWAYS | {"samples", "checksums", "checksum", "storage", "files", "digests", "layout"},
+    FORMAT_VERSION: _ALWAYS | {"count", "table", "order", "checksum", "storage", "files", "digests", "layout"},
 }

@@ -203,7 +203,7 @@ def _write_marker(store: Store, manifest: Manifest) -> str:
     token = uuid.uuid4().hex
     with tempfile.TemporaryDirectory(prefix="gpuload-push-") as folder:
         path = Path(folder) / PUSH_MARKER
-        path.write_text(json.dumps({"push": token, "images": len(manifest.samples), "created": manifest.created}))
+        path.write_text(json.dumps({"push": token, "images": len(manifest), "created": manifest.created}))
         store.put(PUSH_MARKER, path)
     return token
 
@@ -259,7 +259,7 @@ def _check_target(store: Store, existing: dict[str, ObjectInfo], manifest: Manif
         )
     if not overwrite:
         raise FileExistsError(
-            f"{store.display} holds another gpuload dataset ({len(there.samples)} images from {there.source}, built "
+            f"{store.display} holds another gpuload dataset ({len(there)} images from {there.source}, built "
             f"{there.created}); pass overwrite=True (--overwrite) to replace it, or choose another URL"
         )
     return True

@@ -10,6 +10,7 @@ them as a local open does. Image bytes are then read on demand through :meth:`Re
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from ..errors import DatasetError, UsageError
 from .manifest import MANIFEST_NAME, Manifest
 from .remote import ObjectInfo, Store, open_store
 from .remote_file import RemoteFile
+from .table import TABLE_FILES, SampleTable
 
 __all__ = ["RemoteIndex", "describe_remote", "open_remote", "read_remote_manifest", "verify_remote"]
 
@@ -39,7 +41,7 @@ class RemoteIndex:
         store: the dataset's folder.
         manifest: its manifest, checked as a local one is.
         objects: every object the manifest lists, with the size and ETag seen at open.
-        labels: int64 ``[N]``, equal to the manifest's.
+        table: each image's path, label and checksum (:class:`gpuload.store.table.SampleTable`).
         starts, lengths: int64 ``[N]``: each image's byte range in the image object.
         shapes: jpeg: int32 ``[N, 2]`` (height, width) of each image; raw: ``None``.
     """
@@ -47,10 +49,15 @@ class RemoteIndex:
     store: Store
     manifest: Manifest
     objects: dict[str, ObjectInfo]
-    labels: np.ndarray
+    table: SampleTable
     starts: np.ndarray
     lengths: np.ndarray
     shapes: np.ndarray | None
+
+    @property
+    def labels(self) -> np.ndarray:
+        """int64 ``[N]``: each image's label."""
+        return self.table.labels
 
     @property
     def image_object(self) -> str:
@@ -64,8 +71,8 @@ class RemoteIndex:
         return RemoteFile(self.store, name, info=self.objects[name], **options)
 
     def checksums(self) -> np.ndarray:
-        """uint64 ``[N]``: each image's xxh3-64 from the manifest."""
-        return np.array([int(checksum, 16) for checksum in self.manifest.checksums], dtype=np.uint64)
+        """uint64 ``[N]``: each image's xxh3-64, as built."""
+        return self.table.checksums
 
 
 def read_remote_manifest(store: Store, info: ObjectInfo | None = None) -> Manifest:
@@ -121,28 +128,66 @@ def open_remote(url: str | Store) -> RemoteIndex:
                 "dataset again"
             )
         objects[name] = info
-    count = len(manifest.samples)
+    count = len(manifest)
 
     def array(name: str, dtype, shape) -> np.ndarray:
         data = store.read_all(name, objects[name])
         return np.frombuffer(data, dtype=dtype).reshape(shape)
 
-    labels = array("labels.memmap", np.int64, (count,))
+    if manifest.format_version >= 4:
+        table = SampleTable.from_bytes(
+            *(store.read_all(name, objects[name]) for name in ("labels.memmap", *TABLE_FILES))
+        )
+        table.check(store.display, len(manifest.classes))
+    else:
+        table = SampleTable.from_lists(manifest.samples, manifest.checksums)
+        table.labels = array("labels.memmap", np.int64, (count,))
     if manifest.storage == "jpeg":
-        offsets = array("offsets.memmap", np.int64, (count + 1,))
+        if manifest.format_version >= 4:
+            bounds = array("offsets.memmap", np.int64, (count, 2))
+            starts, ends = bounds[:, 0], bounds[:, 1]
+        else:
+            offsets = array("offsets.memmap", np.int64, (count + 1,))
+            starts, ends = offsets[:-1], offsets[1:]
         shapes = array("shapes.memmap", np.int32, (count, 2))
-        starts, lengths = offsets[:-1], np.diff(offsets)
-        if offsets[0] != 0 or (lengths <= 0).any() or int(offsets[-1]) != manifest.files["data.memmap"]:
+        lengths = ends - starts
+        if (starts < 0).any() or (lengths <= 0).any() or int(ends.max()) > manifest.files["data.memmap"]:
             raise DatasetError(
                 f"{store.display} is damaged: offsets.memmap does not cut data.memmap into {count} images"
             )
         if (shapes <= 0).any():
             raise DatasetError(f"{store.display} is damaged: shapes.memmap holds a size that is not positive")
     else:
+        _check_raw_meta(store, objects, manifest)
         size = int(np.prod(manifest.image_shape))
         starts, lengths, shapes = np.arange(count, dtype=np.int64) * size, np.full(count, size, dtype=np.int64), None
-    manifest.check_labels(labels, store.display, "push the dataset again")
-    return RemoteIndex(store, manifest, objects, labels, starts, lengths, shapes)
+    manifest.check_labels(table.labels, store.display, "push the dataset again")
+    return RemoteIndex(store, manifest, objects, table, starts, lengths, shapes)
+
+
+def _check_raw_meta(store: Store, objects: dict[str, ObjectInfo], manifest: Manifest) -> None:
+    """A raw dataset's manifest must give the images the shape tensordict's ``meta.json`` recorded when
+    they were written (format version 2 on), as a local open checks: a manifest edited to another
+    layout or shape would serve the same bytes as scrambled pixels.
+
+    Raises:
+        DatasetError: they differ, or meta.json does not give the shape.
+    """
+    if manifest.format_version < 2:
+        return
+    try:
+        recorded = json.loads(store.read_all("meta.json", objects["meta.json"]))["images"]["shape"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise DatasetError(
+            f"{store.display} is damaged: meta.json does not give the images' shape ({error!r}); push the dataset again"
+        ) from None
+    expected = list(manifest.array_shapes["images"])
+    if recorded != expected:
+        raise DatasetError(
+            f"{store.display} is damaged: its manifest ({manifest.layout}, image_shape {manifest.image_shape}) means "
+            f"images.memmap is {expected}, and meta.json recorded {recorded} when it was built: the manifest was "
+            "edited; push the dataset again from an intact copy"
+        )
 
 
 def describe_remote(url: str) -> dict:
@@ -153,7 +198,7 @@ def describe_remote(url: str) -> dict:
     """
     index = open_remote(url)
     size = sum(info.size for info in index.objects.values()) + index.store.info(MANIFEST_NAME).size
-    return index.manifest.describe(index.store.display, size)
+    return index.manifest.describe(index.store.display, size, index.labels)
 
 
 def verify_remote(url: str, *, progress: bool = True) -> list[str]:
@@ -182,7 +227,7 @@ def verify_remote(url: str, *, progress: bool = True) -> list[str]:
         for name in manifest.edited_fields()
     ]
     checksums, bad, resized = index.checksums(), [], []
-    count = len(manifest.samples)
+    count = len(manifest)
     with (
         index.image_file(workers=8) as file,
         tqdm(total=count, desc="checksums", unit="img", disable=not progress, file=sys.stderr) as bar,
@@ -197,9 +242,9 @@ def verify_remote(url: str, *, progress: bool = True) -> list[str]:
                     resized.append(position)
             bar.update(len(positions))
     if bad:
-        shown = ", ".join(f"{i} ({manifest.samples[i][0]})" for i in bad[:5])
+        shown = ", ".join(f"{i} ({index.table.path(i)})" for i in bad[:5])
         problems.append(f"{len(bad)} images do not match their build checksum: {shown}")
     if resized:
-        shown = ", ".join(f"{i} ({manifest.samples[i][0]})" for i in resized[:5])
+        shown = ", ".join(f"{i} ({index.table.path(i)})" for i in resized[:5])
         problems.append(f"{len(resized)} images differ from their size in shapes.memmap: {shown}")
     return problems

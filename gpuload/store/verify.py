@@ -18,6 +18,7 @@ from .dataset import MemmapImageDataset, decode_jpeg_bytes, storage_order
 from .decode import decode_image, read_bytes
 from .jpeg import frame_size, store_jpeg
 from .manifest import MANIFEST_NAME, holds_build_files
+from .table import file_digest
 
 __all__ = ["describe_memmap", "verify_memmap"]
 
@@ -30,7 +31,7 @@ def describe_memmap(path: str | os.PathLike) -> dict:
     """
     dataset = MemmapImageDataset(path)
     size = sum(file.stat().st_size for file in dataset.path.rglob("*") if file.is_file())
-    return dataset.manifest.describe(str(dataset.path), size)
+    return dataset.manifest.describe(str(dataset.path), size, dataset.table.labels)
 
 
 def verify_memmap(
@@ -73,18 +74,24 @@ def verify_memmap(
         f"manifest.json: the field {name!r} was changed after the build (its digest differs); rebuild the dataset"
         for name in manifest.edited_fields()
     ]
+    problems += [
+        f"{name} differs from what was built (its digest differs): the paths or checksums of the images are "
+        "damaged; rebuild the dataset"
+        for name, digest in manifest.table.items()
+        if file_digest(dataset.path / name) != digest
+    ]
     bad, resized = [], []
     for index in tqdm(range(len(dataset)), desc="checksums", unit="img", disable=not progress, file=sys.stderr):
         stored = _stored_bytes(dataset, index)
-        if f"{xxhash.xxh3_64_intdigest(stored):016x}" != manifest.checksums[index]:
+        if xxhash.xxh3_64_intdigest(stored) != dataset.table.checksums[index]:
             bad.append(index)
         elif dataset.storage == "jpeg" and frame_size(stored) != tuple(dataset.data.shapes[index].tolist()):
             resized.append(index)
     if bad:
-        shown = ", ".join(f"{index} ({manifest.samples[index][0]})" for index in bad[:5])
+        shown = ", ".join(f"{index} ({dataset.table.path(index)})" for index in bad[:5])
         problems.append(f"{len(bad)} images do not match their build checksum: {shown}")
     if resized:
-        shown = ", ".join(f"{index} ({manifest.samples[index][0]})" for index in resized[:5])
+        shown = ", ".join(f"{index} ({dataset.table.path(index)})" for index in resized[:5])
         problems.append(f"{len(resized)} images differ from their size in shapes.memmap: {shown}")
     if sources:
         from .decode import pixel_limit
@@ -126,7 +133,7 @@ def _compare_sources(dataset: MemmapImageDataset, count: int, seed: int, skip: s
     for index in sorted(random.Random(seed).sample(range(len(dataset)), min(count, len(dataset)))):
         if index in skip:
             continue
-        path = root / manifest.samples[index][0]
+        path = root / dataset.table.path(index)
         try:
             problem = compare(dataset, index, path)
         except DecodeError as error:
@@ -158,7 +165,7 @@ def _compare_jpeg(dataset: MemmapImageDataset, index: int, path: Path) -> str | 
     alone is no fair reference for a re-encoded image: on a tiny one, 4:2:0 chroma over a few
     pixels and the 8x8 blocks lose more than the tolerance, even at quality 100.
     """
-    recorded, data = int(dataset.manifest.checksums[index], 16), read_bytes(path)  # read once
+    recorded, data = int(dataset.table.checksums[index]), read_bytes(path)  # read once
     if xxhash.xxh3_64_intdigest(data) == recorded:
         return None  # stored as it was, and unchanged
     settings = dataset.manifest.jpeg

@@ -82,6 +82,10 @@ class BlockWriter:
                 start_writeback(self._fd, self._started, self.written - self._started)
                 self._started = self.written
 
+    def skip(self, count: int) -> None:
+        """Leave ``count`` bytes out: the next block lands after them, and they read as zeros."""
+        self.written += count
+
     def close(self) -> None:
         """Cut the file to the bytes written and close it."""
         if self._fd < 0:
