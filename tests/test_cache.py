@@ -192,28 +192,32 @@ class TestBlocks:
 
 
 class TestFaults:
-    def test_a_full_disk_is_one_clear_error_and_the_cache_stays_usable(self, tmp_path, monkeypatch):
+    @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+    @pytest.mark.parametrize("step", ["_allocate", "_write_all"])
+    def test_a_full_disk_keeps_the_block_out_with_one_warning_and_the_cache_goes_on(
+        self, tmp_path, monkeypatch, code, step
+    ):
         cache = BlockCache(tmp_path, "1MB")
         space = cache.namespace("s3://b/k", "1", block_size=4)
         cache.put(space, 0, b"abcd")
-        real = cache_module._allocate
+        real = getattr(cache_module, step)
 
-        def full(fd, length):
-            raise OSError(errno.ENOSPC, "No space left on device")
+        def full(*args):
+            raise OSError(code, os.strerror(code))
 
-        monkeypatch.setattr(cache_module, "_allocate", full)
-        with pytest.raises(OSError) as caught:
-            cache.put(space, 1, b"efgh")
-        assert caught.value.errno == errno.ENOSPC
-        assert str(caught.value).startswith(f"[Errno 28] the disk of the cache {tmp_path} is full (a block of 4 bytes")
-        assert "lower cache_size (now 1,000,000 bytes) or pass a cache folder on another disk" in str(caught.value)
+        monkeypatch.setattr(cache_module, step, full)
+        with pytest.warns(UserWarning) as warned:
+            assert not cache.put(space, 1, b"efgh") and not cache.put(space, 2, b"ijkl")  # not kept, no error
+        [warning] = warned  # once, not once a block
+        assert str(warning.message).startswith(f"the disk of the cache {tmp_path} is full (a block of 4 bytes")
+        assert "blocks are read uncached until there is room" in str(warning.message)
         assert files_on_disk(cache) == {f"{space.key[:6]}/0": 4} and cache.usage() == 4  # nothing lost, no leftovers
-        monkeypatch.setattr(cache_module, "_allocate", real)
+        monkeypatch.setattr(cache_module, step, real)
         assert cache.put(space, 1, b"efgh") and cache.get(space, 1, 4) == b"efgh" and cache.usage() == 8
 
     def test_a_really_full_disk(self, tmp_path):
-        """A 256 KiB tmpfs under a cache allowed 10 MB: the block that does not fit is one clear error,
-        nothing half-written stays, and once space is freed the cache goes on."""
+        """A 256 KiB tmpfs under a cache allowed 10 MB: the blocks that do not fit are not kept (one
+        warning), nothing half-written stays, and once space is freed the cache goes on."""
         disk = tmp_path / "small-disk"
         disk.mkdir()
         mounted = subprocess.run(
@@ -224,12 +228,11 @@ class TestFaults:
         try:
             cache = BlockCache(disk / "cache", "10MB")
             space = cache.namespace("s3://b/k", "1", block_size=64 * 1024)
-            with pytest.raises(OSError) as caught:
-                for index in range(8):
-                    cache.put(space, index, bytes([index]) * 64 * 1024)
-            assert caught.value.errno == errno.ENOSPC and "the disk of the cache" in str(caught.value)
+            with pytest.warns(UserWarning, match="the disk of the cache .* is full") as warned:
+                stored = [cache.put(space, index, bytes([index]) * 64 * 1024) for index in range(8)]
+            assert any(stored) and not all(stored) and len(warned) == 1
             kept = files_on_disk(cache)
-            assert kept and not any(".tmp-" in name for name in kept)
+            assert len(kept) == sum(stored) and not any(".tmp-" in name for name in kept)
             assert cache.usage() == sum(kept.values())
             with cache.writing(space, 0):
                 cache.drop(space, 0)

@@ -151,6 +151,27 @@ class TestDamage:
             assert reopened.read(0, 10) == PAYLOAD[::-1][:10]  # a new version, a new namespace: no mixing
 
 
+class TestFullDisk:
+    def test_a_cache_on_a_full_disk_serves_every_block_uncached_and_warns_once(self, s3, data_object, tmp_path):
+        """A 32 KiB tmpfs under a 10 MB cache: the object's 100 KB read whole, right, and training goes on."""
+        disk = tmp_path / "small-disk"
+        disk.mkdir()
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(disk)], capture_output=True, text=True
+        )
+        if mounted.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+        try:
+            cache = BlockCache(disk / "cache", "10MB")
+            with RemoteFile(data_object, "data.memmap", cache=cache, block_size=BLOCK, blocks_per_request=1) as file:
+                with pytest.warns(UserWarning, match="the disk of the cache .* is full") as warned:
+                    assert file.read(0, len(PAYLOAD)) == PAYLOAD
+                    assert file.read_many(RANGES) == [PAYLOAD[start : start + length] for start, length in RANGES]
+            assert len(warned) == 1
+        finally:
+            subprocess.run(["umount", str(disk)], check=True)
+
+
 class TestSharedCache:
     def test_one_download_per_block_per_node(self, s3, data_object, cache):
         """Three processes of four threads read every block at once through one cache folder: each

@@ -16,7 +16,8 @@ Guarantees:
   is written, its temporary file created and its space allocated (``posix_fallocate``) in the same
   step, evicting the least recently used blocks of any namespace first when needed; the bytes on disk
   are never more than the limit. A block that cannot get room (the limit is taken by reservations in
-  flight) is handed back uncached.
+  flight) is handed back uncached, and so is a block that the disk under the cache has no room for
+  (``ENOSPC``, ``EDQUOT``: one warning, nothing left behind; a full disk never stops a job).
 - **Once per node.** A block is downloaded by the first process (or thread) that takes its stripe
   lock; the others wait on that lock and then read the file it wrote.
 - **No half-written block is ever read**: a block is written to a temporary name and renamed into
@@ -52,6 +53,7 @@ import os
 import re
 import secrets
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -149,6 +151,7 @@ class BlockCache:
         (self.path / "locks").mkdir(exist_ok=True)
         (self.path / "objects").mkdir(exist_ok=True)
         self._usage_path = self.path / "usage"
+        self._warned_full = False
         with self._cache_lock() as fd:
             self._write_usage(fd, self._recount())
             self._evict(fd, 0)
@@ -161,11 +164,14 @@ class BlockCache:
         key = xxhash.xxh3_128_hexdigest(f"{url}\n{version}\n{block_size}".encode())
         folder = self.path / "objects" / key
         if not (folder / "object.json").is_file():
-            folder.mkdir(exist_ok=True)
-            _write_atomically(
-                folder / "object.json",
-                json.dumps({"url": url, "version": version, "block_size": block_size}).encode(),
-            )
+            try:
+                folder.mkdir(exist_ok=True)
+                _write_atomically(
+                    folder / "object.json",
+                    json.dumps({"url": url, "version": version, "block_size": block_size}).encode(),
+                )
+            except OSError as error:  # a full disk: the blocks are then served uncached
+                self._full(error, f"the folder of {url}")
         return Namespace(key, folder, block_size)
 
     def get(
@@ -226,12 +232,9 @@ class BlockCache:
         return _stripe(space.key, index)
 
     def put(self, space: Namespace, index: int, data: bytes) -> bool:
-        """Store block ``index`` (hold :meth:`writing`); ``False`` where the limit leaves no room now
-        (the block is then simply not kept).
-
-        Raises:
-            OSError: ``ENOSPC`` when the disk under the cache is full (a one-line message saying what
-                to do); nothing is left behind and the cache stays usable.
+        """Store block ``index`` (hold :meth:`writing`); ``False`` where it is not kept: the limit leaves
+        no room now, or the disk under the cache is full (``ENOSPC``, ``EDQUOT``: warned once, nothing
+        left behind; the caller serves the block from memory and the cache goes on when there is room).
         """
         length = len(data)
         if length > self.limit:
@@ -241,16 +244,15 @@ class BlockCache:
             if not self._evict(lock, length):
                 return False
             try:
-                fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-            except FileNotFoundError:  # the namespace folder was removed by hand: make it again
-                space.folder.mkdir(parents=True, exist_ok=True)
-                fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-            try:
-                _allocate(fd, length)
+                fd = _create(temporary)
+                try:
+                    _allocate(fd, length)
+                except OSError:
+                    os.close(fd)
+                    temporary.unlink()
+                    raise
             except OSError as error:
-                os.close(fd)
-                temporary.unlink()
-                raise self._disk_error(error, length) from None
+                return self._full(error, f"a block of {length:,} bytes")
             self._write_usage(lock, self._read_usage(lock) + length)
         try:
             _write_all(fd, data)
@@ -264,7 +266,7 @@ class BlockCache:
             with self._cache_lock() as lock:
                 self._write_usage(lock, max(0, self._read_usage(lock) - length))
             if isinstance(error, OSError):
-                raise self._disk_error(error, length) from None
+                return self._full(error, f"a block of {length:,} bytes")
             raise
         return True
 
@@ -429,20 +431,34 @@ class BlockCache:
         self._write_usage(lock, max(0, used))
         return used + needed <= self.limit
 
-    def _disk_error(self, error: OSError, length: int) -> OSError:
+    def _full(self, error: OSError, what: str) -> bool:
+        """A block that the disk had no room for is not kept (``False``), said once; other errors raise."""
         if error.errno not in (errno.ENOSPC, errno.EDQUOT):
-            return error
-        stats = os.statvfs(self.path)
-        return OSError(
-            error.errno,
-            f"the disk of the cache {self.path} is full (a block of {length:,} bytes did not fit, "
-            f"{stats.f_bavail * stats.f_frsize:,} bytes free); free space there, lower cache_size "
-            f"(now {self.limit:,} bytes) or pass a cache folder on another disk",
-        )
+            raise error
+        if not self._warned_full:
+            self._warned_full = True
+            stats = os.statvfs(self.path)
+            warnings.warn(
+                f"the disk of the cache {self.path} is full ({what} did not fit, "
+                f"{stats.f_bavail * stats.f_frsize:,} bytes free): blocks are read uncached until there is room; "
+                f"free space there, lower cache_size (now {self.limit:,} bytes) or pass a cache folder on another disk",
+                stacklevel=2,
+            )
+        return False
 
 
 def _stripe(key: str, index: int) -> int:
     return xxhash.xxh3_64_intdigest(f"{key}/{index}".encode()) % STRIPES
+
+
+def _create(path: Path) -> int:
+    """A new temporary block file, its folder made again if it was removed by hand."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, 0o644)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, flags, 0o644)
 
 
 def _allocate(fd: int, length: int) -> None:
