@@ -149,6 +149,13 @@ def _add_build(subparsers) -> None:
     parser.add_argument("--max-side", type=int, default=None, help="jpeg: scale larger images down to this side")
     parser.add_argument("--quality", type=int, default=None, help="jpeg: quality of re-encoded images (default: 90)")
     parser.add_argument(
+        "--order", choices=("shuffled", "source"), default=None,
+        help="jpeg: how the images lie in data.memmap: shuffled (a seeded random order, none across a 4 MiB block: "
+        "blocks read together hold every class) or source (ImageFolder's); the index is ImageFolder's either way "
+        "(default: shuffled)",
+    )  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="jpeg: the seed of the shuffled order (default: 0)")
+    parser.add_argument(
         "--classes-from", type=_path, default=None, metavar="DATASET",
         help="use the class list (and labels) of this dataset, e.g. the training set's for a validation set",
     )  # fmt: skip
@@ -189,8 +196,8 @@ def _run_build(args) -> int:
     with _pixel_limit(args):
         out = build_memmap(
             args.src, args.out, format=args.format, size=args.size, resize=args.resize, max_side=args.max_side,
-            quality=args.quality, classes=classes, workers=args.workers, strict=args.strict,
-            overwrite=args.overwrite, sync=args.sync,
+            quality=args.quality, classes=classes, order=args.order, seed=args.seed, workers=args.workers,
+            strict=args.strict, overwrite=args.overwrite, sync=args.sync,
         )  # fmt: skip
     seconds = time.perf_counter() - started
     dataset = MemmapImageDataset(out)

@@ -52,6 +52,16 @@ class TestBuildMemmap:
         assert f"built {photo_copy}.memmap: 20 images of 3x24x32" in out
         assert "1 skipped" in out and "skipped: face/empty.jpg: empty file (0 bytes)" in out
 
+    def test_the_jpeg_order_and_its_seed(self, capsys, photo_folder, tmp_path):
+        for name, options in (("source", ["--order", "source"]), ("seeded", ["--seed", "3"])):
+            code, _, _ = run(capsys, "build-memmap", str(photo_folder), "--format", "jpeg", "--out",
+                             str(tmp_path / name), *options)  # fmt: skip
+            assert code == 0
+        assert gpuload.MemmapImageDataset(tmp_path / "source").manifest.order == {}
+        assert gpuload.MemmapImageDataset(tmp_path / "seeded").manifest.order["shuffled"] == 3
+        code, _, err = run(capsys, "build-memmap", str(photo_folder), "--order", "source", "--out", str(tmp_path / "r"))
+        assert code == 2 and "order applies only to format='jpeg'" in err
+
     @pytest.mark.parametrize("format", ["raw", "jpeg"])
     def test_a_named_pipe_among_the_photos_is_skipped_not_waited_for(self, capsys, photo_copy, make_not_a_file, format):
         make_not_a_file(photo_copy / "face" / "pipe.jpg", "fifo")

@@ -91,6 +91,19 @@ class TestDamage:
         with pytest.raises(DatasetError, match="is damaged: labels.memmap is missing; push the dataset again"):
             open_remote(url)
 
+    @pytest.mark.parametrize("edit", [{"layout": "channels_first"}, {"image_shape": [3, 64, 48]}])
+    def test_a_raw_manifest_edited_to_another_layout_or_shape_is_refused(self, s3, built_dataset, edit):
+        """The same bytes read in another order are scrambled pixels: a local open refuses them, and so
+        does an open at a URL."""
+        url = s3.url("edited")
+        push_memmap(built_dataset, url, store=open_store(url, retry=FAST_RETRY), progress=False)
+        manifest = json.loads((built_dataset / "manifest.json").read_text()) | edit
+        s3.client().put_object(Bucket=s3.bucket, Key="edited/manifest.json", Body=json.dumps(manifest).encode())
+        with pytest.raises(
+            DatasetError, match=r"meta.json recorded \[20, 48, 64, 3\] when it was built: the manifest was edited"
+        ):
+            MemmapImageDataset(url)
+
     def test_wrong_labels(self, pushed, s3):
         local, url = pushed
         labels = np.fromfile(local / "labels.memmap", dtype=np.int64)
