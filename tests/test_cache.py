@@ -1,6 +1,7 @@
 """gpuload.store.cache: a bounded block cache shared by processes, crash-safe."""
 
 import errno
+import fcntl
 import json
 import os
 import shutil
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import gpuload.store.cache as cache_module
-from gpuload.errors import UsageError
+from gpuload.errors import BusyError, UsageError
 from gpuload.store.cache import MARKER, BlockCache, parse_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -293,6 +294,74 @@ class TestFaults:
             assert temporary.exists()
         BlockCache(tmp_path, "1MB")
         assert not temporary.exists()
+
+    def test_a_dataloader_worker_forked_while_a_block_is_locked_does_not_keep_the_lock(self, tmp_path):
+        """A request thread holds a block's stripe lock when a stock DataLoader forks its worker: once
+        the thread lets go, the lock is free, though the worker lives on (it inherited the lock's fd)."""
+        import torch.utils.data
+
+        cache = BlockCache(tmp_path, "1MB")
+        space = cache.namespace("s3://b/k", "1", block_size=4)
+        holding, release = threading.Event(), threading.Event()
+
+        def fetch():
+            with cache.writing(space, 0):
+                holding.set()
+                release.wait(10)
+
+        thread = threading.Thread(target=fetch)
+        thread.start()
+        assert holding.wait(10)
+        loader = torch.utils.data.DataLoader(
+            list(range(4)), batch_size=1, num_workers=1, multiprocessing_context="fork", persistent_workers=True
+        )
+        batches = iter(loader)
+        try:
+            next(batches)  # the worker runs, forked while the lock was held
+            release.set()
+            thread.join(10)
+            stripe = os.open(cache.path / "locks" / str(cache.stripe(space, 0)), os.O_RDWR)
+            try:
+                fcntl.flock(stripe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free now, while the worker lives
+            finally:
+                os.close(stripe)
+        finally:
+            release.set()
+            del batches
+            thread.join(10)
+
+    def test_a_stripe_held_too_long_is_given_up_after_a_bounded_wait(self, tmp_path, monkeypatch):
+        """Another process holds a block's lock and does not let go: the wait ends, said once, and the
+        caller is told that it does not hold the lock (it then fetches the block uncached)."""
+        monkeypatch.setattr(cache_module, "STRIPE_WAIT", 0.2)
+        cache = BlockCache(tmp_path, "1MB")
+        space = cache.namespace("s3://b/k", "1", block_size=4)
+        stuck = os.open(cache.path / "locks" / str(cache.stripe(space, 0)), os.O_RDWR | os.O_CREAT)
+        fcntl.flock(stuck, fcntl.LOCK_EX)  # another open file: another holder, as another process is
+        try:
+            started = time.monotonic()
+            with pytest.warns(
+                UserWarning, match=r"waited 0.2 s for the lock .*locks/\d+ .* reading such blocks uncached"
+            ) as warned:
+                for _ in range(2):
+                    with cache.writing(space, 0) as held:
+                        assert held is False
+            assert len(warned) == 1 and time.monotonic() - started < 2  # said once
+        finally:
+            os.close(stuck)
+        with cache.writing(space, 0) as held:
+            assert held is True
+
+    def test_a_cache_lock_held_too_long_is_a_clear_error(self, tmp_path, monkeypatch):
+        BlockCache(tmp_path, "1MB")
+        monkeypatch.setattr(cache_module, "CACHE_LOCK_WAIT", 0.2)
+        stuck = os.open(tmp_path / "usage", os.O_RDWR)
+        fcntl.flock(stuck, fcntl.LOCK_EX)
+        try:
+            with pytest.raises(BusyError, match=r"held for more than 0.2 s .*; find it with fuser -v .*usage"):
+                BlockCache(tmp_path, "1MB")
+        finally:
+            os.close(stuck)
 
     def test_writers_of_one_block_take_turns(self, tmp_path):
         cache = BlockCache(tmp_path, "1MB")

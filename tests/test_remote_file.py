@@ -172,6 +172,27 @@ class TestFullDisk:
             subprocess.run(["umount", str(disk)], check=True)
 
 
+class TestStuckLock:
+    def test_a_block_whose_lock_another_process_holds_too_long_is_read_uncached(
+        self, s3, data_object, cache, monkeypatch
+    ):
+        import fcntl
+
+        import gpuload.store.cache as cache_module
+
+        monkeypatch.setattr(cache_module, "STRIPE_WAIT", 0.2)
+        with RemoteFile(data_object, "data.memmap", cache=cache, block_size=BLOCK) as file:
+            stuck = os.open(cache.path / "locks" / str(cache.stripe(file._space, 0)), os.O_RDWR | os.O_CREAT)
+            fcntl.flock(stuck, fcntl.LOCK_EX)  # a process that stopped while it held block 0's lock
+            try:
+                with pytest.warns(UserWarning, match="reading such blocks uncached"):
+                    assert file.read(0, 100) == PAYLOAD[:100]
+                assert not cache.has(file._space, 0, BLOCK)  # served, not kept: its holder may still write it
+            finally:
+                os.close(stuck)
+            assert file.read(0, 100) == PAYLOAD[:100] and cache.has(file._space, 0, BLOCK)
+
+
 class TestSharedCache:
     def test_one_download_per_block_per_node(self, s3, data_object, cache):
         """Three processes of four threads read every block at once through one cache folder: each

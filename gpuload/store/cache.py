@@ -19,7 +19,10 @@ Guarantees:
   flight) is handed back uncached, and so is a block that the disk under the cache has no room for
   (``ENOSPC``, ``EDQUOT``: one warning, nothing left behind; a full disk never stops a job).
 - **Once per node.** A block is downloaded by the first process (or thread) that takes its stripe
-  lock; the others wait on that lock and then read the file it wrote.
+  lock; the others wait on that lock and then read the file it wrote. A wait is bounded
+  (:data:`STRIPE_WAIT`; then the block is fetched and served uncached, warned once), and a process
+  forked while a thread holds a lock (a DataLoader worker) does not keep it: the child's copies of
+  the lock files' descriptors are pointed at ``/dev/null`` (``os.register_at_fork``).
 - **No half-written block is ever read**: a block is written to a temporary name and renamed into
   place; a block file of the wrong size is treated as missing.
 - **kill -9 at any moment** leaves only temporary files of dead processes and maybe a ``usage`` that
@@ -52,6 +55,7 @@ import math
 import os
 import re
 import secrets
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -61,7 +65,7 @@ from pathlib import Path
 
 import xxhash
 
-from ..errors import UsageError
+from ..errors import BusyError, UsageError
 
 __all__ = ["CACHE_FORMAT", "CACHE_VERSION", "BlockCache", "Namespace", "parse_bytes"]
 
@@ -77,6 +81,10 @@ _UNITS = {
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*$")
 _TEMPORARY = re.compile(r"(\d+)\.tmp-\d+-[0-9a-f]+")
 _TOUCH_AFTER = 30.0  # seconds: a block read again sooner keeps its time (one write less per hit)
+# Seconds to wait for a block's lock (another process fetching it, through its retries) before fetching
+# it uncached, and for the cache-wide lock (held for an accounting step or an eviction) before an error.
+STRIPE_WAIT = 300.0
+CACHE_LOCK_WAIT = 60.0
 
 
 def _unwritable(folder: Path, error: OSError) -> OSError:
@@ -151,7 +159,7 @@ class BlockCache:
         (self.path / "locks").mkdir(exist_ok=True)
         (self.path / "objects").mkdir(exist_ok=True)
         self._usage_path = self.path / "usage"
-        self._warned_full = False
+        self._warned: set[str] = set()
         with self._cache_lock() as fd:
             self._write_usage(fd, self._recount())
             self._evict(fd, 0)
@@ -212,19 +220,27 @@ class BlockCache:
             return False
 
     @contextmanager
-    def writing(self, space: Namespace, index: int) -> Iterator[None]:
+    def writing(self, space: Namespace, index: int) -> Iterator[bool]:
         """Hold the stripe lock of block ``index``: the one writer of that block on the node.
 
         Inside it, check :meth:`get` again (another process may have written the block while this
-        one waited), then fetch and :meth:`put`.
+        one waited), then fetch and :meth:`put`. Yields ``False`` when the lock was not had within
+        :data:`STRIPE_WAIT` seconds (its holder is stuck or stopped; warned once): then fetch the block
+        without putting it.
         """
         stripe = self.path / "locks" / str(self.stripe(space, index))
-        fd = os.open(stripe, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = _lock(stripe, STRIPE_WAIT)
+        if fd is None:
+            self._warn_once(
+                "stripe",
+                f"waited {STRIPE_WAIT:g} s for the lock {stripe} of a block that another process of this node is "
+                f"fetching (stuck or stopped?): reading such blocks uncached; find it with fuser -v {stripe}",
+            )
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            yield fd is not None
         finally:
-            os.close(fd)
+            if fd is not None:
+                _unlock(fd)
 
     @staticmethod
     def stripe(space: Namespace, index: int) -> int:
@@ -233,27 +249,32 @@ class BlockCache:
 
     def put(self, space: Namespace, index: int, data: bytes) -> bool:
         """Store block ``index`` (hold :meth:`writing`); ``False`` where it is not kept: the limit leaves
-        no room now, or the disk under the cache is full (``ENOSPC``, ``EDQUOT``: warned once, nothing
-        left behind; the caller serves the block from memory and the cache goes on when there is room).
+        no room now, the disk under the cache is full (``ENOSPC``, ``EDQUOT``), or the cache-wide lock
+        was held too long (both warned once, nothing left behind; the caller serves the block from
+        memory, and the cache goes on when it can).
         """
         length = len(data)
         if length > self.limit:
             return False
         temporary = space.folder / f"{index}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        with self._cache_lock() as lock:
-            if not self._evict(lock, length):
-                return False
-            try:
-                fd = _create(temporary)
+        try:
+            with self._cache_lock() as lock:
+                if not self._evict(lock, length):
+                    return False
                 try:
-                    _allocate(fd, length)
-                except OSError:
-                    os.close(fd)
-                    temporary.unlink()
-                    raise
-            except OSError as error:
-                return self._full(error, f"a block of {length:,} bytes")
-            self._write_usage(lock, self._read_usage(lock) + length)
+                    fd = _create(temporary)
+                    try:
+                        _allocate(fd, length)
+                    except OSError:
+                        os.close(fd)
+                        temporary.unlink()
+                        raise
+                except OSError as error:
+                    return self._full(error, f"a block of {length:,} bytes")
+                self._write_usage(lock, self._read_usage(lock) + length)
+        except BusyError as error:
+            self._warn_once("cache-lock", f"{error}; blocks are read uncached meanwhile")
+            return False
         try:
             _write_all(fd, data)
             os.close(fd)
@@ -357,15 +378,24 @@ class BlockCache:
 
     @contextmanager
     def _cache_lock(self) -> Iterator[int]:
+        """The cache-wide lock (the ``usage`` file's), held for an accounting step or an eviction.
+
+        Raises:
+            BusyError: another process held it for more than :data:`CACHE_LOCK_WAIT` seconds.
+        """
         try:
-            fd = os.open(self._usage_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = _lock(self._usage_path, CACHE_LOCK_WAIT)
         except OSError as error:  # a read-only disk, a folder we may not write
             raise _unwritable(self.path, error) from None
+        if fd is None:
+            raise BusyError(
+                f"the cache {self.path} is locked: its lock was held for more than {CACHE_LOCK_WAIT:g} s by another "
+                f"process of this node (stuck or stopped?); find it with fuser -v {self._usage_path} and end it"
+            )
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             yield fd
         finally:
-            os.close(fd)
+            _unlock(fd)
 
     @staticmethod
     def _read_usage(fd: int) -> int:
@@ -400,14 +430,11 @@ class BlockCache:
         return total
 
     def _stripe_free(self, key: str, index: int) -> bool:
-        fd = os.open(self.path / "locks" / str(_stripe(key, index)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
+        fd = _lock(self.path / "locks" / str(_stripe(key, index)), 0)
+        if fd is None:
             return False
-        finally:
-            os.close(fd)
+        _unlock(fd)
+        return True
 
     def _evict(self, lock: int, needed: int) -> bool:
         """Make room for ``needed`` more bytes (under the cache lock): remove the least recently used
@@ -435,20 +462,99 @@ class BlockCache:
         """A block that the disk had no room for is not kept (``False``), said once; other errors raise."""
         if error.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise error
-        if not self._warned_full:
-            self._warned_full = True
-            stats = os.statvfs(self.path)
-            warnings.warn(
-                f"the disk of the cache {self.path} is full ({what} did not fit, "
-                f"{stats.f_bavail * stats.f_frsize:,} bytes free): blocks are read uncached until there is room; "
-                f"free space there, lower cache_size (now {self.limit:,} bytes) or pass a cache folder on another disk",
-                stacklevel=2,
-            )
+        stats = os.statvfs(self.path)
+        self._warn_once(
+            "full",
+            f"the disk of the cache {self.path} is full ({what} did not fit, {stats.f_bavail * stats.f_frsize:,} "
+            f"bytes free): blocks are read uncached until there is room; free space there, lower cache_size (now "
+            f"{self.limit:,} bytes) or pass a cache folder on another disk",
+        )
         return False
+
+    def _warn_once(self, kind: str, message: str) -> None:
+        """Warn of a degraded cache (blocks served uncached) once per kind, not once a block."""
+        if kind not in self._warned:
+            self._warned.add(kind)
+            warnings.warn(message, stacklevel=3)
 
 
 def _stripe(key: str, index: int) -> int:
     return xxhash.xxh3_64_intdigest(f"{key}/{index}".encode()) % STRIPES
+
+
+# Every flock this process holds (fd -> the thread lock taken with it): a process forked meanwhile (a
+# DataLoader worker) inherits the fds, and with them the locks, for its whole life; after a fork the child
+# points them at /dev/null. The threads of one process queue on a thread lock per file first (a handover
+# without polling), so that only processes poll the flock.
+_HELD: dict[int, threading.Lock] = {}
+_THREAD_LOCKS: dict[str, threading.Lock] = {}
+_HELD_LOCK = threading.Lock()
+
+
+def _lock(path: Path, wait: float) -> int | None:
+    """An fd of ``path`` holding its exclusive flock, or ``None`` when others held it for ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    with _HELD_LOCK:
+        turn = _THREAD_LOCKS.setdefault(str(path), threading.Lock())
+    if not turn.acquire(timeout=wait):
+        return None
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except BaseException:
+        turn.release()
+        raise
+    pause = 0.001
+    while True:
+        with _HELD_LOCK:  # locked and registered in one step: a fork sees both or neither
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _HELD[fd] = turn
+                return fd
+            except BlockingIOError:
+                pass
+        left = deadline - time.monotonic()
+        if left <= 0:
+            os.close(fd)
+            turn.release()
+            return None
+        time.sleep(min(pause, left))
+        pause = min(2 * pause, 0.05)
+
+
+def _unlock(fd: int) -> None:
+    with _HELD_LOCK:
+        turn = _HELD.pop(fd)
+        os.close(fd)
+    turn.release()
+
+
+def _before_fork() -> None:
+    _HELD_LOCK.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _HELD_LOCK.release()
+
+
+def _after_fork_in_child() -> None:
+    """The child's copies of the parent's lock fds would hold the parent's locks until the child exits
+    (a flock belongs to the open file, shared by fork): each is pointed at /dev/null instead, so that
+    a later close of that number in the child closes nothing of the parent's. The thread locks, which
+    the parent's other threads may have held, are made anew."""
+    global _HELD_LOCK
+    _HELD_LOCK = threading.Lock()
+    _THREAD_LOCKS.clear()
+    if _HELD:
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        for fd in _HELD:
+            os.dup2(null, fd, inheritable=False)
+        os.close(null)
+    for fd in list(_HELD):
+        _HELD[fd] = threading.Lock()  # a thread of the child that held it (the forking one) releases this
+        _HELD[fd].acquire()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 def _create(path: Path) -> int:

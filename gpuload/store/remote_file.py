@@ -160,7 +160,8 @@ class RemoteFile:
             for index in blocks:  # in one order, as _fetch_run takes them
                 stripes.setdefault(self.cache.stripe(self._space, index), index)
             for _, index in sorted(stripes.items()):
-                locks.enter_context(self.cache.writing(self._space, index))
+                if not locks.enter_context(self.cache.writing(self._space, index)):
+                    break  # its holder is stuck: dropped all the same (a drop is one unlink, safe without it)
             if checksum is not None:
                 pieces = [
                     self.cache.get(
@@ -267,8 +268,11 @@ class RemoteFile:
             stripes = {}
             for index in run:  # stripes locked in one order: two runs never wait on each other in a cycle
                 stripes.setdefault(cache.stripe(space, index), index)
+            held = True
             for _, index in sorted(stripes.items()):
-                locks.enter_context(cache.writing(space, index))
+                if not locks.enter_context(cache.writing(space, index)):
+                    held = False  # its holder is stuck: the run's blocks are fetched and served, not kept
+                    break
             missing = []
             for index in run:  # another process may have fetched it while this one waited
                 length = self._block_length(index)
@@ -288,7 +292,8 @@ class RemoteFile:
                 data = self._get(start, min(self.size, (last + 1) * self.block_size) - start)
                 for index in range(first, last + 1):
                     block = data[(index - first) * self.block_size : (index - first + 1) * self.block_size]
-                    cache.put(space, index, block)
+                    if held:
+                        cache.put(space, index, block)
                     deliver(index, block)
                 self._count(blocks_fetched=last - first + 1)
 
