@@ -1,3 +1,4 @@
+import collections
 import errno
 import json
 import os
@@ -685,3 +686,25 @@ for attempt in range(2):
     print(tracemalloc.get_traced_memory()[1])
     tracemalloc.stop()
 """
+
+
+@pytest.mark.parametrize("format", ["raw", "jpeg"])
+def test_each_source_costs_one_status_lookup(photo_folder, tmp_path, monkeypatch, format):
+    """At ImageNet's count, a stat per file in the scan, the sources' bytes summed twice and a stat at
+    each open made 44 s of metadata calls before the first image: now the open's own, and a sample."""
+    looked_up: list[str] = []
+    real = os.stat
+
+    def stat(path, *args, **kwargs):
+        if str(path).startswith(str(photo_folder) + os.sep) and str(path).endswith(".jpg"):
+            looked_up.append(str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    size = {"size": SIZE} if format == "raw" else {}
+    build_memmap(photo_folder, tmp_path / "out", format=format, progress=False, **size)
+    counts = collections.Counter(looked_up)
+    assert len(counts) == 20 and max(counts.values()) <= (2 if format == "jpeg" else 1), (
+        counts
+    )  # jpeg: a sample's size too
+    assert sum(counts.values()) <= 20 + (20 if format == "jpeg" else 0)

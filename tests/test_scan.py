@@ -1,4 +1,6 @@
+import os
 import threading
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -176,3 +178,86 @@ class TestGivenClasses:
             "given classes (collar, face); pass the folder that holds one folder per class, or name this folder "
             "after its class"
         )
+
+
+class TestAtScale:
+    """ImageNet's count (1.28M files) made the scan a stat per file and a list of every path in memory."""
+
+    def test_a_plain_file_costs_no_status_lookup(self, photo_copy, monkeypatch):
+        """Its type comes with its folder's listing; only a symlink is followed (to find a loop)."""
+        looked_up = []
+
+        class Entry:
+            def __init__(self, entry):
+                self._entry = entry
+
+            def __getattr__(self, name):
+                return getattr(self._entry, name)
+
+            def stat(self, **options):
+                looked_up.append(self._entry.name)
+                return self._entry.stat(**options)
+
+        real = os.scandir
+
+        class Listing(list):
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc_info):
+                pass
+
+        def scandir(path):
+            with real(path) as entries:
+                return Listing(Entry(entry) for entry in entries)
+
+        monkeypatch.setattr("gpuload.store.scan.os.scandir", scandir)
+        (photo_copy / "face" / "link.jpg").symlink_to(photo_copy / "face" / "0000.jpg")
+        index = scan_image_folder(photo_copy)
+        assert len(index.samples) == 21 and looked_up == ["link.jpg"]
+
+    def test_memory_holds_one_folder_whatever_the_count(self, tmp_path):
+        """Ten times the folders of 100 images: the same peak, give or take the folders waiting (a path each)."""
+
+        def peak(folders: int) -> int:
+            root = tmp_path / f"n{folders}"
+            for folder in range(folders):
+                (root / f"c{folder:03d}").mkdir(parents=True)
+                for number in range(100):
+                    (root / f"c{folder:03d}" / f"{number:03d}.jpg").touch()
+            tracemalloc.start()
+            index = scan_image_folder(root, into=tmp_path / f"table{folders}")
+            found = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            assert len(index.samples) == 100 * folders and index.samples[-1] == (
+                f"c{folders - 1:03d}/099.jpg",
+                folders - 1,
+            )
+            return found
+
+        small, large = peak(10), peak(100)
+        assert large < small + 100 * 1000  # not a tuple per image for all 10,000 (several hundred KB)
+
+    def test_the_samples_are_written_into_the_given_folder(self, photo_folder, tmp_path):
+        index = scan_image_folder(photo_folder, into=tmp_path / "scan")
+        assert sorted(path.name for path in (tmp_path / "scan").iterdir()) == [
+            "checksums.memmap", "labels.memmap", "path_offsets.memmap", "paths.memmap",
+        ]  # fmt: skip
+        assert index.samples[0] == ("background/0000.jpg", 0)
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["a/1.jpg", "a/b/2.jpg", "a-x/3.jpg", "a.y/4.jpg", "a b/5.jpg", "A/6.jpg"],  # names that sort before '/'
+        ["c/z/1.jpg", "c/y/2.jpg", "c/1.jpg", "c/y/x/3.jpg", "c/y-1/4.jpg"],
+    ],
+)
+def test_nested_folders_come_in_imagefolders_order(tmp_path, names):
+    """torchvision sorts every folder's path as a string ('a-x' before 'a/b'): the walk gives the same order."""
+    root = tmp_path / "root"
+    for name in names:
+        (root / "cls" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "cls" / name).touch()
+    expected = [(str(Path(path)), label) for path, label in ImageFolder(str(root), loader=lambda path: None).samples]
+    assert [(str(root / path), label) for path, label in scan_image_folder(root).samples] == expected

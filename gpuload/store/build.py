@@ -11,7 +11,7 @@ import shutil
 import sys
 import warnings
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
@@ -48,6 +48,7 @@ __all__ = ["build_memmap"]
 
 FORMATS = tuple(ARRAYS)
 ORDERS = ("shuffled", "source")
+SCAN = ".scan"  # the scan's table, in the build's folder until the dataset's own table is written
 BLOCK_SIZE = 4 * 2**20  # a jpeg dataset's images never cross the end of a block of this size (the block cache's)
 
 
@@ -186,53 +187,80 @@ def build_memmap(
             if not overwrite:
                 raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) or choose another out")
             _check_replaceable(out)
-        index = scan_image_folder(src, classes=classes)
-        unreadable: dict[int, str] = {}
-        with ThreadPoolExecutor(workers, "gpuload-decode", initializer=limit_torch_threads) as pool:
-            if format == "raw" and size is None:
-                size, unreadable = _common_size(index, pool, strict)
-            tmp = out.with_name(f".{out.name}.tmp-{secrets.token_hex(4)}")
-            _check_free_space(out.parent, index, size, max_side)
-            with full_disk_says(
-                lambda: no_room(
-                    out.parent, f"to build {out}: no room for a new folder beside it", "there or write to another disk"
-                )
-            ):
-                tmp.mkdir()
-            try:
-                skipped = [
-                    {"path": index.samples[position][0], "reason": reason} for position, reason in unreadable.items()
-                ]
-                todo = [position for position in range(len(index.samples)) if position not in unreadable]
-                if format == "raw":
-                    store: _Store = _RawStore(tmp, out, pool, size, resize, workers, sync, len(todo))
-                    store.layout(len(index.samples))
-                else:
-                    expected = _source_bytes(index) if max_side is None else 0  # scaled down: smaller, unknown
-                    store = _JpegStore(tmp, out, pool, max_side, quality, workers, sync, expected)
-                    store.layout(len(index.samples), None if order == "source" else seed)
-                kept = _write(store, index, store.order(todo), skipped, strict, progress)
-                emptied = sorted(set(_empty_classes(index, kept)) - set(index.empty_classes))
-                if emptied:
-                    warnings.warn(
-                        f"{len(emptied)} classes have no image left in {out}, all of their files skipped: "
-                        f"{shown_names(emptied)}; their labels are kept",
-                        stacklevel=2,
-                    )
-                with full_disk_says(
-                    lambda: no_room(
-                        out.parent,
-                        f"to finish {out}: its images are written, and its labels, metadata and manifest did not fit",
-                        "there or write to another disk",
-                    )
-                ):
-                    _finish(tmp, src, index, store, kept, skipped, sync)
-                _move_into_place(tmp, out, sync)
-            except BaseException:
-                pool.shutdown(wait=True, cancel_futures=True)
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
+        tmp = out.with_name(f".{out.name}.tmp-{secrets.token_hex(4)}")
+        with full_disk_says(
+            lambda: no_room(
+                out.parent, f"to build {out}: no room for a new folder beside it", "there or write to another disk"
+            )
+        ):
+            tmp.mkdir()
+        try:
+            with ThreadPoolExecutor(workers, "gpuload-decode", initializer=limit_torch_threads) as pool:
+                try:
+                    _build(tmp, src, out, pool, format, size, resize, max_side, quality, classes, order, seed,
+                           workers, strict, sync, progress)  # fmt: skip
+                except BaseException:
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    raise
+            _move_into_place(tmp, out, sync)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return out
+
+
+def _build(
+    tmp: Path,
+    src: Path,
+    out: Path,
+    pool: ThreadPoolExecutor,
+    format: str,
+    size: tuple[int, int] | None,
+    resize: str,
+    max_side: int | None,
+    quality: int,
+    classes: Sequence[str] | None,
+    order: str,
+    seed: int,
+    workers: int,
+    strict: bool,
+    sync: bool,
+    progress: bool,
+) -> None:
+    """Write the dataset into ``tmp``: scan ``src`` into a table there, write the images (``out`` names
+    them in messages), then the index, the table and the manifest."""
+    index = scan_image_folder(src, classes=classes, into=tmp / SCAN)
+    unreadable: dict[int, str] = {}
+    if format == "raw" and size is None:
+        size, unreadable = _common_size(index, pool, strict)
+    expected = _estimated_bytes(index) if format == "jpeg" and max_side is None else 0  # scaled down: unknown
+    _check_free_space(out.parent, index, size, max_side, expected)
+    skipped = [{"path": index.samples[position][0], "reason": reason} for position, reason in unreadable.items()]
+    count = len(index.samples)
+    if format == "raw":
+        store: _Store = _RawStore(tmp, out, pool, size, resize, workers, sync, count - len(unreadable))
+        store.layout(count, None)
+    else:
+        store = _JpegStore(tmp, out, pool, max_side, quality, workers, sync, expected)
+        store.layout(count, None if order == "source" else seed)
+    todo = (position for position in store.order(count) if position not in unreadable)
+    kept = _write(store, index, todo, count - len(unreadable), skipped, strict, progress)
+    empty = _empty_classes(index, store)
+    emptied = sorted(set(empty) - set(index.empty_classes))
+    if emptied:
+        warnings.warn(
+            f"{len(emptied)} classes have no image left in {out}, all of their files skipped: "
+            f"{shown_names(emptied)}; their labels are kept",
+            stacklevel=3,
+        )
+    with full_disk_says(
+        lambda: no_room(
+            out.parent,
+            f"to finish {out}: its images are written, and its labels, metadata and manifest did not fit",
+            "there or write to another disk",
+        )
+    ):
+        _finish(tmp, src, index, store, kept, empty, skipped, sync)
 
 
 def _raw_resize(format: str, resize: Resize | None) -> Resize:
@@ -310,14 +338,26 @@ def _common_size(
     """The images' common ``(height, width)``, and the reason per sample position whose header is unreadable."""
     sizes: Counter[tuple[int, int]] = Counter()
     unreadable: dict[int, str] = {}
-    paths = [index.root / path for path, _ in index.samples]
-    for position, size in enumerate(pool.map(_read_size_or_error, paths)):
+    pending: deque[tuple[int, Future]] = deque()
+    positions = iter(range(len(index.samples)))
+
+    def submit_next() -> None:
+        position = next(positions, None)
+        if position is not None:
+            pending.append((position, pool.submit(_read_size_or_error, index.root / index.samples[position][0])))
+
+    for _ in range(4 * pool._max_workers):  # headers in flight: memory bounded whatever the count
+        submit_next()
+    while pending:
+        position, future = pending.popleft()
+        size = future.result()
         if isinstance(size, DecodeError):
             if strict:
                 raise size
             unreadable[position] = size.reason
         else:
             sizes[size] += 1
+        submit_next()
     if not sizes:
         raise DecodeError(index.root, f"no image could be read; first problem: {next(iter(unreadable.values()))}")
     if len(sizes) > 1:
@@ -337,16 +377,17 @@ def _read_size_or_error(path: Path) -> tuple[int, int] | DecodeError:
 
 
 def _check_free_space(
-    folder: Path, index: ImageFolderIndex, size: tuple[int, int] | None, max_side: int | None
+    folder: Path, index: ImageFolderIndex, size: tuple[int, int] | None, max_side: int | None, jpeg_bytes: int
 ) -> None:
-    """Refuse a build that cannot fit: the pixels (raw), or the source files' bytes (jpeg: the re-encoded
-    images are about as large; with ``max_side`` they are smaller by an unknown amount, and nothing is checked)."""
+    """Refuse a build that cannot fit: the pixels (raw), or ``jpeg_bytes``, the source files' bytes as
+    estimated from a sample (jpeg: the re-encoded images are about as large; with ``max_side`` they are
+    smaller by an unknown amount, and nothing is checked); and a few dozen bytes of index per image."""
     count = len(index.samples)
     if size is not None:
-        needed, what = count * (3 * size[0] * size[1] + 8), f"{count} images of 3x{size[0]}x{size[1]} bytes"
+        needed, what = count * (3 * size[0] * size[1] + 48), f"{count} images of 3x{size[0]}x{size[1]} bytes"
         advice = "choose a smaller size (--size) or another out"
     elif max_side is None:
-        needed, what = _source_bytes(index) + 24 * count, f"the JPEG bytes of {count} images"
+        needed, what = jpeg_bytes + 48 * count, f"the JPEG bytes of {count} images (estimated)"
         advice = "build with --max-side, or choose another out"
     else:
         return
@@ -359,14 +400,17 @@ def _check_free_space(
         )
 
 
-def _source_bytes(index: ImageFolderIndex) -> int:
-    """The sources' bytes; one whose size cannot be read (a broken link) counts none: its decode fails,
-    and the build skips and lists it."""
-    total = 0
-    for path, _ in index.samples:
+def _estimated_bytes(index: ImageFolderIndex, sample: int = 256) -> int:
+    """The sources' bytes, estimated from the sizes of at most ``sample`` of them spread over the
+    dataset (looking up every file's size would cost a metadata call per file before the first image:
+    on a network filesystem, minutes at ImageNet's count); a file whose size cannot be read counts none."""
+    count = len(index.samples)
+    positions = range(0, count, max(1, count // sample))
+    sizes = []
+    for position in positions:
         with contextlib.suppress(OSError):
-            total += os.path.getsize(index.root / path)
-    return total
+            sizes.append(os.path.getsize(index.root / index.samples[position][0]))
+    return int(sum(sizes) / len(positions) * count) if positions else 0
 
 
 class _Store:
@@ -375,9 +419,37 @@ class _Store:
 
     arrays: tuple[str, ...]
 
-    def order(self, positions: list[int]) -> list[int]:
-        """The order in which the images at ``positions`` (ImageFolder's order) are written."""
-        return positions
+    records: np.memmap
+
+    def layout(self, count: int, seed: int | None) -> None:
+        """Note what is written of each of ``count`` sample positions in a file of the build's own (not
+        memory), and write them in a random order seeded by ``seed`` (``None``: ImageFolder's)."""
+        self.seed = seed
+        self.records = np.memmap(self.tmp / ".records", dtype=self.record, mode="w+", shape=(max(1, count),))
+        if seed is not None:
+            self.shuffled = np.memmap(self.tmp / ".order", dtype="<i8", mode="w+", shape=(count,))
+            self.shuffled[:] = np.arange(count, dtype=np.int64)
+            np.random.default_rng(seed).shuffle(self.shuffled)  # in place, in the mapped file
+
+    def order(self, count: int) -> Iterable[int]:
+        """The sample positions in the order the images are written."""
+        if self.seed is None:
+            return range(count)
+        return (int(position) for position in self.shuffled)
+
+    def kept(self, first: int, last: int) -> np.ndarray:
+        """The positions in ``[first, last)`` whose images were written."""
+        return first + np.flatnonzero(self.records["kept"][first:last])
+
+    def checksum(self, position: int) -> int:
+        """The checksum of the sample at ``position``, once appended."""
+        return int(self.records[position]["checksum"])
+
+    def discard(self) -> None:
+        """Remove what the store noted of each sample while writing (once the table is written)."""
+        self.records = self.shuffled = None
+        for name in (".records", ".order"):
+            (self.tmp / name).unlink(missing_ok=True)
 
     def submit(self, path: Path) -> Future:
         raise NotImplementedError
@@ -394,13 +466,6 @@ class _Store:
         the arrays (memory-mapped), for the tensordict metadata."""
         raise NotImplementedError
 
-    def checksum(self, position: int) -> int:
-        """The checksum of the sample at ``position``, once appended."""
-        raise NotImplementedError
-
-    def discard(self) -> None:
-        """Remove what the store kept of each sample while writing (once the table is written)."""
-
     def manifest_fields(self) -> dict:
         raise NotImplementedError
 
@@ -410,6 +475,7 @@ class _RawStore(_Store):
     window of reused buffers, then appended to the file, in ImageFolder's order."""
 
     arrays = TENSORDICT["raw"]
+    record = np.dtype([("checksum", "<u8"), ("kept", "u1")])
 
     def __init__(
         self,
@@ -429,11 +495,6 @@ class _RawStore(_Store):
         self.writer = BlockWriter(
             tmp / "images.memmap", count * 3 * size[0] * size[1], write_behind=sync, name=out / "images.memmap"
         )
-        self.checksums: np.ndarray | None = None
-
-    def layout(self, count: int) -> None:
-        """Record the checksums of ``count`` sample positions (a file of the build's own, not memory)."""
-        self.checksums = np.memmap(self.tmp / ".records", dtype="<u8", mode="w+", shape=(max(1, count),))
 
     def submit(self, path: Path) -> Future:
         buffer = self.free.pop()
@@ -442,11 +503,8 @@ class _RawStore(_Store):
         return future
 
     def append(self, position: int, checksum: int) -> int:
-        self.checksums[position] = checksum
+        self.records[position] = (checksum, 1)
         return checksum
-
-    def checksum(self, position: int) -> int:
-        return int(self.checksums[position])
 
     def release(self, future: Future) -> None:
         buffer = self.busy.pop(future)
@@ -454,17 +512,11 @@ class _RawStore(_Store):
             self.writer.write(buffer)
         self.free.append(buffer)
 
-    def close(self, kept: Sequence[int]) -> dict[str, torch.Tensor]:
+    def close(self, kept: int) -> dict[str, torch.Tensor]:
         self.writer.close()
         return {
-            "images": MemoryMappedTensor.from_filename(
-                self.tmp / "images.memmap", torch.uint8, (len(kept), *self.size, 3)
-            )
+            "images": MemoryMappedTensor.from_filename(self.tmp / "images.memmap", torch.uint8, (kept, *self.size, 3))
         }
-
-    def discard(self) -> None:
-        _discard(self.tmp, self.checksums)
-        self.checksums = None
 
     def manifest_fields(self) -> dict:
         return {"image_shape": [3, *self.size], "resize": self.resize, "layout": "channels_last", "order": {}}
@@ -475,16 +527,13 @@ def _decode_raw(path: Path, resize: str, buffer: np.ndarray) -> int:
     return xxhash.xxh3_64_intdigest(buffer)
 
 
-# What a jpeg build records of each sample as it is written, by its position in ImageFolder's order.
-_RECORD = np.dtype([("start", "<i8"), ("end", "<i8"), ("shape", "<i4", 2), ("checksum", "<u8")])
-
-
 class _JpegStore(_Store):
     """Each image's JPEG bytes, appended to one data file in the order :meth:`layout` chose (shuffled:
     none across the end of a block), with what was written recorded by sample position (a file of the
     build's own, not memory), from which :meth:`close` writes the index in ImageFolder's order."""
 
     arrays = TENSORDICT["jpeg"]
+    record = np.dtype([("start", "<i8"), ("end", "<i8"), ("shape", "<i4", 2), ("checksum", "<u8"), ("kept", "u1")])
 
     def __init__(
         self,
@@ -501,20 +550,6 @@ class _JpegStore(_Store):
         self.window = 4 * workers + 4  # small results: more in flight hides the slow re-encodes
         self.writer = BlockWriter(tmp / "data.memmap", expected_bytes, write_behind=sync, name=out / "data.memmap")
         self.reencoded = dict.fromkeys(REENCODE_REASONS, 0)
-        self.seed: int | None = None
-        self.records: np.ndarray | None = None
-
-    def layout(self, count: int, seed: int | None) -> None:
-        """Write the images in a random order seeded by ``seed``, block-aligned (``None``: ImageFolder's order)."""
-        self.seed = seed
-        self.records = np.memmap(self.tmp / ".records", dtype=_RECORD, mode="w+", shape=(max(1, count),))
-
-    def order(self, positions: list[int]) -> list[int]:
-        if self.seed is None:
-            return positions
-        shuffled = np.array(positions, dtype=np.int64)
-        np.random.default_rng(self.seed).shuffle(shuffled)
-        return shuffled.tolist()
 
     def submit(self, path: Path) -> Future:
         return self.pool.submit(store_jpeg, path, max_side=self.max_side, quality=self.quality)
@@ -525,26 +560,20 @@ class _JpegStore(_Store):
             self.writer.skip(BLOCK_SIZE - start % BLOCK_SIZE)  # to the next block
             start = self.writer.written
         self.writer.write(np.frombuffer(stored.data, np.uint8))
-        self.records[position] = (start, self.writer.written, stored.shape, stored.checksum)
+        self.records[position] = (start, self.writer.written, stored.shape, stored.checksum, 1)
         if stored.reencoded is not None:
             self.reencoded[stored.reencoded] += 1
         return stored.checksum
 
-    def checksum(self, position: int) -> int:
-        return int(self.records[position]["checksum"])
-
-    def discard(self) -> None:
-        _discard(self.tmp, self.records)
-        self.records = None
-
-    def close(self, kept: Sequence[int]) -> dict[str, torch.Tensor]:
+    def close(self, kept: int) -> dict[str, torch.Tensor]:
         self.writer.close()
         with open(self.tmp / "offsets.memmap", "xb") as offsets, open(self.tmp / "shapes.memmap", "xb") as shapes:
-            for first in range(0, len(kept), _CHUNK):
-                records = self.records[np.asarray(kept[first : first + _CHUNK], dtype=np.int64)]
+            for first in range(0, len(self.records), _CHUNK):
+                records = self.records[first : first + _CHUNK]
+                records = records[records["kept"] == 1]
                 offsets.write(np.stack([records["start"], records["end"]], axis=1).astype("<i8").tobytes())
                 shapes.write(records["shape"].astype("<i4").tobytes())
-        count = len(kept)
+        count = kept
         return {
             "data": MemoryMappedTensor.from_filename(self.tmp / "data.memmap", torch.uint8, (self.writer.written,)),
             "offsets": MemoryMappedTensor.from_filename(self.tmp / "offsets.memmap", torch.int64, (count, 2)),
@@ -564,28 +593,27 @@ class _JpegStore(_Store):
 _CHUNK = 1 << 16  # samples handled at once where a build goes over all of them
 
 
-def _discard(tmp: Path, records: np.memmap | None) -> None:
-    """Drop a store's record file (the table and index were written from it)."""
-    if records is not None:
-        del records
-    (tmp / ".records").unlink(missing_ok=True)
-
-
 def _write(
-    store: _Store, index: ImageFolderIndex, order: list[int], skipped: list[dict], strict: bool, progress: bool
-) -> list[int]:
-    """Run the store's jobs for the samples at positions ``order``, at most a window at once, and append
-    their results in that order; returns the positions of the samples kept, in ImageFolder's order."""
+    store: _Store,
+    index: ImageFolderIndex,
+    order: Iterable[int],
+    total: int,
+    skipped: list[dict],
+    strict: bool,
+    progress: bool,
+) -> int:
+    """Run the store's jobs for the samples at positions ``order`` (``total`` of them), at most a window
+    at once, and append their results in that order; returns how many were kept."""
     pending: deque[tuple[int, Future]] = deque()
     positions = iter(order)
-    kept: list[int] = []
+    kept = 0
 
     def submit_next() -> None:
         position = next(positions, None)
         if position is not None:
             pending.append((position, store.submit(index.root / index.samples[position][0])))
 
-    with tqdm(total=len(order), unit="img", desc="build-memmap", disable=not progress, file=sys.stderr) as bar:
+    with tqdm(total=total, unit="img", desc="build-memmap", disable=not progress, file=sys.stderr) as bar:
         for _ in range(store.window):
             submit_next()
         while pending:
@@ -599,13 +627,13 @@ def _write(
                 bar.set_postfix(skipped=len(skipped), refresh=False)
             else:
                 store.append(position, result)
-                kept.append(position)
+                kept += 1
             store.release(future)
             submit_next()
             bar.update()
     if not kept:
         raise DecodeError(index.root, f"no image could be decoded; first problem: {skipped[0]['reason']}")
-    return sorted(kept)
+    return kept
 
 
 def _finish(
@@ -613,21 +641,26 @@ def _finish(
     src: Path,
     index: ImageFolderIndex,
     store: _Store,
-    kept: list[int],
+    kept: int,
+    empty: list[str],
     skipped: list[dict],
     sync: bool,
 ) -> None:
     """Write the index and the table (in ImageFolder's order), the tensordict metadata and the manifest,
-    read-only, flushed to disk with the folder."""
+    read-only, flushed to disk with the folder; remove the scan's table."""
     arrays = store.close(kept)
     with TableWriter(tmp) as table:
-        for position in kept:
-            path, label = index.samples[position]
-            table.append(path, label, store.checksum(position))
+        for first in range(0, len(index.samples), _CHUNK):
+            for position in store.kept(first, first + _CHUNK).tolist():
+                path, label = index.samples[position]
+                table.append(path, label, store.checksum(position))
     store.discard()
-    arrays["labels"] = MemoryMappedTensor.from_filename(tmp / "labels.memmap", torch.int64, (len(kept),))
-    arrays["checksums"] = MemoryMappedTensor.from_filename(tmp / "checksums.memmap", torch.int64, (len(kept),))
-    batch = [len(kept)] if "images" in arrays else []  # jpeg arrays have no common first dimension
+    for name in ("labels.memmap", *TABLE_FILES):  # the scan's table: its four files, then its folder
+        os.unlink(tmp / SCAN / name)
+    os.rmdir(tmp / SCAN)
+    arrays["labels"] = MemoryMappedTensor.from_filename(tmp / "labels.memmap", torch.int64, (kept,))
+    arrays["checksums"] = MemoryMappedTensor.from_filename(tmp / "checksums.memmap", torch.int64, (kept,))
+    batch = [kept] if "images" in arrays else []  # jpeg arrays have no common first dimension
     TensorDict(arrays, batch_size=batch).memmap_(prefix=tmp, copy_existing=False, existsok=True)
     del arrays
     names = (*(f"{name}.memmap" for name in ARRAYS["raw" if "images" in store.arrays else "jpeg"]), "meta.json")
@@ -635,14 +668,14 @@ def _finish(
     Manifest(
         source=str(src),
         classes=index.classes,
-        count=len(kept),
+        count=kept,
         table={name: file_digest(tmp / name) for name in ("labels.memmap", *TABLE_FILES)},
         skipped=sorted(skipped, key=lambda entry: entry["path"]),
         versions=_versions(),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         storage="raw" if "images" in store.arrays else "jpeg",
         max_image_pixels=Image.MAX_IMAGE_PIXELS or 0,
-        empty_classes=_empty_classes(index, kept),
+        empty_classes=empty,
         files=files,
         **store.manifest_fields(),
     ).write(tmp)
@@ -654,10 +687,13 @@ def _finish(
         fsync_folder(tmp)
 
 
-def _empty_classes(index: ImageFolderIndex, kept: list[int]) -> list[str]:
-    """The classes with no image among the samples at positions ``kept``, sorted."""
-    labels = {index.samples[position][1] for position in kept}
-    return sorted(name for label, name in enumerate(index.classes) if label not in labels)
+def _empty_classes(index: ImageFolderIndex, store: _Store) -> list[str]:
+    """The classes with no image among the samples the store kept, sorted."""
+    counts = np.zeros(len(index.classes), dtype=np.int64)
+    labels = index.samples.table.labels
+    for first in range(0, len(labels), _CHUNK):
+        counts += np.bincount(labels[store.kept(first, first + _CHUNK)], minlength=len(index.classes))
+    return sorted(name for label, name in enumerate(index.classes) if not counts[label])
 
 
 def _versions() -> dict[str, str]:

@@ -75,8 +75,12 @@ BUILD_FILES = (
     *sorted({f"{name}.memmap" for names in ARRAYS.values() for name in names}),
 )
 # Every name a build folder of any format version holds: what a stale temporary folder may contain
-# (``.records``: what a build of format version 4 notes of each image while writing, removed at its end).
-BUILD_PATHS = frozenset({*BUILD_FILES, *_V1_FILES, ".records"})
+# (what a build of format version 4 keeps while writing, removed at its end: ``.records`` of each image,
+# ``.order`` of a shuffled order, and its scan's table in ``.scan``).
+BUILD_PATHS = frozenset(
+    {*BUILD_FILES, *_V1_FILES, ".records", ".order", ".scan"}
+    | {f".scan/{name}" for name in ("labels.memmap", "checksums.memmap", "paths.memmap", "path_offsets.memmap")}
+)
 
 
 def holds_build_files(folder: Path) -> bool:

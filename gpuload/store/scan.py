@@ -4,23 +4,67 @@ Folder symlinks are followed, as ImageFolder does, but a real folder (``st_dev``
 visited only the first time it is reached: a link back to a parent or to a sibling would
 otherwise make the walk list the same files again and again, for minutes, with growing memory.
 Each such repeat is reported with a warning naming the link.
+
+The walk lists each folder once (``os.scandir``) and looks up no file's status (a file's type comes
+with its folder's listing; only a symlink named like an image is followed, to find a loop), and the
+folders are visited in the order of their paths, so each one's images come out in ImageFolder's
+order as it is listed: the samples go straight into a table of flat files (see
+:mod:`gpuload.store.table`), and memory holds one folder's listing and the folders still to visit,
+whatever the number of images.
 """
 
 from __future__ import annotations
 
 import errno
+import heapq
 import os
+import shutil
+import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UsageError
+from .table import SampleTable, TableWriter
 
-__all__ = ["IMG_EXTENSIONS", "ImageFolderIndex", "scan_image_folder", "shown_names", "walk_images"]
+__all__ = ["IMG_EXTENSIONS", "ImageFolderIndex", "ScannedSamples", "scan_image_folder", "shown_names", "walk_images"]
 
 # torchvision.datasets.folder.IMG_EXTENSIONS (without importing torchvision)
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+class ScannedSamples(Sequence):
+    """``(path relative to the root, class index)`` per image found, in ImageFolder's order: a sequence
+    over the scan's table (flat files, mapped), nothing per image in memory.
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> with TableWriter(folder) as writer:
+        ...     writer.append("cat/1.jpg", 0, 0)
+        >>> ScannedSamples(SampleTable.open(folder, 1))[0]
+        ('cat/1.jpg', 0)
+    """
+
+    def __init__(self, table: SampleTable) -> None:
+        self.table = table
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[position] for position in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"sample {index} is out of range for {len(self)} samples")
+        index %= len(self)
+        return self.table.path(index), int(self.table.labels[index])
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and list(self) == list(other)
+
+    __hash__ = None
 
 
 @dataclass(frozen=True)
@@ -37,7 +81,7 @@ class ImageFolderIndex:
 
     root: Path
     classes: list[str]
-    samples: list[tuple[str, int]]
+    samples: ScannedSamples
     repeats: list[tuple[str, str]] = field(default_factory=list)
     empty_classes: list[str] = field(default_factory=list)
 
@@ -46,7 +90,9 @@ class ImageFolderIndex:
         return {name: index for index, name in enumerate(self.classes)}
 
 
-def scan_image_folder(root: str | os.PathLike, *, classes: Sequence[str] | None = None) -> ImageFolderIndex:
+def scan_image_folder(
+    root: str | os.PathLike, *, classes: Sequence[str] | None = None, into: str | os.PathLike | None = None
+) -> ImageFolderIndex:
     """Scan ``root`` like ``torchvision.datasets.ImageFolder``: same classes, order and extensions.
 
     ``root`` holds one subfolder per class. A folder with no subfolders but images
@@ -57,6 +103,9 @@ def scan_image_folder(root: str | os.PathLike, *, classes: Sequence[str] | None 
     in it is an error (a folder without class folders is one class named after it, which must be
     in it), and a listed class without a folder or images is allowed and listed in
     ``empty_classes`` (with one warning naming them).
+
+    The samples are written into a new folder ``into`` as a table (a build's own folder, on the
+    output's disk); without it, into a temporary folder, removed once they are mapped.
 
     Raises:
         NotADirectoryError: ``root`` is not a folder.
@@ -72,7 +121,7 @@ def scan_image_folder(root: str | os.PathLike, *, classes: Sequence[str] | None 
         >>> for name in ("cat/1.jpg", "cat/2.JPG", "dog/a.png", "dog/notes.txt"):
         ...     (root / name).parent.mkdir(exist_ok=True); (root / name).touch()
         >>> index = scan_image_folder(root)
-        >>> index.classes, index.samples
+        >>> index.classes, list(index.samples)
         (['cat', 'dog'], [('cat/1.jpg', 0), ('cat/2.JPG', 0), ('dog/a.png', 1)])
     """
     root = Path(root).expanduser().absolute()
@@ -86,28 +135,62 @@ def scan_image_folder(root: str | os.PathLike, *, classes: Sequence[str] | None 
     except PermissionError as error:
         raise PermissionError(f"cannot read {root}: {error.strerror}") from None
     if not folders:
-        return _scan_flat_folder(root, classes)
+        return _scan_flat_folder(root, classes, into)
     names = folders if classes is None else _check_classes(root, folders, classes)
     # The class folders belong to their classes: a link to one from elsewhere is a repeat.
     seen = {_identity(root)} | {_identity(root / name) for name in folders}
-    samples, repeats = [], loops
-    for label, name in enumerate(names):
-        if name not in folders:
-            continue
-        files, found_repeats = _walk(root, root / name, seen)
-        samples += [(path, label) for path in files]
-        repeats += found_repeats
-    empty = sorted(set(names) - {names[label] for _, label in samples})
+    repeats, found = loops, set()
+    with _Table(into) as table:
+        for label, name in enumerate(names):
+            if name not in folders:
+                continue
+            count = table.count
+            repeats += _walk(root, root / name, seen, lambda path, label=label: table.append(path, label, 0))
+            if table.count > count:
+                found.add(label)
+    empty = sorted(name for label, name in enumerate(names) if label not in found)
     if empty and classes is None:
         raise FileNotFoundError(
             f"Found no valid file for the classes {', '.join(empty)}. "
             f"Supported extensions are: {', '.join(IMG_EXTENSIONS)}"
         )
-    if not samples:
+    if not found:
         raise FileNotFoundError(f"{root} holds no image of the classes {', '.join(names[:5])}")
     _warn(repeats)
     _warn_empty(root, empty)
-    return ImageFolderIndex(root=root, classes=names, samples=samples, repeats=repeats, empty_classes=empty)
+    return ImageFolderIndex(root=root, classes=names, samples=table.samples, repeats=repeats, empty_classes=empty)
+
+
+class _Table:
+    """Where a scan writes its samples: a table in ``into``, or in a temporary folder removed once the
+    table is mapped (its files live on while mapped)."""
+
+    def __init__(self, into: str | os.PathLike | None) -> None:
+        self.into = Path(into) if into is not None else None
+        self.folder = self.into if self.into is not None else Path(tempfile.mkdtemp(prefix="gpuload-scan-"))
+        if self.into is not None:
+            self.folder.mkdir()
+        self.writer = TableWriter(self.folder)
+        self.samples: ScannedSamples | None = None
+
+    @property
+    def count(self) -> int:
+        return self.writer.count
+
+    def append(self, path: str, label: int, checksum: int) -> None:
+        self.writer.append(path, label, checksum)
+
+    def __enter__(self) -> _Table:
+        return self
+
+    def __exit__(self, kind, *rest) -> None:
+        self.writer.close()
+        try:
+            if kind is None:
+                self.samples = ScannedSamples(SampleTable.open(self.folder, self.writer.count))
+        finally:
+            if self.into is None:
+                shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _check_classes(root: Path, folders: list[str], classes: Sequence[str]) -> list[str]:
@@ -123,7 +206,7 @@ def _check_classes(root: Path, folders: list[str], classes: Sequence[str]) -> li
     return names
 
 
-def _scan_flat_folder(root: Path, classes: Sequence[str] | None) -> ImageFolderIndex:
+def _scan_flat_folder(root: Path, classes: Sequence[str] | None, into: str | os.PathLike | None) -> ImageFolderIndex:
     """A folder of images without class folders: one class named after the folder."""
     files = sorted(
         entry.name for entry in os.scandir(root) if not entry.is_dir() and entry.name.lower().endswith(IMG_EXTENSIONS)
@@ -143,7 +226,10 @@ def _scan_flat_folder(root: Path, classes: Sequence[str] | None) -> ImageFolderI
     label = names.index(root.name)
     empty = sorted(name for name in names if name != root.name)
     _warn_empty(root, empty)
-    return ImageFolderIndex(root=root, classes=names, samples=[(name, label) for name in files], empty_classes=empty)
+    with _Table(into) as table:
+        for name in files:
+            table.append(name, label, 0)
+    return ImageFolderIndex(root=root, classes=names, samples=table.samples, empty_classes=empty)
 
 
 def _warn_empty(root: Path, empty: list[str]) -> None:
@@ -182,46 +268,42 @@ def walk_images(root: Path, *, exclude: Path | None = None) -> tuple[list[str], 
     output = str(exclude.resolve()) if exclude is not None and exclude.is_dir() else None
     if output is not None:
         seen.add(_identity(exclude))  # a link into the output: skipped like a folder already seen
-    files, repeats = _walk(root, root, seen)
+    files: list[str] = []
+    repeats = _walk(root, root, seen, files.append)
     for link, _ in (repeat for repeat in repeats if repeat[1] == output):
         warnings.warn(f"{link} leads to the output folder {output}; skipped", stacklevel=2)
     _warn([repeat for repeat in repeats if repeat[1] != output])
     return files, repeats
 
 
-def _walk(root: Path, top: Path, seen: set[tuple[int, int]]) -> tuple[list[str], list[tuple[str, str]]]:
-    """Images under ``top``, relative to ``root``, in torchvision's ``make_dataset`` order (folders
-    sorted by path, files by name). ``seen`` holds the folders visited or reserved (``top`` among
-    them): a subfolder in it is skipped and reported, a new one added."""
-    found: list[tuple[str, list[str]]] = []
+def _walk(root: Path, top: Path, seen: set[tuple[int, int]], emit: Callable[[str], None]) -> list[tuple[str, str]]:
+    """Give ``emit`` each image under ``top``, relative to ``root``, in torchvision's ``make_dataset``
+    order (folders sorted by path, each one's files by name), each folder listed once; returns the
+    ``(link, where it leads)`` of the folder links skipped. ``seen`` holds the folders visited or reserved
+    (``top`` among them): a subfolder in it is skipped and reported, a new one added.
+
+    The folders still to list wait in a heap, ordered by path: a folder's path sorts after its
+    parent's, so the smallest path waiting is the next in the global order of paths, and each folder's
+    images can be given out as soon as it is listed."""
     repeats: list[tuple[str, str]] = []
-    stack = [top]
-    while stack:
-        folder = stack.pop()
+    waiting = [str(top)]
+    while waiting:
+        folder = heapq.heappop(waiting)
         try:
             entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
         except OSError:  # unreadable or gone: skipped, as os.walk (and so ImageFolder) does
             continue
-        folders = {entry.name for entry in entries if _is_folder(entry, root, repeats)}
-        names = [entry.name for entry in entries if entry.name not in folders and _looks_like_image(entry)]
-        found.append((str(folder), names))
-        subfolders = []
         for entry in entries:
-            if entry.name not in folders:
-                continue
-            identity = _identity(Path(entry.path))
-            if identity in seen:
-                repeats.append((_relative(Path(entry.path), root), str(Path(entry.path).resolve())))
-                continue
-            seen.add(identity)
-            subfolders.append(Path(entry.path))
-        stack += reversed(subfolders)
-    files = [
-        _relative(Path(folder) / name, root)
-        for folder, names in sorted(found, key=lambda item: item[0])
-        for name in names
-    ]
-    return files, repeats
+            if _is_folder(entry, root, repeats):
+                identity = _identity(Path(entry.path))
+                if identity in seen:
+                    repeats.append((_relative(Path(entry.path), root), str(Path(entry.path).resolve())))
+                    continue
+                seen.add(identity)
+                heapq.heappush(waiting, entry.path)
+            elif _looks_like_image(entry):
+                emit(_relative(Path(entry.path), root))
+    return repeats
 
 
 def _is_folder(entry: os.DirEntry, root: Path, repeats: list[tuple[str, str]]) -> bool:
@@ -237,9 +319,12 @@ def _is_folder(entry: os.DirEntry, root: Path, repeats: list[tuple[str, str]]) -
 
 
 def _looks_like_image(entry: os.DirEntry) -> bool:
-    """An entry named like an image, unless it is a symlink loop (reported by :func:`_is_folder`)."""
+    """An entry named like an image, unless it is a symlink loop (reported by :func:`_is_folder`). Only a
+    symlink is looked up (its type came with the listing): a plain file costs no system call."""
     if not entry.name.lower().endswith(IMG_EXTENSIONS):
         return False
+    if not entry.is_symlink():
+        return True
     try:
         entry.stat()
     except OSError as error:
