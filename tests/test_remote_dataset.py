@@ -201,6 +201,18 @@ class TestDatasetAtUrl:
             assert torch.equal(mine[0], theirs[0]) and mine[1] == theirs[1]
         assert pickle.loads(pickle.dumps(dataset))[5][1] == here[5][1]
 
+    def test_the_stock_loader_reads_a_batch_in_one_go(self, at_url, monkeypatch):
+        """torch's DataLoader calls __getitems__ with a batch: its images are read together (at a URL, in
+        parallel), not one request after the other (about 256 round trips a batch, without a cache)."""
+        _, dataset, _ = at_url
+        reads = []
+        real = dataset.read_images
+        monkeypatch.setattr(dataset, "read_images", lambda indices: reads.append(len(indices)) or real(indices))
+        loader = torch.utils.data.DataLoader(dataset, batch_size=4, collate_fn=list)
+        served = [sample for batch in loader for sample in batch]
+        assert reads == [4] * (len(dataset) // 4) + ([len(dataset) % 4] if len(dataset) % 4 else [])
+        assert [label for _, label in served] == list(dataset.targets)
+
     def test_the_exact_shuffle_is_the_local_loaders(self, at_url):
         local, dataset, _ = at_url
         options = dict(

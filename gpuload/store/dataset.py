@@ -534,8 +534,12 @@ class MemmapImageDataset(torch.utils.data.Dataset):
     def __getitems__(self, indices: Sequence[int]) -> Sequence[tuple[torch.Tensor, int]]:
         """Gather a batch (raw: with one copy per field; jpeg: each image decoded at its own size);
         used by ``torch.utils.data.DataLoader``."""
-        if self.storage == "jpeg":
-            return JpegSamples([self[index] for index in indices], self.path, self._one_size)
+        if self.storage == "jpeg":  # the batch's bytes in one read (at a URL: its requests in parallel)
+            blobs, samples = self.read_images([operator.index(index) for index in indices]), []
+            for index, data in zip(indices, blobs):
+                pixels = decode_jpeg_bytes(data, partial(self.describe, index))
+                samples.append((torch.from_numpy(pixels).permute(2, 0, 1).contiguous(), int(self.data.labels[index])))
+            return JpegSamples(samples, self.path, self._one_size)
         if self.remote:
             images = torch.stack([self.raw_pixels(data) for data in self.read_images(indices)])
             labels = self.data.labels[torch.as_tensor(indices, dtype=torch.long)]
