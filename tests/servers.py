@@ -176,15 +176,18 @@ class RangeHTTPServer(_Served):
 
     The ETag is the file's size and modification time (as nginx makes it); a GET whose ``If-Match``
     names another ETag gets 412. Requests are recorded in :attr:`requests`; :attr:`latency` seconds are
-    added before each answer, and the body bytes sent are counted in :attr:`bytes_sent`. Its HEAD and GET answers are also what S3 clients expect of a path-style
-    ``/bucket/key`` endpoint (size, ETag, Last-Modified, ranges), so an S3 client pointed at it reads
-    ``root/bucket/key``: a server cheap enough not to limit a comparison of clients (moto copies the
-    whole object for every ranged GET).
+    added before each answer, and the body bytes sent are counted in :attr:`bytes_sent` (as the socket
+    takes them: a client that stops reading stops the count). With ``ignore_range``, a GET is answered
+    200 with the whole file whatever its ``Range`` (as some servers and proxies do). Its HEAD and GET
+    answers are also what S3 clients expect of a path-style ``/bucket/key`` endpoint (size, ETag,
+    Last-Modified, ranges), so an S3 client pointed at it reads ``root/bucket/key``: a server cheap
+    enough not to limit a comparison of clients (moto copies the whole object for every ranged GET).
     """
 
-    def __init__(self, root: str | os.PathLike) -> None:
+    def __init__(self, root: str | os.PathLike, *, ignore_range: bool = False) -> None:
         super().__init__()
         self.root = Path(root)
+        self.ignore_range = ignore_range
         self.requests: list[Request] = []
         self.latency = 0.0
         self.bytes_sent = 0  # body bytes answered (what clients downloaded), for benchmarks
@@ -229,7 +232,7 @@ def _range_handler(owner: RangeHTTPServer):
                 "Last-Modified": email.utils.formatdate(path.stat().st_mtime, usegmt=True),
             }
             wanted = self.headers.get("Range")
-            if wanted is None:
+            if wanted is None or owner.ignore_range:
                 return self._reply(200, path.read_bytes() if body else b"", headers, body, size)
             match = _RANGE.match(wanted.strip())
             start = int(match[1]) if match else size
@@ -250,9 +253,10 @@ def _range_handler(owner: RangeHTTPServer):
             self.send_header("Content-Length", str(len(data) if length is None else length))
             self.end_headers()
             if body and self.command != "HEAD":  # a HEAD answer has no body, whatever its status
-                self.wfile.write(data)
-                with owner._count_lock:
-                    owner.bytes_sent += len(data)
+                for start in range(0, len(data), 2**20):  # counted as the socket takes it
+                    self.wfile.write(data[start : start + 2**20])
+                    with owner._count_lock:
+                        owner.bytes_sent += min(2**20, len(data) - start)
 
     return Handler
 

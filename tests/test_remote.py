@@ -8,6 +8,7 @@ import time
 
 import pytest
 from conftest import FAST_RETRY
+from servers import RangeHTTPServer
 
 import gpuload.store.remote as remote
 from gpuload.cli import main
@@ -210,6 +211,21 @@ class TestReads:
         store._read = lambda name, start, length, expect: original(name, 0, len(PAYLOAD), expect)
         with pytest.raises(RemoteError, match="does not honour HTTP Range requests"):
             store.read("data.memmap", 10, 5, info)
+
+
+def test_a_server_that_ignores_range_is_refused_before_its_body_is_read(http_root):
+    """A 64 MiB object answered whole to a GET of 5 bytes: refused on its status and length, and the
+    client stops reading (the server could send no more than the sockets' buffers hold)."""
+    (http_root / "ds").mkdir()
+    (http_root / "ds" / "data.memmap").write_bytes(bytes(64 * 2**20))
+    with RangeHTTPServer(http_root, ignore_range=True) as server:
+        store = open_store(f"{server.url}/ds", retry=FAST_RETRY)
+        info = store.info("data.memmap")
+        with pytest.raises(RemoteError, match=r"asked for bytes 10-14 and got a 200 answer of 67,108,864 bytes"):
+            store.read("data.memmap", 10, 5, info)
+        assert len(server.requests) == 2  # the HEAD and one GET: not retried
+        time.sleep(0.2)  # the server's thread writes until the client's socket is gone
+        assert server.bytes_sent < 32 * 2**20
 
 
 class TestSecrets:

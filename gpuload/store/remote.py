@@ -625,9 +625,8 @@ class _FsspecStore(Store):
             if expect is not None and self._info(name) != expect:
                 raise ObjectChangedError("the file changed since it was opened")
             return data
-        if self.scheme in ("http", "https") and expect is not None and _strong_etag(expect.etag):
-            headers = {"If-Match": expect.etag}
-            return self._run(lambda: self.fs.cat_file(path, start=start, end=start + length, headers=headers))
+        if self.scheme in ("http", "https"):
+            return self._run(lambda: self._http_read(name, start, length, expect))
         if self.scheme in ("s3", "s3a"):
             return self._run(lambda: self._s3_read(path, start, length, expect))
         return self._run(lambda: self.fs.cat_file(path, start=start, end=start + length))
@@ -646,6 +645,40 @@ class _FsspecStore(Store):
                 return _http_object(response, response.headers.get("Content-Length"))
 
         return sync(self.fs.loop, head)
+
+    def _http_read(self, name: str, start: int, length: int, expect: ObjectInfo | None) -> bytes:
+        """One ranged GET through fsspec's aiohttp session, its status, ``Content-Range`` and length
+        checked before its body is read, and no more than ``length`` bytes read: a server that ignores
+        ``Range`` would send the whole object (fsspec's ``cat_file`` reads it all, then checks)."""
+        from fsspec.asyn import sync
+
+        url = self._path(name)
+        end = start + length - 1
+        headers = {"Range": f"bytes={start}-{end}", "Accept-Encoding": "identity"}
+        if expect is not None and _strong_etag(expect.etag):
+            headers["If-Match"] = expect.etag
+
+        async def get() -> bytes:
+            session = await self.fs.set_session()
+            async with session.get(self.fs.encode_url(url), headers=headers) as response:
+                if response.status == 404:
+                    raise FileNotFoundError(self.object_url(name))
+                if response.status == 412:
+                    raise ObjectChangedError("the object changed since it was opened")
+                if response.status >= 400:
+                    response.raise_for_status()  # an aiohttp error with its status: classified by the caller
+                ranged = response.status == 206 and _content_range(response.headers) == (start, end)
+                whole = response.status == 200 and start == 0  # the whole object asked for, answered whole
+                if not (ranged or whole) or response.content_length not in (None, length):
+                    response.close()  # the connection is dropped with its body unread
+                    size = "unknown" if response.content_length is None else f"{response.content_length:,}"
+                    raise RemoteError(
+                        f"{self.object_url(name)}: asked for bytes {start}-{end} and got a {response.status} answer "
+                        f"of {size} bytes; the server does not honour HTTP Range requests, which gpuload needs"
+                    )
+                return await response.content.readexactly(length)
+
+        return sync(self.fs.loop, get)
 
     def _s3_info(self, path: str) -> ObjectInfo:
         """HeadObject through s3fs's client: s3fs's ``info`` turns a 503 into an errno without its status."""
@@ -758,6 +791,17 @@ def _http_object(response, size: str | None) -> ObjectInfo:
     if stamp is None and response.headers.get("Last-Modified"):
         stamp = f"modified:{response.headers['Last-Modified']}"
     return ObjectInfo(size=int(size), etag=stamp)
+
+
+def _content_range(headers) -> tuple[int, int] | None:
+    """``(first, last)`` of a ``Content-Range: bytes first-last/size`` header, or ``None``.
+
+    Example:
+        >>> _content_range({"Content-Range": "bytes 10-14/300"}), _content_range({})
+        ((10, 14), None)
+    """
+    found = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+|\*)", headers.get("Content-Range", "").strip())
+    return (int(found[1]), int(found[2])) if found else None
 
 
 def _strong_etag(etag: str | None) -> bool:
