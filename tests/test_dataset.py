@@ -153,6 +153,30 @@ class TestPickle:
         assert torch.equal(copy.data.images, dataset.data.images)
         assert copy.samples == dataset.samples and copy.classes == dataset.classes
 
+    def test_a_copy_made_after_a_rebuild_refuses_the_new_version(self, photo_folder, tmp_path):
+        """A spawned DataLoader worker unpickles the dataset: rebuilt in between (--overwrite), it would
+        serve other images under the same indices next to the parent's."""
+        built = build_memmap(photo_folder, tmp_path / "ds", size=(24, 32), progress=False)
+        payload = pickle.dumps(MemmapImageDataset(built))
+        build_memmap(photo_folder, built, size=(12, 16), overwrite=True, progress=False)
+        with pytest.raises(DatasetError, match=r"ds is not the version that was opened when it was pickled"):
+            pickle.loads(payload)
+
+    def test_ranks_that_opened_another_version_than_rank_0s_refuse_it(self, built_dataset, monkeypatch):
+        """Under torch.distributed the loader sends rank 0's seed, and the version rank 0 opened with it."""
+        import torch.distributed as dist
+
+        monkeypatch.setattr(dist, "is_initialized", lambda: True)
+        monkeypatch.setattr(dist, "get_backend", lambda: "gloo")
+        monkeypatch.setattr(dist, "get_rank", lambda: 1)
+        monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+        monkeypatch.setattr(dist, "broadcast_object_list", lambda sent, src: sent.__setitem__(1, "another version"))
+        dataset = MemmapImageDataset(built_dataset)
+        with pytest.raises(DatasetError, match=r"is not the version that was opened by rank 0"):
+            gpuload.DataLoader(dataset, batch_size=4, shuffle=True)
+        monkeypatch.setattr(dist, "broadcast_object_list", lambda sent, src: None)  # rank 0's own: the same
+        gpuload.DataLoader(dataset, batch_size=4, shuffle=True)
+
 
 class TestLargerThanMemory:
     def test_a_sparse_dataset_far_larger_than_ram_opens_and_reads(self, built_dataset, tmp_path):

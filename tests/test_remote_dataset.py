@@ -201,6 +201,19 @@ class TestDatasetAtUrl:
             assert torch.equal(mine[0], theirs[0]) and mine[1] == theirs[1]
         assert pickle.loads(pickle.dumps(dataset))[5][1] == here[5][1]
 
+    def test_a_copy_made_after_a_push_over_it_refuses_the_new_version(self, s3, built_dataset, jpeg_dataset, tmp_path):
+        """A spawned worker (or another rank) opens the URL again: pushed over meanwhile, it would serve
+        another dataset next to the parent's, or another length; the version seen at open travels with
+        the pickle, and a copy that finds another refuses."""
+        url = s3.url("replaced")
+        push_memmap(jpeg_dataset, url, store=open_store(url, retry=FAST_RETRY), progress=False)
+        with open_at(url, tmp_path / "cache") as dataset:
+            pickled = pickle.dumps(dataset)
+            pickle.loads(pickled).close()  # the same version: fine
+            push_memmap(built_dataset, url, store=open_store(url, retry=FAST_RETRY), overwrite=True, progress=False)
+            with pytest.raises(ObjectChangedError, match=r"is not the version that was opened when it was pickled"):
+                pickle.loads(pickled)
+
     def test_the_stock_loader_reads_a_batch_in_one_go(self, at_url, monkeypatch):
         """torch's DataLoader calls __getitems__ with a batch: its images are read together (at a URL, in
         parallel), not one request after the other (about 256 round trips a batch, without a cache)."""

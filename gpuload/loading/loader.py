@@ -245,7 +245,7 @@ class DataLoader:
         # The seed decides the order and the random draws of transforms and decoded crops; when it decides
         # nothing (an unshuffled loader, as for validation on rank 0 only), no collective is made.
         random = shuffle or transform is not None or isinstance(decode, RandomResizedCropDecode)
-        self.seed = seed if seed is not None else _draw_seed(generator, broadcast=random)
+        self.seed = seed if seed is not None else _draw_seed(generator, broadcast=random, dataset=dataset)
         self.device = resolve_device(device)
         if decode is not None and decode.gpu:
             check_gpu_decode(self.device)
@@ -555,14 +555,19 @@ def _decode_on_device(
     return decode_batch(dataset, indices, decode, seed=seed, epoch=epoch, device=device)
 
 
-def _draw_seed(generator: torch.Generator | None, *, broadcast: bool) -> int:
+def _draw_seed(generator: torch.Generator | None, *, broadcast: bool, dataset: object = None) -> int:
     """A seed from ``generator`` (or torch's global RNG); with ``broadcast`` under ``torch.distributed``,
-    rank 0's on every rank, so that the ranks shard one permutation however each was seeded."""
-    seed = [int(torch.randint(0, 2**62, (), generator=generator))]
+    rank 0's on every rank, so that the ranks shard one permutation however each was seeded, sent with
+    the version of ``dataset`` that rank 0 opened: a rank that opened another (the dataset was pushed
+    again or rebuilt between the ranks' opens) refuses it, rather than disagree on the epoch's length."""
+    version = getattr(dataset, "version", None)
+    sent = [int(torch.randint(0, 2**62, (), generator=generator)), version]
     if broadcast and dist.is_available() and dist.is_initialized():
         _check_rank_device()
-        dist.broadcast_object_list(seed, src=0)
-    return seed[0]
+        dist.broadcast_object_list(sent, src=0)
+        if isinstance(dataset, MemmapImageDataset):
+            dataset.check_version(sent[1], "by rank 0")
+    return sent[0]
 
 
 def _check_rank_device() -> None:

@@ -279,6 +279,7 @@ class MemmapImageDataset(torch.utils.data.Dataset):
             )
         self.path = Path(path).absolute()
         self.manifest: Manifest = Manifest.read(self.path)
+        self.version = f"{xxhash.xxh3_64_intdigest((self.path / 'manifest.json').read_bytes()):016x}"
         self.storage: str = self.manifest.storage
         self.classes: list[str] = list(self.manifest.classes)
         _check_files(self.path, self.manifest)
@@ -332,6 +333,7 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         self.block_size = block_size
         index = open_remote(open_store(url, storage_options=storage_options))
         self.path = index.store.display
+        self.version = index.version
         self.manifest = index.manifest
         self.storage = self.manifest.storage
         self.classes = list(self.manifest.classes)
@@ -552,18 +554,42 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         return GatheredSamples(ImageData(images=images, labels=labels, batch_size=[len(indices)]))
 
     def __getstate__(self) -> dict:
+        """The path (or URL and cache settings), and the version seen at open: a process that unpickles
+        it (a spawned worker, another rank's copy) opens the same version or refuses."""
         if self.remote:
             return {
                 "path": self._url,
                 "cache": self.cache,
                 "storage_options": self._options,
                 "block_size": self.block_size,
+                "version": self.version,
             }
-        return {"path": self.path}
+        return {"path": self.path, "version": self.version}
 
     def __setstate__(self, state: dict) -> None:
-        path = state.pop("path")
+        path, version = state.pop("path"), state.pop("version", None)
         self.__init__(path, **state)
+        self.check_version(version, "when it was pickled (for a DataLoader worker, say)")
+
+    def check_version(self, version: str | None, when: str) -> None:
+        """Refuse to serve another version of the dataset than the one opened ``when``: a dataset replaced
+        in between (pushed again, rebuilt with --overwrite) would mix two versions' images in one job.
+
+        Raises:
+            ObjectChangedError: at a URL, the objects are not those seen then; DatasetError: in a folder,
+                the manifest is not the one seen then.
+        """
+        if version is None or version == self.version:
+            return
+        message = (
+            f"{self.path} is not the version that was opened {when}: it was replaced since (pushed again, or "
+            "rebuilt with --overwrite), and serving it would mix two versions in one job; restart the job"
+        )
+        if self.remote:
+            from ..errors import ObjectChangedError
+
+            raise ObjectChangedError(message)
+        raise DatasetError(message)
 
     def __repr__(self) -> str:
         size = "x".join(map(str, self.image_shape[1:])) if self.image_shape else "each its own"

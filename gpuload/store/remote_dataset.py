@@ -53,6 +53,14 @@ class RemoteIndex:
     starts: np.ndarray
     lengths: np.ndarray
     shapes: np.ndarray | None
+    manifest_info: ObjectInfo | None = None
+
+    @property
+    def version(self) -> str:
+        """A fingerprint of the versions seen at open: every object's size and ETag, the manifest's too."""
+        versions = sorted((name, info.key()) for name, info in self.objects.items())
+        versions.append((MANIFEST_NAME, self.manifest_info.key() if self.manifest_info else ""))
+        return f"{xxhash.xxh3_64_intdigest(json.dumps(versions).encode()):016x}"
 
     @property
     def labels(self) -> np.ndarray:
@@ -113,7 +121,11 @@ def open_remote(url: str | Store) -> RemoteIndex:
         RemoteError: a request failed after its retries.
     """
     store = url if isinstance(url, Store) else open_store(url)
-    manifest = read_remote_manifest(store)
+    try:
+        manifest_info = store.info(MANIFEST_NAME)
+    except FileNotFoundError:
+        manifest_info = None  # read_remote_manifest says why there is no dataset
+    manifest = read_remote_manifest(store, manifest_info)
     if manifest.format_version == 1:
         raise DatasetError(f"{store.display} is a dataset of format version 1; build it again with this gpuload")
     objects = {}
@@ -162,7 +174,7 @@ def open_remote(url: str | Store) -> RemoteIndex:
         size = int(np.prod(manifest.image_shape))
         starts, lengths, shapes = np.arange(count, dtype=np.int64) * size, np.full(count, size, dtype=np.int64), None
     manifest.check_labels(table.labels, store.display, "push the dataset again")
-    return RemoteIndex(store, manifest, objects, table, starts, lengths, shapes)
+    return RemoteIndex(store, manifest, objects, table, starts, lengths, shapes, manifest_info)
 
 
 def _check_raw_meta(store: Store, objects: dict[str, ObjectInfo], manifest: Manifest) -> None:
