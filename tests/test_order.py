@@ -235,3 +235,70 @@ class TestBlockOrder:
         assert len(served) == len(everything) + (-(len(everything) - position) % new_world_size)
         if new_world_size == world_size:
             assert [shard[:consumed] + rest for shard, rest in zip(uninterrupted, resumed)] == uninterrupted
+
+
+class TestAtImageNetDensity:
+    """About 40 JPEGs of ImageNet lie in a block of 4 MiB. Stored in ImageFolder's order, a window of 32
+    blocks holds a few classes: about 33 distinct classes in a batch of 256, against about 226 for a
+    uniform shuffle; and images across a block's end made every node fetch the next node's blocks.
+    A jpeg build stores them in a seeded random order, none across a block's end."""
+
+    CLASSES, PER_CLASS, PER_BLOCK, BATCH = 1000, 128, 40, 256
+
+    def labels(self) -> torch.Tensor:
+        return torch.arange(self.CLASSES).repeat_interleave(self.PER_CLASS)  # ImageFolder's order
+
+    def distinct_classes(self, blocks: torch.Tensor | None) -> float:
+        labels = self.labels()
+        order = epoch_order(
+            len(labels), epoch=0, seed=1, shuffle=True, blocks=blocks, window=32 if blocks is not None else 0
+        )
+        return (
+            sum(labels[order[i : i + self.BATCH]].unique().numel() for i in range(0, 20 * self.BATCH, self.BATCH)) / 20
+        )
+
+    def shuffled_blocks(self) -> torch.Tensor:
+        """Each image's block when the images lie in a seeded random order (the build's)."""
+        count = len(self.labels())
+        place = torch.empty(count, dtype=torch.int64)
+        place[torch.randperm(count, generator=torch.Generator().manual_seed(0))] = torch.arange(count)
+        return place // self.PER_BLOCK
+
+    def test_a_batch_holds_nearly_as_many_classes_as_a_uniform_shuffle(self):
+        uniform = self.distinct_classes(None)
+        imagefolder = self.distinct_classes(torch.arange(len(self.labels())) // self.PER_BLOCK)
+        shuffled = self.distinct_classes(self.shuffled_blocks())
+        assert imagefolder < 0.25 * uniform  # the fault: a few dozen classes a batch
+        assert shuffled >= 0.9 * uniform, (shuffled, uniform)
+
+    @pytest.mark.parametrize(("nodes", "ranks"), [(4, 8), (2, 3)])
+    def test_a_cold_epoch_downloads_each_block_about_once_across_nodes(self, nodes, ranks):
+        """Each rank reads its own piece of the block sequence; the ranks of a node share a cache. With no
+        image across a block's end, a node fetches the blocks of its ranks' pieces and no more: only a
+        block cut between two nodes' pieces is fetched twice."""
+        blocks = self.shuffled_blocks()
+        world = nodes * ranks
+        fetched = 0
+        for node in range(nodes):
+            needed = set()
+            for rank in range(node * ranks, (node + 1) * ranks):
+                order = epoch_order(len(blocks), epoch=0, seed=1, shuffle=True, rank=rank, world_size=world,
+                                    blocks=blocks, window=32)  # fmt: skip
+                needed.update(blocks[order].tolist())
+            fetched += len(needed)
+        assert fetched / len(blocks.unique()) <= 1.1
+
+    def test_images_across_a_blocks_end_cost_the_next_nodes_blocks(self):
+        """Why no image may cross a block's end: with each image also needing the next block, 4 nodes of
+        8 ranks fetch far more than the dataset."""
+        blocks = self.shuffled_blocks()
+        fetched = 0
+        for node in range(4):
+            needed = set()
+            for rank in range(node * 8, (node + 1) * 8):
+                order = epoch_order(len(blocks), epoch=0, seed=1, shuffle=True, rank=rank, world_size=32,
+                                    blocks=blocks, window=32)  # fmt: skip
+                needed.update(blocks[order].tolist())
+                needed.update((blocks[order] + 1).tolist())  # the image goes on into the next block
+            fetched += len(needed)
+        assert fetched / len(blocks.unique()) > 1.5
