@@ -270,7 +270,7 @@ class Request:
     headers: email.message.Message = field(default_factory=email.message.Message)
 
 
-FAULTS = ("503", "500", "404", "reset", "short", "stall")
+FAULTS = ("503", "500", "404", "reset", "short", "stall", "trickle")
 
 
 class FaultProxy(_Served):
@@ -281,7 +281,9 @@ class FaultProxy(_Served):
       ``path``) get the fault instead of their answer: ``"503"`` (S3's ``SlowDown``), ``"500"``,
       ``"404"`` (S3's ``NoSuchKey``: an object gone between its HEAD and its GET), ``"reset"`` (the
       connection closed with no answer), ``"short"`` (the answer's headers, then half its body, then
-      the connection closed), ``"stall"`` (no answer for ``stall_seconds``).
+      the connection closed), ``"stall"`` (no answer for ``stall_seconds``), ``"trickle"`` (the
+      answer's headers, then its body in 50 pieces spread over ``stall_seconds``: never a pause as
+      long as a read timeout, the whole far longer).
     - :attr:`requests`: every request, in order (method, path, headers), faulted or not.
 
     Example:
@@ -411,6 +413,14 @@ def _proxy_handler(owner: FaultProxy):
                 if fault == "short" and len(data) > 1:
                     self.wfile.write(data[: len(data) // 2])
                     self.wfile.flush()
+                    self.close_connection = True
+                    return
+                if fault == "trickle":
+                    piece = -(-len(data) // 50)
+                    for start in range(0, len(data), piece):
+                        if owner._stopping.wait(owner.stall_seconds / 50):
+                            break
+                        self.wfile.write(data[start : start + piece])  # a client that gave up: OSError, ignored
                     self.close_connection = True
                     return
                 self.wfile.write(data)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 from conftest import FAST_RETRY
-from servers import RangeHTTPServer
+from servers import RangeHTTPServer, fake_aws_environment
 
 import gpuload.store.remote as remote
 from gpuload.cli import main
@@ -179,6 +179,20 @@ class TestReads:
         assert time.perf_counter() - started < 4  # the stall lasts 5 s: the timeout cut it
         assert len(proxy.gets()) == 2
 
+    def test_a_trickling_answer_is_cut_at_its_deadline_and_retried(self, served):
+        """Each piece of the body comes well within the read timeout, the whole would take 5 s: the
+        request's deadline (1 s) cuts it, and the retry gets the answer."""
+        store, proxy, _ = served
+        info = store.info("data.memmap")
+        quick = Retry(attempts=2, base_delay=0.001, timeout=0.5, deadline=1.0)
+        store = open_store(store.url, backend=store.backend, retry=quick)
+        proxy.clear()
+        proxy.fail("trickle", times=1)
+        started = time.perf_counter()
+        assert store.read("data.memmap", 0, 100_000, info) == PAYLOAD[:100_000]
+        assert time.perf_counter() - started < 4
+        assert len(proxy.gets()) == 2
+
     def test_retries_are_bounded_and_the_error_names_the_url_and_range_without_secrets(self, served):
         store, proxy, _ = served
         info = store.info("data.memmap")
@@ -213,17 +227,26 @@ class TestReads:
             store.read("data.memmap", 10, 5, info)
 
 
-def test_a_server_that_ignores_range_is_refused_before_its_body_is_read(http_root):
-    """A 64 MiB object answered whole to a GET of 5 bytes: refused on its status and length, and the
-    client stops reading (the server could send no more than the sockets' buffers hold)."""
-    (http_root / "ds").mkdir()
-    (http_root / "ds" / "data.memmap").write_bytes(bytes(64 * 2**20))
+@pytest.mark.parametrize("client", ["http", *S3_BACKENDS])
+def test_a_server_that_ignores_range_is_refused_before_its_body_is_read(http_root, monkeypatch, client):
+    """A 64 MiB object answered whole to a GET of 5 bytes (over HTTP, or as an S3 endpoint): refused on
+    its status and length, not retried, and the client stops reading (the server could send no more
+    than the sockets' buffers hold)."""
+    (http_root / "bucket-1" / "ds").mkdir(parents=True)
+    (http_root / "bucket-1" / "ds" / "data.memmap").write_bytes(bytes(64 * 2**20))
     with RangeHTTPServer(http_root, ignore_range=True) as server:
-        store = open_store(f"{server.url}/ds", retry=FAST_RETRY)
+        if client == "http":
+            store = open_store(f"{server.url}/bucket-1/ds", retry=FAST_RETRY)
+        else:
+            for name, value in fake_aws_environment(server.url).items():
+                monkeypatch.setenv(name, value)
+            store = open_store("s3://bucket-1/ds", backend=client, retry=FAST_RETRY)
         info = store.info("data.memmap")
-        with pytest.raises(RemoteError, match=r"asked for bytes 10-14 and got a 200 answer of 67,108,864 bytes"):
+        with pytest.raises(
+            RemoteError, match=r"data.memmap: asked for bytes 10-14 and got .*does not honour HTTP Range"
+        ):
             store.read("data.memmap", 10, 5, info)
-        assert len(server.requests) == 2  # the HEAD and one GET: not retried
+        assert [request.method for request in server.requests] == ["HEAD", "GET"]  # not retried
         time.sleep(0.2)  # the server's thread writes until the client's socket is gone
         assert server.bytes_sent < 32 * 2**20
 

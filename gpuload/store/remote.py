@@ -39,7 +39,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -149,7 +149,8 @@ class Retry:
     Attempt ``n`` (from 0) that fails with a transient error (connection reset, timeout, HTTP 5xx or
     429, a short read) waits a random time in ``[0, min(max_delay, base_delay * 2**n))`` before the
     next; after ``attempts`` attempts the error is raised. ``timeout`` bounds each request's connect
-    and read, in seconds.
+    and each wait for its next bytes, ``deadline`` its whole time, body included (a server that
+    trickles bytes is cut off there and the request retried), in seconds.
 
     Example:
         >>> policy = Retry(attempts=3, base_delay=0.5, max_delay=1.0)
@@ -161,14 +162,15 @@ class Retry:
     base_delay: float = 0.1
     max_delay: float = 5.0
     timeout: float = 60.0
+    deadline: float = 300.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.attempts, int) or self.attempts < 1:
             raise UsageError(f"Retry.attempts must be a positive integer, got {self.attempts!r}")
-        if not (self.base_delay >= 0 and self.max_delay >= 0 and self.timeout > 0):
+        if not (self.base_delay >= 0 and self.max_delay >= 0 and self.timeout > 0 and self.deadline > 0):
             raise UsageError(
-                f"Retry delays must be >= 0 and timeout > 0, got base_delay={self.base_delay}, "
-                f"max_delay={self.max_delay}, timeout={self.timeout}"
+                f"Retry delays must be >= 0, timeout and deadline > 0, got base_delay={self.base_delay}, "
+                f"max_delay={self.max_delay}, timeout={self.timeout}, deadline={self.deadline}"
             )
 
     def bounds(self) -> Iterator[float]:
@@ -423,7 +425,11 @@ class _ObstoreStore(Store):
         self._obstore = obstore
         from datetime import timedelta
 
-        client = {"timeout": timedelta(seconds=retry.timeout), "connect_timeout": timedelta(seconds=retry.timeout)}
+        client = {
+            "timeout": timedelta(seconds=retry.deadline),  # reqwest's: the whole request, body included
+            "connect_timeout": timedelta(seconds=retry.timeout),
+            "read_timeout": timedelta(seconds=retry.timeout),
+        }
         endpoint = options.get("endpoint") or _aws_endpoint(url)
         if endpoint and endpoint.startswith("http://"):
             client["allow_http"] = True
@@ -469,7 +475,15 @@ class _ObstoreStore(Store):
         options = {"range": (start, start + length)}
         if expect is not None and expect.etag:
             options["if_match"] = expect.etag
-        result = self._call(self._obstore.get, self._store, name, options=options)
+        try:
+            result = self._call(self._obstore.get, self._store, name, options=options)
+        except RemoteError as error:
+            if _NO_RANGE not in str(error):
+                raise
+            raise RemoteError(
+                f"{self.object_url(name)}: asked for bytes {start}-{start + length - 1} and got the whole object; "
+                "the server does not honour HTTP Range requests, which gpuload needs"
+            ) from None
         return self._call(lambda: bytes(result.bytes()))
 
     def _list(self) -> dict[str, ObjectInfo]:
@@ -509,6 +523,7 @@ def _aws_endpoint(url: str) -> str | None:
 
 
 _METADATA = "169.254.169.254"  # the cloud instance metadata service (AWS, GCP, Azure)
+_NO_RANGE = "non-partial response when range requested"
 
 
 def _classify(error: BaseException) -> BaseException:
@@ -516,6 +531,8 @@ def _classify(error: BaseException) -> BaseException:
     text = _first_line(error)
     if _METADATA in text:  # no key, profile or role: obstore fell back to the instance metadata service
         return _NoCredentials(text)
+    if _NO_RANGE in text:  # object_store's check of a ranged GET's answer: retrying will not help
+        return RemoteError(text)
     status = _STATUS.search(str(error))
     if status is None or int(status[1]) >= 500 or int(status[1]) in (408, 429):
         return _Transient(text)
@@ -551,7 +568,7 @@ class _FsspecStore(Store):
         if scheme in ("http", "https"):
             import aiohttp
 
-            timeout = aiohttp.ClientTimeout(total=None, connect=retry.timeout, sock_read=retry.timeout)
+            timeout = aiohttp.ClientTimeout(total=retry.deadline, connect=retry.timeout, sock_read=retry.timeout)
             options.setdefault("client_kwargs", {}).setdefault("timeout", timeout)
         elif scheme in ("s3", "s3a"):
             config = options.setdefault("config_kwargs", {})
@@ -584,6 +601,13 @@ class _FsspecStore(Store):
 
     def _path(self, name: str) -> str:
         return f"{self._root}/{name}{self._query}"
+
+    def _sync(self, request: Callable[[], Awaitable[_T]]) -> _T:
+        """Run one request on fsspec's event loop, cancelled at the policy's deadline (a trickling answer
+        would hold it for ever: botocore bounds only the connect and each read)."""
+        from fsspec.asyn import sync
+
+        return sync(self.fs.loop, request, timeout=self.retry.deadline)
 
     def _run(self, function: Callable[[], _T]) -> _T:
         try:
@@ -634,7 +658,6 @@ class _FsspecStore(Store):
     def _http_info(self, url: str) -> ObjectInfo:
         """HEAD (or, where a server refuses it, a GET of byte 0) through fsspec's aiohttp session:
         fsspec's own ``info`` turns every failure, a 503 included, into "not found"."""
-        from fsspec.asyn import sync
 
         async def head() -> ObjectInfo:
             session = await self.fs.set_session()
@@ -644,14 +667,12 @@ class _FsspecStore(Store):
                         return _http_object(ranged, ranged.headers.get("Content-Range", "").rpartition("/")[2])
                 return _http_object(response, response.headers.get("Content-Length"))
 
-        return sync(self.fs.loop, head)
+        return self._sync(head)
 
     def _http_read(self, name: str, start: int, length: int, expect: ObjectInfo | None) -> bytes:
         """One ranged GET through fsspec's aiohttp session, its status, ``Content-Range`` and length
         checked before its body is read, and no more than ``length`` bytes read: a server that ignores
         ``Range`` would send the whole object (fsspec's ``cat_file`` reads it all, then checks)."""
-        from fsspec.asyn import sync
-
         url = self._path(name)
         end = start + length - 1
         headers = {"Range": f"bytes={start}-{end}", "Accept-Encoding": "identity"}
@@ -678,12 +699,10 @@ class _FsspecStore(Store):
                     )
                 return await response.content.readexactly(length)
 
-        return sync(self.fs.loop, get)
+        return self._sync(get)
 
     def _s3_info(self, path: str) -> ObjectInfo:
         """HeadObject through s3fs's client: s3fs's ``info`` turns a 503 into an errno without its status."""
-        from fsspec.asyn import sync
-
         bucket, key, _ = self.fs.split_path(path)
 
         async def head() -> ObjectInfo:
@@ -692,12 +711,10 @@ class _FsspecStore(Store):
             response = await client.head_object(Bucket=bucket, Key=key)
             return ObjectInfo(size=int(response["ContentLength"]), etag=response.get("ETag"))
 
-        return sync(self.fs.loop, head)
+        return self._sync(head)
 
     def _s3_check_bucket(self) -> None:
         """HeadBucket: a 404 is a missing bucket (said as such), anything else is the caller's to classify."""
-        from fsspec.asyn import sync
-
         bucket = self.fs.split_path(self._root)[0]
 
         async def head() -> None:
@@ -706,7 +723,7 @@ class _FsspecStore(Store):
             await client.head_bucket(Bucket=bucket)
 
         try:
-            sync(self.fs.loop, head)
+            self._sync(head)
         except Exception as error:
             status = (getattr(error, "response", None) or {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
             if status == 404:
@@ -715,8 +732,6 @@ class _FsspecStore(Store):
 
     def _s3_read(self, path: str, start: int, length: int, expect: ObjectInfo | None) -> bytes:
         """One GET with ``If-Match`` through s3fs's aiobotocore client (s3fs's ``cat_file`` cannot send it)."""
-        from fsspec.asyn import sync
-
         bucket, key, _ = self.fs.split_path(path)
         extra = {"IfMatch": expect.etag} if expect is not None and expect.etag else {}
 
@@ -727,11 +742,17 @@ class _FsspecStore(Store):
                 Bucket=bucket, Key=key, Range=f"bytes={start}-{start + length - 1}", **extra
             )
             try:
+                if response["ContentLength"] != length:  # checked before the body is read
+                    raise RemoteError(
+                        f"s3://{bucket}/{key}: asked for bytes {start}-{start + length - 1} "
+                        f"and got an answer of {response['ContentLength']:,} bytes; the server does not honour HTTP "
+                        "Range requests, which gpuload needs"
+                    )
                 return await response["Body"].read()
             finally:
                 response["Body"].close()
 
-        return sync(self.fs.loop, get)
+        return self._sync(get)
 
     def _list(self) -> dict[str, ObjectInfo]:
         if self.scheme in ("http", "https"):
