@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from conftest import FAST_RETRY
 
 from gpuload.errors import DatasetError, UsageError
 from gpuload.store.cache import BlockCache
-from gpuload.store.remote import ObjectChangedError, open_store
+from gpuload.store.remote import ObjectChangedError, RemoteError, Retry, open_store
 from gpuload.store.remote_file import RemoteFile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,8 +97,6 @@ class TestReads:
         with RemoteFile(
             data_object, "data.memmap", cache=cache, block_size=BLOCK, blocks_per_request=1, workers=16
         ) as file:
-            import time
-
             started = time.perf_counter()
             file.read_many([(index * BLOCK, 1) for index in range(12)])
             assert time.perf_counter() - started < 12 * 0.2 / 3  # sequential requests would take 2.4 s
@@ -115,6 +114,40 @@ class TestReads:
         assert (again.info, again.cache.path, again.block_size) == (file.info, cache.path, BLOCK)
         file.close()
         again.close()
+
+
+class TestClose:
+    @pytest.mark.parametrize(("spans", "workers"), [(1, 16), (2, 16), (3, 1)])
+    def test_close_cancels_pending_retries_and_returns_promptly(self, s3, data_object, monkeypatch, spans, workers):
+        """A read waits out 503s with 2 s of backoff each (10 s in all): close() stops it at once, whether
+        the read runs in the caller's thread (one span), in the file's request threads (two), or waits
+        in their queue (three spans, one thread)."""
+        import gpuload.store.remote as remote
+
+        monkeypatch.setattr(remote.random, "uniform", lambda low, high: high)
+        slow = Retry(attempts=6, base_delay=2.0, max_delay=2.0, timeout=2.0)
+        file = RemoteFile(open_store(s3.url("ds"), retry=slow), "data.memmap", block_size=BLOCK, workers=workers)
+        s3.proxy.clear()
+        s3.proxy.fail("503", times=100)
+        errors = []
+
+        def read():
+            try:
+                file.read_many([(0, 10), (50_000, 10), (90_000, 10)][:spans])
+            except RemoteError as error:
+                errors.append(error)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        while len(s3.proxy.gets()) < min(spans, workers):  # the first attempts failed: retries are pending
+            time.sleep(0.01)
+        started = time.monotonic()
+        file.close()
+        reader.join(5)
+        assert time.monotonic() - started < 1 and not reader.is_alive()
+        assert len(s3.proxy.gets()) == min(spans, workers)  # no retry, no queued request after the close
+        [error] = errors
+        assert "the file was closed" in str(error)
 
 
 class TestDamage:

@@ -240,12 +240,21 @@ class Store:
         """
         return self._retrying(lambda: self._info(name), f"HEAD {self.object_url(name)}")
 
-    def read(self, name: str, start: int, length: int, expect: ObjectInfo | None = None) -> bytes:
+    def read(
+        self,
+        name: str,
+        start: int,
+        length: int,
+        expect: ObjectInfo | None = None,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> bytes:
         """Exactly ``length`` bytes of object ``name`` from ``start``, retried on transient failures.
 
         Args:
             expect: the version seen at open; a read of another version raises (where the backend
                 can tell, see the module's docstring).
+            cancel: once set, no retry is made (a wait for one ends at once): the read raises.
 
         Raises:
             ObjectChangedError: the object is no longer ``expect``.
@@ -260,7 +269,7 @@ class Store:
             )
         what = f"GET {self.object_url(name)} bytes {start}-{start + length - 1}"
         try:
-            return self._retrying(lambda: self._checked_read(name, start, length, expect), what)
+            return self._retrying(lambda: self._checked_read(name, start, length, expect), what, cancel)
         except ObjectChangedError:
             seen = f"ETag {expect.etag}" if expect is not None and expect.etag else "the version seen"
             raise ObjectChangedError(
@@ -298,7 +307,7 @@ class Store:
             )
         return bytes(data)
 
-    def _retrying(self, call: Callable[[], _T], what: str) -> _T:
+    def _retrying(self, call: Callable[[], _T], what: str, cancel: threading.Event | None = None) -> _T:
         bounds = list(self.retry.bounds())
         for attempt in range(self.retry.attempts):
             try:
@@ -316,7 +325,11 @@ class Store:
                         f"{what} failed {self.retry.attempts} times, last: {error}; check the network and the "
                         "server, then run again"
                     ) from None
-                time.sleep(random.uniform(0, bounds[attempt]))
+                pause = random.uniform(0, bounds[attempt])
+                if cancel is None:
+                    time.sleep(pause)
+                elif cancel.wait(pause):
+                    raise RemoteError(f"{what} stopped: the file was closed (last: {error})") from None
         raise AssertionError("unreachable")
 
     def _no_such_bucket(self) -> RemoteError:

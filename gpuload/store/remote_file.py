@@ -11,14 +11,14 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import CancelledError, ThreadPoolExecutor, as_completed
 from contextlib import ExitStack
 
 import xxhash
 
 from ..errors import DatasetError, UsageError
 from .cache import BlockCache, Namespace
-from .remote import ObjectInfo, Store
+from .remote import ObjectInfo, RemoteError, Store
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "RemoteFile"]
 
@@ -92,6 +92,7 @@ class RemoteFile:
         )
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        self._cancel = threading.Event()  # set by close(): the retries of the reads in flight stop
         self._closer = None
         self._stats_lock = threading.Lock()
         self.stats = {"requests": 0, "bytes_fetched": 0, "blocks_fetched": 0, "block_hits": 0}
@@ -248,6 +249,8 @@ class RemoteFile:
         try:
             for future in as_completed(futures):
                 future.result()
+        except CancelledError:
+            raise self._closed() from None
         finally:
             for future in futures:
                 future.cancel()
@@ -318,14 +321,20 @@ class RemoteFile:
             return span, self._get(span[0], span[1] - span[0])
 
         jobs = [fetch(span) for span in spans] if len(spans) == 1 else self._executor().map(fetch, spans)
-        for (begin, _, positions), data in jobs:
-            for position in positions:
-                start, length = ranges[position]
-                results[position] = data[start - begin : start - begin + length]
+        try:
+            for (begin, _, positions), data in jobs:
+                for position in positions:
+                    start, length = ranges[position]
+                    results[position] = data[start - begin : start - begin + length]
+        except CancelledError:
+            raise self._closed() from None
         return results
 
+    def _closed(self) -> RemoteError:
+        return RemoteError(f"{self.url}: the file was closed while it was read")
+
     def _get(self, start: int, length: int) -> bytes:
-        data = self.store.read(self.name, start, length, self.info)
+        data = self.store.read(self.name, start, length, self.info, cancel=self._cancel)
         self._count(requests=1, bytes_fetched=length)
         return data
 
@@ -346,14 +355,18 @@ class RemoteFile:
 
     # -- lifetime ----------------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop the request threads (waiting for those in flight)."""
+        """Stop the reads in flight and the request threads, at once: queued requests are dropped, no
+        retry is made (a read waiting for one raises :class:`~gpuload.store.remote.RemoteError`), and a
+        request on the wire ends in its thread, its answer unused. The file can be read again after."""
         with self._pool_lock:
             pool, self._pool = self._pool, None
+            cancel, self._cancel = self._cancel, threading.Event()
             if self._closer is not None:
                 self._closer.detach()
                 self._closer = None
+        cancel.set()
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> RemoteFile:
         return self
