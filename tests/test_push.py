@@ -105,13 +105,13 @@ class TestPush:
         garbled = tmp_path / "garbled"
         original = type(target)._put
 
-        def damaging(self, name, path):
+        def damaging(self, name, path, part):
             if name == "data.memmap":
                 data = bytearray(path.read_bytes())
                 data[100] ^= 0xFF
                 garbled.write_bytes(bytes(data))
                 path = garbled
-            original(self, name, path)
+            original(self, name, path, part)
 
         monkeypatch.setattr(type(target), "_put", damaging)
         with pytest.raises(RemoteError, match=r"data.memmap reads back other bytes than .* after its upload"):

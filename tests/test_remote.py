@@ -2,6 +2,7 @@
 
 import os
 import random
+import re
 import shutil
 import threading
 import time
@@ -291,6 +292,83 @@ class TestMissingBucket:
         store = open_store(f"s3://missing-{s3.bucket}/ds", backend=backend, retry=FAST_RETRY)
         with pytest.raises(RemoteError, match=rf"^no such bucket: missing-{s3.bucket} at "):
             open_remote(store)
+
+
+@pytest.fixture
+def small_parts(monkeypatch):
+    """Parts of at least 1 KiB, at most 4 of them (90 % of 5); moto's least part size lowered to match
+    (its server runs in this process)."""
+    import moto.s3.models
+
+    monkeypatch.setattr(remote, "MIN_PART", 1024)
+    monkeypatch.setattr(remote, "MAX_PARTS", 5)
+    monkeypatch.setattr(moto.s3.models, "S3_UPLOAD_PART_MIN_SIZE", 1024)
+
+
+def part_puts(proxy) -> list[int]:
+    """The part numbers of the UploadPart requests the proxy saw, in order."""
+    return [int(re.search(r"partNumber=(\d+)", r.path)[1]) for r in proxy.requests if "partNumber=" in r.path]
+
+
+def test_the_part_size_keeps_a_margin_below_s3s_10000_parts():
+    for size in (1, 10**9, 52 * 10**9, 150 * 10**9, 10**12, remote.MAX_OBJECT):
+        part = remote.part_size(size)
+        assert 5 * 2**20 <= part <= remote.MAX_PART and -(-size // part) <= 9_000
+    assert -(-150 * 10**9 // (5 * 2**20)) > 10_000  # obstore's default 5 MiB parts: 28,611 of them
+
+
+@pytest.mark.parametrize("backend", S3_BACKENDS)
+class TestMultipart:
+    def test_a_large_file_goes_up_in_parts_and_a_failed_part_is_retried_alone(self, s3, tmp_path, small_parts, backend):
+        (tmp_path / "big").write_bytes(PAYLOAD)  # 4 parts of 75,000 bytes
+        store = open_store(s3.url("ds"), backend=backend, retry=FAST_RETRY)
+        s3.proxy.fail("503", times=1, methods=("PUT",), path="partNumber=2")
+        assert store.put("data.memmap", tmp_path / "big").size == len(PAYLOAD)
+        assert store.read_all("data.memmap") == PAYLOAD
+        assert sorted(part_puts(s3.proxy)) == [1, 2, 2, 3, 4]  # part 2 again, and only it
+        assert store.uploads() == []
+
+    def test_a_part_that_keeps_failing_aborts_the_upload(self, s3, tmp_path, small_parts, backend):
+        (tmp_path / "big").write_bytes(PAYLOAD)
+        store = open_store(s3.url("ds"), backend=backend, retry=FAST_RETRY)
+        s3.proxy.fail("503", times=100, methods=("PUT",), path="partNumber=3")
+        with pytest.raises(RemoteError, match=r"^PUT s3://.*/ds/data.memmap part 3 of 4 failed 3 times, last: "):
+            store.put("data.memmap", tmp_path / "big")
+        assert "Uploads" not in s3.client().list_multipart_uploads(Bucket=s3.bucket)  # no hidden parts left
+        assert store.list() == {}
+
+    def test_an_unfinished_upload_is_resumed_with_the_parts_that_hold_the_files_bytes(
+        self, s3, tmp_path, small_parts, backend
+    ):
+        (tmp_path / "big").write_bytes(PAYLOAD)
+        client = s3.client()  # a push killed after two parts, the second of other bytes
+        started = client.create_multipart_upload(Bucket=s3.bucket, Key="ds/data.memmap")["UploadId"]
+        for number, data in ((1, PAYLOAD[:75_000]), (2, bytes(75_000))):
+            client.upload_part(Bucket=s3.bucket, Key="ds/data.memmap", UploadId=started, PartNumber=number, Body=data)
+        store = open_store(s3.url("ds"), backend=backend, retry=FAST_RETRY)
+        [upload] = store.uploads()
+        assert (upload.name, upload.upload_id) == ("data.memmap", started)
+        s3.proxy.clear()
+        store.put("data.memmap", tmp_path / "big", resume=upload)
+        assert sorted(part_puts(s3.proxy)) == [2, 3, 4]  # part 1 kept, part 2 replaced
+        assert store.read_all("data.memmap") == PAYLOAD and store.uploads() == []
+
+    def test_an_upload_gone_meanwhile_starts_again(self, s3, tmp_path, small_parts, backend):
+        (tmp_path / "big").write_bytes(PAYLOAD)
+        store = open_store(s3.url("ds"), backend=backend, retry=FAST_RETRY)
+        store.put("data.memmap", tmp_path / "big", resume=remote.Upload("data.memmap", "no-such-upload"))
+        assert store.read_all("data.memmap") == PAYLOAD and sorted(part_puts(s3.proxy)) == [1, 2, 3, 4]
+
+
+def test_without_botocore_obstore_cuts_the_parts_itself(s3, tmp_path, small_parts, monkeypatch):
+    """obstore has no API for the parts of an upload: it cuts them at the part size (its default 5 MiB
+    caps an object near 52 GB), and the file is retried whole."""
+    monkeypatch.setattr(remote, "_installed", lambda module: module != "botocore")
+    (tmp_path / "big").write_bytes(PAYLOAD)
+    store = open_store(s3.url("ds"), backend="obstore", retry=FAST_RETRY)
+    assert store.put("data.memmap", tmp_path / "big").size == len(PAYLOAD)
+    assert sorted(part_puts(s3.proxy)) == [1, 2, 3, 4] and store.uploads() == []
+    assert store.read_all("data.memmap") == PAYLOAD
 
 
 class TestBackoff:

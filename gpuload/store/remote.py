@@ -33,14 +33,18 @@ Nothing here imports fsspec, s3fs or obstore until a store is opened.
 from __future__ import annotations
 
 import asyncio
+import base64
 import errno
+import hashlib
 import os
 import random
 import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
 
@@ -52,9 +56,11 @@ __all__ = [
     "RemoteError",
     "Retry",
     "Store",
+    "Upload",
     "is_url",
     "join_url",
     "open_store",
+    "part_size",
     "redact",
 ]
 
@@ -142,6 +148,45 @@ class ObjectInfo:
         return f"{self.size}:{self.etag or ''}"
 
 
+# Multipart uploads (S3, and GCS's XML API, which has the same limits): at most MAX_PARTS parts of
+# 5 MiB (the last one excepted) to MAX_PART bytes, an object of at most MAX_OBJECT bytes.
+MAX_PARTS = 10_000
+MIN_PART = 8 * 2**20  # above S3's 5 MiB: fewer requests for small objects, and the size boto3 starts parts at
+MAX_PART = 5 * 2**30
+MAX_OBJECT = 5 * 2**40
+_BYTES_IN_FLIGHT = 512 * 2**20  # parts held in memory at once by one upload (at most 8 parts)
+
+
+def part_size(size: int) -> int:
+    """The bytes per part of an upload of ``size`` bytes: at least :data:`MIN_PART`, and enough to cut
+    it into at most 90 % of :data:`MAX_PARTS` parts (a margin below the limit). An object of ``size``
+    bytes or less goes up in one request.
+
+    Example:
+        >>> part_size(150 * 10**9), -(-150 * 10**9 // part_size(150 * 10**9))  # 150 GB: 9,000 parts of 16.7 MB
+        (16666667, 9000)
+        >>> part_size(10**6) == MIN_PART, part_size(MAX_OBJECT) // 2**20  # 5 TiB: 9,000 parts of 582 MiB
+        (True, 582)
+    """
+    return max(MIN_PART, -(-size // (MAX_PARTS * 9 // 10)))
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A multipart upload under a store's folder that was started and neither completed nor aborted
+    (a push that failed or was killed): its parts are stored, hidden, and cost storage until then.
+
+    Attributes:
+        name: the object it would make, relative to the folder.
+        upload_id: the backend's id of it.
+        initiated: when it started, where the backend says.
+    """
+
+    name: str
+    upload_id: str
+    initiated: datetime | None = None
+
+
 @dataclass(frozen=True)
 class Retry:
     """How failed requests are retried: exponential backoff with full jitter, a bounded number of times.
@@ -220,11 +265,24 @@ class Store:
     def _list(self) -> dict[str, ObjectInfo]:
         raise NotImplementedError
 
-    def _put(self, name: str, local: Path) -> None:
+    def _put(self, name: str, local: Path, part: int) -> None:
+        """Upload ``local`` whole (in parts of ``part`` bytes where the backend cuts it itself)."""
         raise NotImplementedError
 
     def _delete(self, name: str) -> None:
         raise NotImplementedError
+
+    def _s3(self) -> Callable[..., dict] | None:
+        """The S3 API of this store, as ``call(operation, **arguments) -> answer`` (botocore's names
+        and shapes, one attempt, errors classified), or ``None`` where there is none to use: then
+        :meth:`put` uploads through :meth:`_put`."""
+        return None
+
+    def _s3_key(self, name: str) -> tuple[str, str]:
+        """``(bucket, key)`` of object ``name`` (``name=""``: the folder's prefix, ending in ``/``)."""
+        bucket, _, prefix = self.url.split("://", 1)[1].split("?", 1)[0].partition("/")
+        prefix = prefix.strip("/")
+        return bucket, f"{prefix}/{name}" if prefix else name
 
     # -- the interface ---------------------------------------------------------------------------------
     def object_url(self, name: str) -> str:
@@ -287,10 +345,69 @@ class Store:
         """Every object under the folder (recursively), by relative name; empty where there is none."""
         return self._retrying(self._list, f"LIST {self.display}")
 
-    def put(self, name: str, local: str | os.PathLike) -> ObjectInfo:
-        """Upload the local file ``local`` as object ``name`` (replacing it); returns what is stored."""
-        self._retrying(lambda: self._put(name, Path(local)), f"PUT {self.object_url(name)}")
+    def put(self, name: str, local: str | os.PathLike, *, resume: Upload | None = None) -> ObjectInfo:
+        """Upload the local file ``local`` as object ``name`` (replacing it); returns what is stored.
+
+        A file larger than its :func:`part_size` goes up in parts where the store has an S3 API
+        (``s3://``): each part retried on its own, several in flight, and the upload aborted if a part
+        fails for good (a ``KeyboardInterrupt`` or a kill leaves it, for ``resume``). Elsewhere the
+        backend cuts it in parts of that size itself (obstore) and the file is retried whole.
+
+        Args:
+            resume: an unfinished upload of this object (:meth:`uploads`): its parts whose size and
+                MD5 match the file's are kept, the others uploaded.
+
+        Raises:
+            UsageError: the file is larger than an S3 or GCS object may be (:data:`MAX_OBJECT`).
+            RemoteError: an upload failed after its retries.
+        """
+        local = Path(local)
+        size = local.stat().st_size
+        if size > MAX_OBJECT and self.url.split("://", 1)[0] in ("s3", "s3a", "gs"):
+            raise UsageError(
+                f"{local} has {size:,} bytes, more than an object of {self.display} may hold ({MAX_OBJECT:,}); "
+                "split the dataset"
+            )
+        part = part_size(size)
+        api = self._s3()
+        if api is not None and size > part:
+            _Parts(self, api, name, local, size, part).upload(resume)
+        else:
+            self._retrying(lambda: self._put(name, local, part), f"PUT {self.object_url(name)}")
         return self.info(name)
+
+    def uploads(self) -> list[Upload]:
+        """The multipart uploads under the folder that were started and neither completed nor aborted
+        (``[]`` where the store has no S3 API to ask)."""
+        api = self._s3()
+        if api is None:
+            return []
+        bucket, prefix = self._s3_key("")
+        found, after = [], {}
+        while True:
+            page = self._retrying(
+                lambda after=after: api("list_multipart_uploads", Bucket=bucket, Prefix=prefix, **after),
+                f"LIST {self.display} (unfinished uploads)",
+            )
+            found += [
+                Upload(upload["Key"][len(prefix) :], upload["UploadId"], upload.get("Initiated"))
+                for upload in page.get("Uploads", [])
+            ]
+            if not page.get("IsTruncated"):
+                return found
+            after = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+
+    def abort(self, upload: Upload) -> None:
+        """Abort an unfinished upload: its parts are removed; one already gone is fine."""
+        api = self._s3()
+        bucket, key = self._s3_key(upload.name)
+        try:
+            self._retrying(
+                lambda: api("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload.upload_id),
+                f"DELETE {self.object_url(upload.name)} (unfinished upload)",
+            )
+        except FileNotFoundError:
+            pass
 
     def delete(self, name: str) -> None:
         """Delete object ``name``; an object already gone is fine."""
@@ -332,6 +449,31 @@ class Store:
                     raise RemoteError(f"{what} stopped: the file was closed (last: {error})") from None
         raise AssertionError("unreachable")
 
+    def _run(self, function: Callable[[], _T]) -> _T:
+        """``function()`` with the errors of fsspec's filesystems and of the HTTP and S3 clients (aiohttp,
+        botocore) as ours: transient ones :class:`_Transient`, the rest final, all redacted."""
+        try:
+            return function()
+        except (RemoteError, _Transient):
+            raise
+        except FileNotFoundError as error:  # s3fs's text for a missing bucket
+            if _MISSING_BUCKET.search(str(error)):
+                raise self._no_such_bucket() from None
+            raise
+        except PermissionError as error:
+            raise RemoteError(f"{self.display}: access denied ({_first_line(error)}); check the credentials") from None
+        except (ConnectionError, TimeoutError, asyncio.TimeoutError) as error:
+            raise _Transient(_first_line(error) or type(error).__name__) from None
+        except OSError as error:
+            if error.errno in _TRANSIENT_ERRNOS:  # s3fs's translation of a 503 or a throttle (EBUSY)
+                raise _Transient(_first_line(error)) from None
+            raise _classify_client(error) from None
+        except Exception as error:  # the async clients' own errors (aiohttp, botocore): classify by status
+            response = getattr(error, "response", None)
+            if isinstance(response, dict) and _MISSING_BUCKET.search(response.get("Error", {}).get("Code", "")):
+                raise self._no_such_bucket() from None
+            raise _classify_client(error) from None
+
     def _no_such_bucket(self) -> RemoteError:
         """The one line for a bucket (or Azure container) that does not exist, naming how to make one."""
         scheme, _, rest = self.display.partition("://")
@@ -348,6 +490,108 @@ class Store:
     def __reduce__(self):
         """Pickled as what opens it again (for DataLoader workers): the URL, backend, policy and options."""
         return _reopen, (self.url, self.backend, self.retry, self._options)
+
+
+class _Parts:
+    """One multipart upload of a local file through a store's S3 API (see :meth:`Store.put`)."""
+
+    def __init__(self, store: Store, api: Callable[..., dict], name: str, local: Path, size: int, part: int) -> None:
+        self.store, self.api, self.name, self.local, self.size, self.part = store, api, name, local, size, part
+        self.bucket, self.key = store._s3_key(name)
+        self.url = store.object_url(name)
+        self.count = -(-size // part)
+
+    def upload(self, resume: Upload | None) -> None:
+        done = self._kept(resume) if resume is not None else None
+        if done is None:
+            answer = self._retrying(lambda: self.api("create_multipart_upload", Bucket=self.bucket, Key=self.key))
+            upload_id, done = answer["UploadId"], {}
+        else:
+            upload_id = resume.upload_id
+        try:
+            todo = [number for number in range(1, self.count + 1) if number not in done]
+            workers = max(1, min(8, _BYTES_IN_FLIGHT // self.part, len(todo)))
+            with ThreadPoolExecutor(workers, thread_name_prefix="gpuload-remote-upload") as pool:
+                futures = {pool.submit(self._put_part, upload_id, number): number for number in todo}
+                try:
+                    for future in as_completed(futures):
+                        done[futures[future]] = future.result()
+                finally:
+                    for future in futures:
+                        future.cancel()
+            parts = [{"PartNumber": number, "ETag": done[number]} for number in range(1, self.count + 1)]
+            self._retrying(
+                lambda: self.api(
+                    "complete_multipart_upload",
+                    Bucket=self.bucket,
+                    Key=self.key,
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": parts},
+                ),
+                f"(completing its {self.count} parts)",
+            )
+        except Exception as error:  # a part failed for good: its parts would cost storage, hidden
+            try:
+                self.store.abort(Upload(self.name, upload_id))
+            except Exception as again:  # noqa: BLE001 - the first error is the one to tell
+                raise RemoteError(f"{error}; its unfinished upload could not be aborted either ({again})") from None
+            raise
+
+    def _kept(self, resume: Upload) -> dict[int, str] | None:
+        """The parts of an unfinished upload that hold this file's bytes (size and MD5), by number; ``None``
+        when the upload is gone."""
+        found, after = [], {}
+        while True:
+            try:
+                page = self._retrying(
+                    lambda after=after: self.api(
+                        "list_parts", Bucket=self.bucket, Key=self.key, UploadId=resume.upload_id, **after
+                    ),
+                    "(listing the parts of its unfinished upload)",
+                )
+            except FileNotFoundError:
+                return None
+            found += page.get("Parts", [])
+            if not page.get("IsTruncated"):
+                break
+            after = {"PartNumberMarker": page["NextPartNumberMarker"]}
+        kept = {}
+        for part in found:
+            number, etag = part["PartNumber"], part["ETag"]
+            if number <= self.count and part["Size"] == self._length(number):
+                if etag.strip('"') == hashlib.md5(self._read(number)).hexdigest():
+                    kept[number] = etag
+        return kept
+
+    def _put_part(self, upload_id: str, number: int) -> str:
+        data = self._read(number)
+        digest = base64.b64encode(hashlib.md5(data).digest()).decode()  # the server checks the bytes it got
+        answer = self._retrying(
+            lambda: self.api(
+                "upload_part",
+                Bucket=self.bucket,
+                Key=self.key,
+                UploadId=upload_id,
+                PartNumber=number,
+                Body=data,
+                ContentMD5=digest,
+            ),
+            f"part {number} of {self.count}",
+        )
+        return answer["ETag"]
+
+    def _length(self, number: int) -> int:
+        return min(self.part, self.size - (number - 1) * self.part)
+
+    def _read(self, number: int) -> bytes:
+        with open(self.local, "rb") as file:
+            data = os.pread(file.fileno(), self._length(number), (number - 1) * self.part)
+        if len(data) != self._length(number):
+            raise UsageError(f"{self.local} changed while it was uploaded (it is shorter now); push it again")
+        return data
+
+    def _retrying(self, call: Callable[[], _T], what: str = "") -> _T:
+        return self.store._retrying(call, f"PUT {self.url} {what}".rstrip())
 
 
 def open_store(
@@ -436,6 +680,7 @@ class _ObstoreStore(Store):
         except ImportError:
             raise _missing("obstore", url) from None
         self._obstore = obstore
+        self._client, self._client_lock = None, threading.Lock()
         from datetime import timedelta
 
         client = {
@@ -506,8 +751,43 @@ class _ObstoreStore(Store):
                 found[meta["path"]] = ObjectInfo(size=meta["size"], etag=meta.get("e_tag"))
         return found
 
-    def _put(self, name: str, local: Path) -> None:
-        self._call(self._obstore.put, self._store, name, local)
+    def _put(self, name: str, local: Path, part: int) -> None:
+        concurrency = max(1, min(8, _BYTES_IN_FLIGHT // part))
+        self._call(self._obstore.put, self._store, name, local, chunk_size=part, max_concurrency=concurrency)
+
+    def _s3(self) -> Callable[..., dict] | None:
+        """botocore's S3 client, where it is installed (boto3 or s3fs bring it): obstore offers no API to
+        upload, list or abort the parts of a multipart upload itself."""
+        if not self.url.startswith("s3://") or not _installed("botocore"):
+            return None
+        with self._client_lock:
+            if self._client is None:
+                self._client = self._botocore_client()
+        client = self._client
+        return lambda operation, **arguments: self._run(lambda: getattr(client, operation)(**arguments))
+
+    def _botocore_client(self):
+        """A botocore S3 client of the same endpoint, region and keys as this store (botocore's own
+        credential chain where none were given), with no retries of its own."""
+        import botocore.session
+        from botocore.config import Config
+
+        options = {key.lower().removeprefix("aws_"): value for key, value in self._options.items()}
+        config = Config(
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            connect_timeout=self.retry.timeout,
+            read_timeout=self.retry.timeout,
+            max_pool_connections=16,
+        )
+        return botocore.session.get_session().create_client(
+            "s3",
+            endpoint_url=options.get("endpoint") or options.get("endpoint_url") or _aws_endpoint(self.url),
+            region_name=options.get("region") or options.get("default_region"),
+            aws_access_key_id=options.get("access_key_id"),
+            aws_secret_access_key=options.get("secret_access_key"),
+            aws_session_token=options.get("session_token") or options.get("token"),
+            config=config,
+        )
 
     def _delete(self, name: str) -> None:
         self._call(self._obstore.delete, self._store, name)
@@ -621,29 +901,6 @@ class _FsspecStore(Store):
         from fsspec.asyn import sync
 
         return sync(self.fs.loop, request, timeout=self.retry.deadline)
-
-    def _run(self, function: Callable[[], _T]) -> _T:
-        try:
-            return function()
-        except (RemoteError, _Transient):
-            raise
-        except FileNotFoundError as error:  # s3fs's text for a missing bucket
-            if _MISSING_BUCKET.search(str(error)):
-                raise self._no_such_bucket() from None
-            raise
-        except PermissionError as error:
-            raise RemoteError(f"{self.display}: access denied ({_first_line(error)}); check the credentials") from None
-        except (ConnectionError, TimeoutError, asyncio.TimeoutError) as error:
-            raise _Transient(_first_line(error) or type(error).__name__) from None
-        except OSError as error:
-            if error.errno in _TRANSIENT_ERRNOS:  # s3fs's translation of a 503 or a throttle (EBUSY)
-                raise _Transient(_first_line(error)) from None
-            raise _classify_client(error) from None
-        except Exception as error:  # the async clients' own errors (aiohttp, botocore): classify by status
-            response = getattr(error, "response", None)
-            if isinstance(response, dict) and _MISSING_BUCKET.search(response.get("Error", {}).get("Code", "")):
-                raise self._no_such_bucket() from None
-            raise _classify_client(error) from None
 
     def _info(self, name: str) -> ObjectInfo:
         if self.scheme in ("http", "https"):
@@ -783,7 +1040,22 @@ class _FsspecStore(Store):
             if path.startswith(prefix) and info.get("type") != "directory"
         }
 
-    def _put(self, name: str, local: Path) -> None:
+    def _s3(self) -> Callable[..., dict] | None:
+        """s3fs's aiobotocore client, each request cancelled at the policy's deadline."""
+        if self.scheme not in ("s3", "s3a"):
+            return None
+
+        def call(operation: str, **arguments) -> dict:
+            async def request() -> dict:
+                await self.fs.set_session()
+                client = await self.fs.get_s3(arguments["Bucket"])
+                return await getattr(client, operation)(**arguments)
+
+            return self._run(lambda: self._sync(request))
+
+        return call
+
+    def _put(self, name: str, local: Path, part: int) -> None:
         if self.scheme in ("http", "https"):
             raise UsageError(f"{self.display}: an HTTP server cannot be written; push to s3:// or file://")
         target = self._path(name)
