@@ -333,13 +333,19 @@ def _add_push(subparsers) -> None:
     parser.add_argument(
         "--overwrite", action="store_true", help="replace another gpuload dataset at URL (never anything else)"
     )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="read back every object already at URL and compare it with its file, even those the push record "
+        "vouches for (default: an object whose size, ETag and checksum were recorded when it was pushed is not read)",
+    )
     parser.set_defaults(run=_run_push)
 
 
 def _run_push(args) -> int:
     from .store.push import push_memmap
 
-    print(push_memmap(args.src, args.url, overwrite=args.overwrite).summary())
+    print(push_memmap(args.src, args.url, overwrite=args.overwrite, verify=args.verify).summary())
     return 0
 
 

@@ -2,19 +2,27 @@
 
 import json
 import os
+import re
 import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
 
 import pytest
 from conftest import FAST_RETRY
 
 import gpuload.store.push as push_module
+import gpuload.store.remote as remote
 from gpuload.cli import main
 from gpuload.errors import DatasetError, RemoteError, UsageError
 from gpuload.store.manifest import MANIFEST_NAME
-from gpuload.store.push import push_memmap
+from gpuload.store.push import PUSH_RECORD, push_memmap
 from gpuload.store.remote import open_store
 from gpuload.store.remote_dataset import PUSH_MARKER
 
+ROOT = Path(__file__).resolve().parent.parent
 JPEG_FILES = [
     "checksums.memmap",
     "data.memmap",
@@ -36,7 +44,15 @@ def target(request, s3, tmp_path):
 
 
 def pushed(store) -> dict[str, bytes]:
-    return {name: store.read_all(name) for name in store.list()}
+    """The dataset's objects at the URL (the push record aside: the push's own note)."""
+    return {name: store.read_all(name) for name in store.list() if name != PUSH_RECORD}
+
+
+def data_gets(proxy) -> list[str]:
+    """The objects of the dataset whose bytes a client read through ``proxy`` (GETs of the manifest
+    and of the push record, and listings, aside)."""
+    reads = [request.path for request in proxy.gets() if "uploadId=" not in request.path]  # ListParts is no read
+    return sorted(name for name in (path.split("?")[0].rsplit("/", 1)[-1] for path in reads) if name in JPEG_FILES)
 
 
 def local(dataset) -> dict[str, bytes]:
@@ -47,10 +63,15 @@ class TestPush:
     def test_a_push_copies_every_file_and_the_manifest_comes_last(self, jpeg_dataset, target, monkeypatch):
         order = []
         put = type(target).put
-        monkeypatch.setattr(type(target), "put", lambda self, name, path: order.append(name) or put(self, name, path))
+        monkeypatch.setattr(
+            type(target),
+            "put",
+            lambda self, name, path, **options: order.append(name) or put(self, name, path, **options),
+        )
         report = push_memmap(jpeg_dataset, target.url, store=target, progress=False)
         assert pushed(target) == local(jpeg_dataset)
-        assert order == [PUSH_MARKER, *JPEG_FILES, MANIFEST_NAME]  # the marker first, the manifest last
+        assert [name for name in order if name != PUSH_RECORD] == [PUSH_MARKER, *JPEG_FILES, MANIFEST_NAME]
+        assert order[-1] == PUSH_RECORD  # the marker first, the manifest last, then the record of what it checked
         assert report.uploaded == [*JPEG_FILES, MANIFEST_NAME] and PUSH_MARKER not in target.list()
         assert report.skipped == [] and report.bytes_uploaded == sum(len(data) for data in local(jpeg_dataset).values())
         assert report.summary().startswith(f"pushed to {target.display}: 9 objects uploaded")
@@ -67,7 +88,14 @@ class TestPush:
         with pytest.raises(RemoteError, match=r"PUT s3://.*/photos.jpeg/offsets.memmap failed 3 times"):
             push_memmap(jpeg_dataset, store.url, store=store, progress=False)
         # no manifest: not a dataset; the marker says a push did not finish
-        assert sorted(store.list()) == [PUSH_MARKER, "checksums.memmap", "data.memmap", "labels.memmap", "meta.json"]
+        assert sorted(store.list()) == [
+            PUSH_MARKER,
+            PUSH_RECORD,
+            "checksums.memmap",
+            "data.memmap",
+            "labels.memmap",
+            "meta.json",
+        ]
         s3.proxy.clear()
         report = push_memmap(jpeg_dataset, store.url, store=store, progress=False)
         assert report.skipped == ["checksums.memmap", "data.memmap", "labels.memmap", "meta.json"]
@@ -83,12 +111,58 @@ class TestPush:
         ] == [
             PUSH_MARKER,
             "offsets.memmap",
+            PUSH_RECORD,  # after each object: an interrupted push's finished ones are vouched for
             "path_offsets.memmap",
+            PUSH_RECORD,
             "paths.memmap",
+            PUSH_RECORD,
             "shapes.memmap",
+            PUSH_RECORD,
             MANIFEST_NAME,
+            PUSH_RECORD,
         ]
+        assert data_gets(s3.proxy) == report.uploaded[:-1]  # each upload read back; what was there: not read
         assert pushed(store) == local(jpeg_dataset)
+
+    @pytest.mark.parametrize("backend", ["obstore", "fsspec"])
+    def test_a_second_push_reads_back_no_object(self, jpeg_dataset, s3, backend):
+        """The push record vouches for each object's size, ETag and checksum: one LIST and a few small
+        GETs (the record, the manifest), none of the data (at 140 GB: hours and egress saved)."""
+        store = open_store(s3.url("photos.jpeg"), backend=backend, retry=FAST_RETRY)
+        push_memmap(jpeg_dataset, store.url, store=store, progress=False)
+        s3.proxy.clear()
+        report = push_memmap(jpeg_dataset, store.url, store=store, progress=False)
+        assert report.uploaded == [] and report.read_back == [] and data_gets(s3.proxy) == []
+        assert [request.method for request in s3.proxy.requests if request.method != "GET"] == []
+
+    def test_a_changed_object_is_still_found_and_only_it_is_read_back(self, jpeg_dataset, s3, tmp_path):
+        store = open_store(s3.url("photos.jpeg"), retry=FAST_RETRY)
+        push_memmap(jpeg_dataset, store.url, store=store, progress=False)
+        damaged = bytearray((jpeg_dataset / "labels.memmap").read_bytes())
+        damaged[0] ^= 1
+        s3.client().put_object(Bucket=s3.bucket, Key="photos.jpeg/labels.memmap", Body=bytes(damaged))  # a new ETag
+        s3.proxy.clear()
+        report = push_memmap(jpeg_dataset, store.url, store=store, progress=False)
+        assert report.read_back == ["labels.memmap"] and report.uploaded == ["labels.memmap", MANIFEST_NAME]
+        assert data_gets(s3.proxy) == ["labels.memmap", "labels.memmap"]  # compared, then read back once uploaded
+        assert pushed(store) == local(jpeg_dataset)
+
+    def test_verify_reads_every_object_back(self, jpeg_dataset, s3):
+        store = open_store(s3.url("photos.jpeg"), retry=FAST_RETRY)
+        push_memmap(jpeg_dataset, store.url, store=store, progress=False)
+        s3.proxy.clear()
+        report = push_memmap(jpeg_dataset, store.url, store=store, verify=True, progress=False)
+        assert report.uploaded == [] and report.read_back == [*JPEG_FILES, MANIFEST_NAME]
+        assert data_gets(s3.proxy) == JPEG_FILES
+        assert "9 already there, 0 removed, 9 read back to compare" in report.summary()
+
+    def test_a_record_that_is_not_ours_is_not_believed(self, jpeg_dataset, target, tmp_path):
+        push_memmap(jpeg_dataset, target.url, store=target, progress=False)
+        (tmp_path / "record").write_text("{not json")
+        target.put(PUSH_RECORD, tmp_path / "record")
+        report = push_memmap(jpeg_dataset, target.url, store=target, progress=False)
+        assert report.uploaded == [] and report.read_back == [*JPEG_FILES, MANIFEST_NAME]  # checked the slow way
+        assert json.loads(target.read_all(PUSH_RECORD))["format"] == "gpuload.push-record"  # and noted again
 
     def test_an_object_that_differs_is_uploaded_again(self, jpeg_dataset, target, tmp_path):
         push_memmap(jpeg_dataset, target.url, store=target, progress=False)
@@ -213,7 +287,12 @@ class TestCommandLine:
         out = capsys.readouterr().out
         assert out.startswith(f"pushed to {s3.url('photos.jpeg')}: 9 objects uploaded") and "0 already there" in out
         assert main(["push", str(jpeg_dataset), s3.url("photos.jpeg")]) == 0
-        assert "0 objects uploaded (0.00 GB), 9 already there" in capsys.readouterr().out
+        assert "0 objects uploaded (0.00 GB), 9 already there, 0 removed" in capsys.readouterr().out
+        assert main(["push", "--verify", str(jpeg_dataset), s3.url("photos.jpeg")]) == 0
+        assert (
+            "0 objects uploaded (0.00 GB), 9 already there, 0 removed, 9 read back to compare"
+            in capsys.readouterr().out
+        )
 
     def test_errors_are_one_line_with_exit_code_2(self, capsys, built_dataset, jpeg_dataset, s3, monkeypatch):
         monkeypatch.setattr(push_module, "open_store", lambda url: open_store(url, retry=FAST_RETRY))
@@ -231,6 +310,102 @@ class TestCommandLine:
         assert main(["push", str(jpeg_dataset), f"{http.url}/d?X-Amz-Signature=TOPSECRET"]) == 2
         err = capsys.readouterr().err
         assert "TOPSECRET" not in err and "?<redacted>" in err
+
+
+@pytest.fixture
+def small_parts(monkeypatch):
+    """Parts of at least 1 KiB, at most 4 of them (90 % of 5): data.memmap (about 30 KB) goes up in 4
+    parts; moto's least part size lowered to match (its server runs in this process)."""
+    import moto.s3.models
+
+    monkeypatch.setattr(remote, "MIN_PART", 1024)
+    monkeypatch.setattr(remote, "MAX_PARTS", 5)
+    monkeypatch.setattr(moto.s3.models, "S3_UPLOAD_PART_MIN_SIZE", 1024)
+
+
+def part_puts(proxy, name: str = "data.memmap") -> list[int]:
+    """The part numbers of the UploadPart requests of ``name`` that the proxy saw, sorted."""
+    return sorted(
+        int(re.search(r"partNumber=(\d+)", r.path)[1])
+        for r in proxy.requests
+        if f"/{name}?" in r.path and "partNumber=" in r.path
+    )
+
+
+def unfinished(s3) -> list[str]:
+    """The keys of the multipart uploads in the bucket that were neither completed nor aborted."""
+    return sorted(upload["Key"] for upload in s3.client().list_multipart_uploads(Bucket=s3.bucket).get("Uploads", []))
+
+
+@pytest.mark.parametrize("backend", ["obstore", "fsspec"])
+class TestLargeObjects:
+    def test_a_large_object_goes_up_in_parts_and_a_failed_part_is_retried_alone(
+        self, jpeg_dataset, s3, small_parts, backend
+    ):
+        store = open_store(s3.url("photos.jpeg"), backend=backend, retry=FAST_RETRY)
+        s3.proxy.fail("503", times=1, methods=("PUT",), path="partNumber=3")
+        push_memmap(jpeg_dataset, store.url, store=store, progress=False)
+        assert part_puts(s3.proxy) == [1, 2, 3, 3, 4]
+        assert pushed(store) == local(jpeg_dataset) and unfinished(s3) == []
+
+    def test_a_part_that_fails_for_good_leaves_no_hidden_parts(self, jpeg_dataset, s3, small_parts, backend):
+        store = open_store(s3.url("photos.jpeg"), backend=backend, retry=FAST_RETRY)
+        s3.proxy.fail("503", times=100, methods=("PUT",), path="partNumber=3")
+        with pytest.raises(RemoteError, match=r"PUT s3://.*/photos.jpeg/data.memmap part 3 of 4 failed 3 times"):
+            push_memmap(jpeg_dataset, store.url, store=store, progress=False)
+        assert unfinished(s3) == [] and MANIFEST_NAME not in store.list()
+
+    def test_a_push_killed_mid_object_resumes_its_parts_and_leaves_no_unfinished_upload(
+        self, jpeg_dataset, s3, small_parts, backend
+    ):
+        """kill -9 while part 4 of data.memmap is on the wire (parts 1 to 3 stored): the next push uploads
+        part 4 alone, completes the upload, and no multipart upload is left."""
+        s3.proxy.fail("stall", times=1, methods=("PUT",), path="partNumber=4")
+        child = textwrap.dedent(f"""
+            import gpuload.store.remote as remote
+            from gpuload.store.push import push_memmap
+            remote.MIN_PART, remote.MAX_PARTS = 1024, 5
+            store = remote.open_store({s3.url("photos.jpeg")!r}, backend={backend!r})
+            push_memmap({str(jpeg_dataset)!r}, store.url, store=store, progress=False)
+        """)
+        process = subprocess.Popen([sys.executable, "-c", child], env={**os.environ, "PYTHONPATH": str(ROOT)})
+        try:
+            deadline = time.monotonic() + 60
+            while not (4 in part_puts(s3.proxy) and len(stored_parts(s3, "photos.jpeg/data.memmap")) == 3):
+                assert time.monotonic() < deadline and process.poll() is None
+                time.sleep(0.02)
+        finally:
+            process.kill()
+            process.wait(10)
+        assert unfinished(s3) == ["photos.jpeg/data.memmap"]  # parts 1 to 3, hidden
+        s3.proxy.clear()
+        store = open_store(s3.url("photos.jpeg"), backend=backend, retry=FAST_RETRY)
+        report = push_memmap(jpeg_dataset, store.url, store=store, progress=False)
+        assert part_puts(s3.proxy) == [4] and "data.memmap" in report.uploaded
+        assert "checksums.memmap" in report.skipped  # uploaded before the kill, and not read back
+        assert data_gets(s3.proxy) == sorted(name for name in report.uploaded if name != MANIFEST_NAME)
+        assert pushed(store) == local(jpeg_dataset) and unfinished(s3) == []
+
+    def test_unfinished_uploads_a_push_left_are_aborted_and_others_left_alone(self, jpeg_dataset, s3, backend):
+        client = s3.client()
+        for key in ("photos.jpeg/images.memmap", "photos.jpeg/notes.bin"):  # a raw dataset's, and the user's own
+            client.create_multipart_upload(Bucket=s3.bucket, Key=key)
+        store = open_store(s3.url("photos.jpeg"), backend=backend, retry=FAST_RETRY)
+        report = push_memmap(jpeg_dataset, store.url, store=store, progress=False)
+        assert report.aborted == ["images.memmap"] and "1 unfinished uploads aborted" in report.summary()
+        assert unfinished(s3) == ["photos.jpeg/notes.bin"]
+
+
+def stored_parts(s3, key: str) -> list[int]:
+    """The parts stored so far of the one unfinished upload of ``key`` (none when there is none)."""
+    client = s3.client()
+    uploads = [
+        upload for upload in client.list_multipart_uploads(Bucket=s3.bucket).get("Uploads", []) if upload["Key"] == key
+    ]
+    if not uploads:
+        return []
+    parts = client.list_parts(Bucket=s3.bucket, Key=key, UploadId=uploads[0]["UploadId"]).get("Parts", [])
+    return [part["PartNumber"] for part in parts]
 
 
 class TestKilledAndConcurrentPushes:
@@ -278,8 +453,8 @@ class TestKilledAndConcurrentPushes:
         finished dataset without --overwrite (it re-lists after its marker and stops)."""
         same = push_module._same_objects
 
-        def meanwhile(store, existing, todo, bar):
-            found = same(store, existing, todo, bar)
+        def meanwhile(*args):
+            found = same(*args)
             push_module._same_objects = same
             push_memmap(built_dataset, target.url, store=target, progress=False)  # A, to the end
             return found
@@ -322,8 +497,8 @@ class TestKilledAndConcurrentPushes:
     def test_an_object_replaced_by_another_push_stops_this_one(self, jpeg_dataset, target, tmp_path, monkeypatch):
         upload = push_module._upload
 
-        def then_replaced(store, name, path, bar):
-            info = upload(store, name, path, bar)
+        def then_replaced(store, name, path, *args):
+            info = upload(store, name, path, *args)
             if name == "offsets.memmap":
                 (tmp_path / "theirs").write_bytes(b"\1" * path.stat().st_size)
                 store.put("labels.memmap", tmp_path / "theirs")  # another push's labels, after ours

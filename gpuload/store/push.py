@@ -8,26 +8,40 @@ A dataset at a URL is the same folder as on disk, one object per file. The push:
    is there, with objects named like a dataset's files and no manifest), this same dataset (a
    manifest with the same digests), another gpuload dataset (replaced only with ``overwrite``), or
    anything else, such as a user's own ``meta.json`` with no marker (refused, even with ``overwrite``);
-3. writes its marker, holding a token of its own, then removes the manifest at the URL before it
+3. decides which objects already hold their file's bytes (below), without downloading them where it can;
+4. writes its marker, holding a token of its own, then removes the manifest at the URL before it
    changes any object there (a dataset whose objects are being replaced is not taken for a
    dataset), and with ``overwrite`` the objects the new dataset does not have, and the temporary
-   files of a ``file://`` upload that was killed;
-4. uploads every file but the manifest whose object is missing or differs, and checks each object
-   by reading it back: same size, and the xxh3-64 of its bytes as a reader gets them (ranged GETs
-   carrying the ETag the upload returned) equal to the local file's. An object already there with
-   the right size and checksum is not uploaded again: a push that was interrupted resumes;
-5. checks that the marker still holds its token and every object the version it uploaded or
+   files of a ``file://`` upload that was killed; it aborts the unfinished multipart uploads that a
+   failed or killed push left under the URL (named like a dataset's files: a user's own are left
+   alone), but resumes the newest of each object it uploads;
+5. uploads every file but the manifest whose object is missing or differs (an object larger than
+   its part size in parts, see :func:`~gpuload.store.remote.part_size`: each part retried on its
+   own, a resumed upload's parts kept where their size and MD5 match), and checks each object by
+   reading it back: same size, and the xxh3-64 of its bytes as a reader gets them (ranged GETs
+   carrying the ETag the upload returned) equal to the local file's;
+6. checks that the marker still holds its token and every object the version it uploaded or
    checked, uploads ``manifest.json`` last, reads it back, checks again, and removes the marker:
    until then the URL holds no dataset. Two pushes to one URL at once: the one that started first
    stops with an error when it sees the other's token, and the other stops if an object it wrote
    was replaced meanwhile (object stores give no lock that works on every backend; this check
    leaves a window of one request).
 
+**The push record.** Beside the manifest, ``.gpuload-pushed.json`` records, for each object a push
+uploaded and read back (or read back and found equal), its size, its ETag (on ``file://``, its
+modification time) and the xxh3-64 of its bytes: ``{"format": "gpuload.push-record", "version": 1,
+"objects": {name: {"size", "etag", "xxh3"}}}``. It is rewritten after each object uploaded, so that an
+interrupted push's finished objects are vouched for too. A later push believes an object whose listed
+size and ETag are the recorded ones and whose recorded xxh3-64 is the local file's: it reads nothing
+back (re-running a push that has nothing left to do costs one LIST and two small GETs, the record and
+the manifest, where it downloaded the whole dataset). Any other object of the local file's size is read
+back and compared, and with ``verify`` (``gpuload push --verify``) every object is.
+
 Why read back rather than the backends' checksums: S3's ETag is an MD5 only for single-part uploads
 without KMS encryption, multipart ETags and ``x-amz-checksum-*`` depend on the part size the client
 chose, and HTTP servers or ``file://`` give none; reading back checks, on every backend, the bytes
-that readers will get, through the same code path. It costs a download of what was uploaded, and on
-a resume a download of what is already there (no upload).
+that readers will get, through the same code path. The ETag then stands for those bytes: an object
+replaced gets another.
 """
 
 from __future__ import annotations
@@ -47,11 +61,15 @@ import xxhash
 from ..errors import DatasetError, UsageError
 from .files import OutputLock, resolve
 from .manifest import ARRAYS, MANIFEST_NAME, Manifest
-from .remote import ObjectInfo, RemoteError, Store, open_store
+from .remote import ObjectInfo, RemoteError, Store, Upload, open_store
 from .remote_dataset import PUSH_MARKER, read_remote_manifest
 from .remote_file import RemoteFile
 
-__all__ = ["PushReport", "push_memmap"]
+__all__ = ["PUSH_RECORD", "PushReport", "push_memmap"]
+
+# What each object a push checked held (see the module's docstring).
+PUSH_RECORD = ".gpuload-pushed.json"
+_RECORD_FORMAT = "gpuload.push-record"
 
 _CHUNK = 8 * 2**20
 # The names a dataset of any storage holds (besides the manifest): what a half-pushed dataset may hold.
@@ -66,25 +84,32 @@ class PushReport:
 
     Attributes:
         url: where the dataset is now (redacted).
-        uploaded: the names of the objects uploaded (the manifest last).
-        skipped: the objects that were already there with the right size and checksum.
+        uploaded: the names of the objects uploaded, each read back (the manifest last).
+        skipped: the objects that were already there with the right bytes.
+        read_back: the objects already there that were read back to compare (no push record vouched
+            for them, or ``verify``); those that differed were uploaded again.
         removed: objects of a replaced dataset that the new one does not have.
-        bytes_uploaded: bytes sent.
+        aborted: the objects whose unfinished multipart uploads (a failed or killed push's) were aborted.
+        bytes_uploaded: bytes of the objects uploaded (a resumed upload's kept parts included).
         seconds: the whole push.
     """
 
     url: str
     uploaded: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    read_back: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
     bytes_uploaded: int = 0
     seconds: float = 0.0
 
     def summary(self) -> str:
         return (
             f"pushed to {self.url}: {len(self.uploaded)} objects uploaded ({self.bytes_uploaded / 1e9:.2f} GB), "
-            f"{len(self.skipped)} already there, {len(self.removed)} removed, each checked by reading it back, "
-            f"{self.seconds:.1f} s"
+            f"{len(self.skipped)} already there, {len(self.removed)} removed"
+            + (f", {len(self.read_back)} read back to compare" if self.read_back else "")
+            + (f", {len(self.aborted)} unfinished uploads aborted" if self.aborted else "")
+            + f", {self.seconds:.1f} s"
         )
 
 
@@ -93,6 +118,7 @@ def push_memmap(
     url: str,
     *,
     overwrite: bool = False,
+    verify: bool = False,
     progress: bool = True,
     store: Store | None = None,
 ) -> PushReport:
@@ -102,6 +128,8 @@ def push_memmap(
         src: a local dataset folder that ``build-memmap`` wrote.
         url: ``s3://bucket/path``, ``gs://...``, ``az://...``, ``file:///...`` (HTTP is read-only).
         overwrite: replace another gpuload dataset at ``url`` (never anything else).
+        verify: read back every object already at ``url`` and compare it with the local file, even
+            those the push record vouches for (by default only the others are read back).
         progress: show a progress bar of the bytes checked and uploaded.
         store: the store of ``url`` (default: :func:`~gpuload.store.remote.open_store`).
 
@@ -142,43 +170,49 @@ def push_memmap(
         names = sorted(manifest.files)  # the manifest goes last, on its own
         report = PushReport(url=store.display)
         existing = store.list()
-        replace = _check_target(store, existing, manifest, overwrite)
-        todo = {name: src / name for name in names}
-        total = sum(manifest.files.values()) + (src / MANIFEST_NAME).stat().st_size
-        with _progress(total, progress) as bar:
-            same = _same_objects(store, existing, todo, bar)
-            if (
-                MANIFEST_NAME in existing
-                and not replace
-                and all(same.values())
-                and _same_manifest(store, existing, src)
-            ):
+        record = _read_record(store, existing)
+        replace = _check_target(store, existing, manifest, overwrite, record is not None)
+        todo = {name: src / name for name in [*names, MANIFEST_NAME]}
+        with _progress(sum(path.stat().st_size for path in todo.values()), progress) as bar:
+            digests = {name: _local_digest(path) for name, path in todo.items()}
+            same = _same_objects(store, existing, todo, digests, record or {}, verify, report, bar)
+            entries = {name: _entry(existing[name], digests[name]) for name in todo if same[name]}
+            if MANIFEST_NAME in existing and not replace and all(same.values()):
                 if PUSH_MARKER in existing:  # a push killed after its manifest landed
+                    _abort_unfinished(store, names, {}, report)
                     store.delete(PUSH_MARKER)
+                if entries != record:
+                    _write_record(store, entries)
                 report.skipped = [*names, MANIFEST_NAME]
                 report.seconds = time.perf_counter() - started
                 return report
             token = _write_marker(store, manifest)
             _check_unchanged(store, existing)
+            resume = _abort_unfinished(store, names, same, report)
             if MANIFEST_NAME in existing:
                 store.delete(MANIFEST_NAME)  # from now on the URL holds no dataset until the new manifest lands
                 existing.pop(MANIFEST_NAME)
-            for name in sorted(set(existing) - set(names) - {PUSH_MARKER}):
+                entries.pop(MANIFEST_NAME, None)
+            for name in sorted(set(existing) - set(names) - {PUSH_MARKER, PUSH_RECORD}):
                 store.delete(name)
                 report.removed.append(name)
-            versions = {name: existing[name] for name in names if same.get(name)}
+            versions = {name: existing[name] for name in names if same[name]}
             for name in names:
-                if same.get(name):
+                if same[name]:
                     report.skipped.append(name)
                     continue
-                versions[name] = _upload(store, name, todo[name], bar)
+                versions[name] = _upload(store, name, todo[name], digests[name], bar, resume.get(name))
+                entries[name] = _entry(versions[name], digests[name])
+                _write_record(store, entries)  # an interrupted push's finished objects are vouched for
                 report.uploaded.append(name)
                 report.bytes_uploaded += manifest.files[name]
             _check_still_ours(store, token, versions)
-            versions[MANIFEST_NAME] = _upload(store, MANIFEST_NAME, src / MANIFEST_NAME, bar)
+            versions[MANIFEST_NAME] = _upload(store, MANIFEST_NAME, todo[MANIFEST_NAME], digests[MANIFEST_NAME], bar)
+            entries[MANIFEST_NAME] = _entry(versions[MANIFEST_NAME], digests[MANIFEST_NAME])
             report.uploaded.append(MANIFEST_NAME)
-            report.bytes_uploaded += (src / MANIFEST_NAME).stat().st_size
+            report.bytes_uploaded += todo[MANIFEST_NAME].stat().st_size
             _check_still_ours(store, token, versions, written=True)
+            _write_record(store, entries)
             store.delete(PUSH_MARKER)
     report.seconds = time.perf_counter() - started
     return report
@@ -229,10 +263,13 @@ def _check_still_ours(store: Store, token: str, versions: dict[str, ObjectInfo],
     )
 
 
-def _check_target(store: Store, existing: dict[str, ObjectInfo], manifest: Manifest, overwrite: bool) -> bool:
-    """What the URL holds decides: ``True`` to replace another dataset there, ``False`` to write or resume."""
+def _check_target(
+    store: Store, existing: dict[str, ObjectInfo], manifest: Manifest, overwrite: bool, recorded: bool
+) -> bool:
+    """What the URL holds decides: ``True`` to replace another dataset there, ``False`` to write or resume.
+    ``recorded``: the push record there is one that push writes (else, if there is one, it is someone else's)."""
     _check_leftovers(store, existing)
-    ours = {PUSH_MARKER} | {name for name in existing if _leftover(name)}
+    ours = {PUSH_MARKER} | {name for name in existing if _leftover(name)} | ({PUSH_RECORD} if recorded else set())
     if PUSH_MARKER in existing and not _is_marker(store, existing[PUSH_MARKER]):
         ours.discard(PUSH_MARKER)  # not what push writes: someone else's file
     if MANIFEST_NAME not in existing:
@@ -319,38 +356,100 @@ def _read_manifest(store: Store, info: ObjectInfo) -> Manifest:
         ) from None
 
 
-def _same_objects(store: Store, existing: dict[str, ObjectInfo], todo: dict[str, Path], bar) -> dict[str, bool]:
-    """Which objects already hold their local file's bytes: the right size, and the same checksum read back."""
+def _same_objects(
+    store: Store,
+    existing: dict[str, ObjectInfo],
+    todo: dict[str, Path],
+    digests: dict[str, int],
+    record: dict[str, dict],
+    verify: bool,
+    report: PushReport,
+    bar,
+) -> dict[str, bool]:
+    """Which objects already hold their local file's bytes: vouched for by the push record (the size and
+    ETag listed are the recorded ones, the recorded xxh3-64 is the file's; unless ``verify``), or read
+    back and compared (noted in ``report.read_back``)."""
     same = {}
     for name, path in todo.items():
         info = existing.get(name)
         size = path.stat().st_size
-        same[name] = info is not None and info.size == size and _remote_digest(store, name, info) == _local_digest(path)
+        if info is None or info.size != size:
+            same[name] = False
+            continue
+        if not verify and record.get(name) == _entry(info, digests[name]):
+            same[name] = True
+        else:
+            report.read_back.append(name)
+            same[name] = _remote_digest(store, name, info) == digests[name]
         if same[name]:
             bar.update(size)
     return same
 
 
-def _same_manifest(store: Store, existing: dict[str, ObjectInfo], src: Path) -> bool:
-    return store.read_all(MANIFEST_NAME, existing[MANIFEST_NAME]) == (src / MANIFEST_NAME).read_bytes()
+def _abort_unfinished(store: Store, names: list[str], same: dict[str, bool], report: PushReport) -> dict[str, Upload]:
+    """Abort the unfinished multipart uploads under the URL that a push left (named like a dataset's
+    objects; a user's own are left alone), but the newest of each object to upload: returned, to resume."""
+    resume: dict[str, Upload] = {}
+    pushes = _DATASET_NAMES | {MANIFEST_NAME, PUSH_MARKER, PUSH_RECORD}
+    newest_first = sorted(store.uploads(), key=lambda upload: upload.initiated.timestamp() if upload.initiated else 0)
+    for upload in reversed(newest_first):
+        if upload.name not in pushes:
+            continue
+        if upload.name in names and not same.get(upload.name) and upload.name not in resume:
+            resume[upload.name] = upload
+        else:
+            store.abort(upload)
+            report.aborted.append(upload.name)
+    report.aborted.sort()
+    return resume
 
 
-def _upload(store: Store, name: str, path: Path, bar) -> ObjectInfo:
-    """Upload ``path`` as ``name``, read it back and check it; returns the version stored."""
-    info = store.put(name, path)
+def _upload(store: Store, name: str, path: Path, digest: int, bar, resume: Upload | None = None) -> ObjectInfo:
+    """Upload ``path`` as ``name`` (``resume``: an unfinished upload of it), read it back and check it;
+    returns the version stored."""
+    info = store.put(name, path, resume=resume)
     size = path.stat().st_size
     if info.size != size:
         raise RemoteError(
             f"{store.object_url(name)} has {info.size:,} bytes after its upload, the file {path} has {size:,}; "
             "push again (it resumes)"
         )
-    if _remote_digest(store, name, info) != _local_digest(path):
+    if _remote_digest(store, name, info) != digest:
         raise RemoteError(
             f"{store.object_url(name)} reads back other bytes than {path} after its upload (checksums differ); "
             "push again (it resumes); if it happens again, the storage is damaging data"
         )
     bar.update(size)
     return info
+
+
+def _entry(info: ObjectInfo, digest: int) -> dict:
+    """The push record's entry of an object: its version, and the xxh3-64 of its bytes."""
+    return {"size": info.size, "etag": info.etag, "xxh3": f"{digest:016x}"}
+
+
+def _read_record(store: Store, existing: dict[str, ObjectInfo]) -> dict[str, dict] | None:
+    """The push record's entries by object, or ``None`` where there is none that push wrote."""
+    if PUSH_RECORD not in existing:
+        return None
+    try:
+        found = json.loads(store.read_all(PUSH_RECORD, existing[PUSH_RECORD]))
+    except (ValueError, FileNotFoundError):  # not JSON; removed meanwhile
+        return None
+    if (
+        not isinstance(found, dict)
+        or found.get("format") != _RECORD_FORMAT
+        or not isinstance(found.get("objects"), dict)
+    ):
+        return None
+    return found["objects"]
+
+
+def _write_record(store: Store, entries: dict[str, dict]) -> None:
+    with tempfile.TemporaryDirectory(prefix="gpuload-push-") as folder:
+        path = Path(folder) / PUSH_RECORD
+        path.write_text(json.dumps({"format": _RECORD_FORMAT, "version": 1, "objects": entries}, sort_keys=True))
+        store.put(PUSH_RECORD, path)
 
 
 def _local_digest(path: Path) -> int:

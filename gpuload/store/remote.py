@@ -21,10 +21,17 @@ URLs, nginx, our test server), ignored by others; ``file://``: the file's size a
 are compared after every read; fsspec's gcsfs and adlfs: nothing per read (the checksum of every
 image still catches mixed bytes).
 
-Connection resets, timeouts, HTTP 5xx, 429 (``SlowDown``) and short reads are retried with
-exponential backoff and full jitter (:class:`Retry`), then raised as a :class:`RemoteError` naming
-the redacted URL and the byte range; the backends' own retries are turned off so that this policy
-is the only one. No message, manifest or log carries a secret: :func:`redact` removes a URL's query
+Connection resets, timeouts (each request has a total deadline besides its connect and read
+timeouts), HTTP 5xx, 429 (``SlowDown``) and short reads are retried with exponential backoff and
+full jitter (:class:`Retry`), then raised as a :class:`RemoteError` naming the redacted URL and the
+byte range; the backends' own retries are turned off so that this policy is the only one.
+
+Uploads: a file larger than its :func:`part_size` goes up in parts. On ``s3://`` gpuload runs the
+multipart upload itself through botocore's API (s3fs's client; beside obstore, botocore's own where
+it is installed, as obstore has no API for parts): each part is retried on its own, a part that fails
+for good aborts the upload, :meth:`Store.uploads` lists the unfinished ones a killed run left, and
+:meth:`Store.put` can resume one, keeping the parts whose size and MD5 match. Elsewhere (``gs://``,
+``az://``, or obstore without botocore) obstore cuts the parts at that size and the file is retried whole. No message, manifest or log carries a secret: :func:`redact` removes a URL's query
 string (a presigned URL's signature) and its ``user:password@``.
 
 Nothing here imports fsspec, s3fs or obstore until a store is opened.
