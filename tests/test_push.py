@@ -156,6 +156,16 @@ class TestPush:
         assert data_gets(s3.proxy) == JPEG_FILES
         assert "9 already there, 0 removed, 9 read back to compare" in report.summary()
 
+    def test_without_an_etag_the_record_is_not_believed(self, jpeg_dataset, tmp_path):
+        """memory:// gives no version of an object: one replaced by bytes of the same size is found."""
+        store = open_store(f"memory://push-{tmp_path.name}/photos.jpeg", retry=FAST_RETRY)
+        push_memmap(jpeg_dataset, store.url, store=store, progress=False)
+        assert store.info("labels.memmap").etag is None
+        (tmp_path / "labels.memmap").write_bytes(bytes((jpeg_dataset / "labels.memmap").stat().st_size))
+        store.put("labels.memmap", tmp_path / "labels.memmap")
+        report = push_memmap(jpeg_dataset, store.url, store=store, progress=False)
+        assert report.uploaded == ["labels.memmap", MANIFEST_NAME] and pushed(store) == local(jpeg_dataset)
+
     def test_a_record_that_is_not_ours_is_not_believed(self, jpeg_dataset, target, tmp_path):
         push_memmap(jpeg_dataset, target.url, store=target, progress=False)
         (tmp_path / "record").write_text("{not json")

@@ -367,8 +367,8 @@ def _same_objects(
     bar,
 ) -> dict[str, bool]:
     """Which objects already hold their local file's bytes: vouched for by the push record (the size and
-    ETag listed are the recorded ones, the recorded xxh3-64 is the file's; unless ``verify``), or read
-    back and compared (noted in ``report.read_back``)."""
+    ETag listed are the recorded ones, the recorded xxh3-64 is the file's; unless ``verify``, or the
+    backend gives no ETag), or read back and compared (noted in ``report.read_back``)."""
     same = {}
     for name, path in todo.items():
         info = existing.get(name)
@@ -376,7 +376,7 @@ def _same_objects(
         if info is None or info.size != size:
             same[name] = False
             continue
-        if not verify and record.get(name) == _entry(info, digests[name]):
+        if not verify and info.etag is not None and record.get(name) == _entry(info, digests[name]):
             same[name] = True
         else:
             report.read_back.append(name)
