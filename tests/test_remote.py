@@ -369,6 +369,10 @@ def test_without_botocore_obstore_cuts_the_parts_itself(s3, tmp_path, small_part
     assert store.put("data.memmap", tmp_path / "big").size == len(PAYLOAD)
     assert sorted(part_puts(s3.proxy)) == [1, 2, 3, 4] and store.uploads() == []
     assert store.read_all("data.memmap") == PAYLOAD
+    s3.proxy.fail("503", times=100, methods=("PUT",), path="partNumber=3")
+    with pytest.raises(RemoteError, match=r"^PUT s3://.*/ds/data.memmap failed 3 times"):
+        store.put("data.memmap", tmp_path / "big")
+    assert "Uploads" not in s3.client().list_multipart_uploads(Bucket=s3.bucket)  # obstore aborted each try
 
 
 class TestBackoff:
