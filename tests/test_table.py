@@ -4,6 +4,7 @@ import gc
 import subprocess
 import sys
 import textwrap
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -23,11 +24,13 @@ from gpuload.store.table import SampleTable, TableWriter, file_digest
                   st.integers(0, 2**64 - 1)),
         min_size=1,
         max_size=40,
-    )
+    ),
+    chunk=st.integers(1, 50),
 )  # fmt: skip
-def test_what_is_written_is_read_back_by_index(tmp_path_factory, rows):
+def test_what_is_written_is_read_back_by_index(tmp_path_factory, rows, chunk):
+    """Whatever the rows, and however many the writer holds between writes."""
     folder = tmp_path_factory.mktemp("table")
-    with TableWriter(folder) as writer:
+    with mock.patch("gpuload.store.table._CHUNK", chunk), TableWriter(folder) as writer:
         for path, label, checksum in rows:
             writer.append(path, label, checksum)
     table = SampleTable.open(folder, len(rows))

@@ -39,7 +39,16 @@ from .files import (
     resolve,
 )
 from .jpeg import REENCODE_REASONS, StoredJpeg, store_jpeg
-from .manifest import ARRAYS, BUILD_PATHS, MANIFEST_NAME, TENSORDICT, Manifest, dataset_around, holds_build_files
+from .manifest import (
+    ARRAYS,
+    BUILD_PATHS,
+    INDEX_FILES,
+    MANIFEST_NAME,
+    TENSORDICT,
+    Manifest,
+    dataset_around,
+    holds_build_files,
+)
 from .scan import ImageFolderIndex, scan_image_folder, shown_names
 from .table import TABLE_FILES, TableWriter, file_digest
 from .writer import BlockWriter
@@ -344,7 +353,7 @@ def _common_size(
     def submit_next() -> None:
         position = next(positions, None)
         if position is not None:
-            pending.append((position, pool.submit(_read_size_or_error, index.root / index.samples[position][0])))
+            pending.append((position, pool.submit(_read_size_or_error, index.source(position))))
 
     for _ in range(4 * pool._max_workers):  # headers in flight: memory bounded whatever the count
         submit_next()
@@ -369,7 +378,7 @@ def _common_size(
     return next(iter(sizes)), unreadable
 
 
-def _read_size_or_error(path: Path) -> tuple[int, int] | DecodeError:
+def _read_size_or_error(path: str) -> tuple[int, int] | DecodeError:
     try:
         return read_size(path)
     except DecodeError as error:
@@ -409,7 +418,7 @@ def _estimated_bytes(index: ImageFolderIndex, sample: int = 256) -> int:
     sizes = []
     for position in positions:
         with contextlib.suppress(OSError):
-            sizes.append(os.path.getsize(index.root / index.samples[position][0]))
+            sizes.append(os.path.getsize(index.source(position)))
     return int(sum(sizes) / len(positions) * count) if positions else 0
 
 
@@ -429,21 +438,24 @@ class _Store:
         if seed is not None:
             self.shuffled = np.memmap(self.tmp / ".order", dtype="<i8", mode="w+", shape=(count,))
             self.shuffled[:] = np.arange(count, dtype=np.int64)
-            np.random.default_rng(seed).shuffle(self.shuffled)  # in place, in the mapped file
+            # in place, in the mapped file; as a plain ndarray (numpy shuffles a subclass element by element)
+            np.random.default_rng(seed).shuffle(self.shuffled.view(np.ndarray))
 
     def order(self, count: int) -> Iterable[int]:
         """The sample positions in the order the images are written."""
         if self.seed is None:
             return range(count)
-        return (int(position) for position in self.shuffled)
+        return (
+            position for first in range(0, count, _CHUNK) for position in self.shuffled[first : first + _CHUNK].tolist()
+        )
 
     def kept(self, first: int, last: int) -> np.ndarray:
         """The positions in ``[first, last)`` whose images were written."""
         return first + np.flatnonzero(self.records["kept"][first:last])
 
-    def checksum(self, position: int) -> int:
-        """The checksum of the sample at ``position``, once appended."""
-        return int(self.records[position]["checksum"])
+    def checksums(self, positions: np.ndarray) -> np.ndarray:
+        """The checksums (uint64) of the samples at ``positions``, once appended."""
+        return self.records["checksum"][positions]
 
     def discard(self) -> None:
         """Remove what the store noted of each sample while writing (once the table is written)."""
@@ -451,7 +463,7 @@ class _Store:
         for name in (".records", ".order"):
             (self.tmp / name).unlink(missing_ok=True)
 
-    def submit(self, path: Path) -> Future:
+    def submit(self, path: str) -> Future:
         raise NotImplementedError
 
     def append(self, position: int, result) -> int:
@@ -496,7 +508,7 @@ class _RawStore(_Store):
             tmp / "images.memmap", count * 3 * size[0] * size[1], write_behind=sync, name=out / "images.memmap"
         )
 
-    def submit(self, path: Path) -> Future:
+    def submit(self, path: str) -> Future:
         buffer = self.free.pop()
         future = self.pool.submit(_decode_raw, path, self.resize, buffer)
         self.busy[future] = buffer
@@ -522,7 +534,7 @@ class _RawStore(_Store):
         return {"image_shape": [3, *self.size], "resize": self.resize, "layout": "channels_last", "order": {}}
 
 
-def _decode_raw(path: Path, resize: str, buffer: np.ndarray) -> int:
+def _decode_raw(path: str, resize: str, buffer: np.ndarray) -> int:
     decode_into(path, buffer, resize)
     return xxhash.xxh3_64_intdigest(buffer)
 
@@ -551,7 +563,7 @@ class _JpegStore(_Store):
         self.writer = BlockWriter(tmp / "data.memmap", expected_bytes, write_behind=sync, name=out / "data.memmap")
         self.reencoded = dict.fromkeys(REENCODE_REASONS, 0)
 
-    def submit(self, path: Path) -> Future:
+    def submit(self, path: str) -> Future:
         return self.pool.submit(store_jpeg, path, max_side=self.max_side, quality=self.quality)
 
     def append(self, position: int, stored: StoredJpeg) -> int:
@@ -611,7 +623,7 @@ def _write(
     def submit_next() -> None:
         position = next(positions, None)
         if position is not None:
-            pending.append((position, store.submit(index.root / index.samples[position][0])))
+            pending.append((position, store.submit(index.source(position))))
 
     with tqdm(total=total, unit="img", desc="build-memmap", disable=not progress, file=sys.stderr) as bar:
         for _ in range(store.window):
@@ -649,11 +661,13 @@ def _finish(
     """Write the index and the table (in ImageFolder's order), the tensordict metadata and the manifest,
     read-only, flushed to disk with the folder; remove the scan's table."""
     arrays = store.close(kept)
+    scanned = index.samples.table
     with TableWriter(tmp) as table:
         for first in range(0, len(index.samples), _CHUNK):
-            for position in store.kept(first, first + _CHUNK).tolist():
-                path, label = index.samples[position]
-                table.append(path, label, store.checksum(position))
+            kept_here = store.kept(first, first + _CHUNK)
+            labels, checksums = scanned.labels[kept_here].tolist(), store.checksums(kept_here).tolist()
+            for position, label, checksum in zip(kept_here.tolist(), labels, checksums):
+                table.append(scanned.path(position), label, checksum)
     store.discard()
     for name in ("labels.memmap", *TABLE_FILES):  # the scan's table: its four files, then its folder
         os.unlink(tmp / SCAN / name)
@@ -663,17 +677,18 @@ def _finish(
     batch = [kept] if "images" in arrays else []  # jpeg arrays have no common first dimension
     TensorDict(arrays, batch_size=batch).memmap_(prefix=tmp, copy_existing=False, existsok=True)
     del arrays
-    names = (*(f"{name}.memmap" for name in ARRAYS["raw" if "images" in store.arrays else "jpeg"]), "meta.json")
+    storage = "raw" if "images" in store.arrays else "jpeg"
+    names = (*(f"{name}.memmap" for name in ARRAYS[storage]), "meta.json")
     files = {name: (tmp / name).stat().st_size for name in names}
     Manifest(
         source=str(src),
         classes=index.classes,
         count=kept,
-        table={name: file_digest(tmp / name) for name in ("labels.memmap", *TABLE_FILES)},
+        table={name: file_digest(tmp / name) for name in INDEX_FILES[storage]},
         skipped=sorted(skipped, key=lambda entry: entry["path"]),
         versions=_versions(),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        storage="raw" if "images" in store.arrays else "jpeg",
+        storage=storage,
         max_image_pixels=Image.MAX_IMAGE_PIXELS or 0,
         empty_classes=empty,
         files=files,

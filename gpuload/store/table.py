@@ -29,7 +29,7 @@ __all__ = ["TABLE_FILES", "SampleTable", "TableWriter", "file_digest"]
 
 # The table's files besides labels.memmap (which every format version has).
 TABLE_FILES = ("checksums.memmap", "paths.memmap", "path_offsets.memmap")
-_BUFFER = 1 << 16  # bytes buffered per file while writing
+_CHUNK = 4096  # rows kept in memory between writes
 
 
 class SampleTable:
@@ -115,7 +115,7 @@ class SampleTable:
 
 class TableWriter:
     """Appends each image's path, label and checksum to a new table in ``folder``, in dataset order,
-    through buffered files (nothing kept in memory per image).
+    written in chunks of 4,096 rows (memory holds one chunk, whatever the count).
 
     Example:
         >>> import tempfile
@@ -129,24 +129,39 @@ class TableWriter:
     def __init__(self, folder: str | os.PathLike) -> None:
         self.folder = Path(folder)
         self.count = 0
-        self._files = {
-            name: open(self.folder / name, "xb", buffering=_BUFFER) for name in ("labels.memmap", *TABLE_FILES)
-        }
+        self._files = {name: open(self.folder / name, "xb") for name in ("labels.memmap", *TABLE_FILES)}
         self._end = 0  # bytes of paths written
         self._files["path_offsets.memmap"].write(np.int64(0).tobytes())
+        self._paths: list[bytes] = []
+        self._labels: list[int] = []
+        self._checksums: list[int] = []
 
     def append(self, path: str, label: int, checksum: int) -> None:
-        encoded = path.encode()
-        self._end += len(encoded)
-        self._files["paths.memmap"].write(encoded)
-        self._files["path_offsets.memmap"].write(np.int64(self._end).tobytes())
-        self._files["labels.memmap"].write(np.int64(label).tobytes())
-        self._files["checksums.memmap"].write(np.uint64(checksum).tobytes())
+        self._paths.append(path.encode())
+        self._labels.append(label)
+        self._checksums.append(checksum)
         self.count += 1
+        if len(self._paths) == _CHUNK:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write the rows appended since the last flush, each file's in one write."""
+        if not self._paths:
+            return
+        ends = self._end + np.cumsum(np.fromiter(map(len, self._paths), np.int64, len(self._paths)))
+        self._end = int(ends[-1])
+        self._files["paths.memmap"].write(b"".join(self._paths))
+        self._files["path_offsets.memmap"].write(ends.astype("<i8").tobytes())
+        self._files["labels.memmap"].write(np.array(self._labels, dtype="<i8").tobytes())
+        self._files["checksums.memmap"].write(np.array(self._checksums, dtype="<u8").tobytes())
+        self._paths, self._labels, self._checksums = [], [], []
 
     def close(self) -> None:
-        for file in self._files.values():
-            file.close()
+        try:
+            self._flush()
+        finally:
+            for file in self._files.values():
+                file.close()
 
     def __enter__(self) -> TableWriter:
         return self
