@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import xxhash
-from conftest import SIZE
+from conftest import SIZE, resident_kib
 from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
@@ -209,6 +209,19 @@ class TestLargerThanMemory:
             assert image.shape == shape and int(image.sum()) == 0 and label == 0
         batch = dataset.data[torch.tensor([5, 70_000, 33])]
         assert batch.images.shape == (3, *shape)
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
+@pytest.mark.parametrize("storage", ["raw", "jpeg"])
+def test_opening_leaves_no_page_of_the_index_in_this_process(photo_folder, tmp_path, storage):
+    """The open's checks read every label (and every offset and size) of the index: 40 MB of a process's
+    resident memory at ImageNet's count, per rank and worker, were they left mapped in."""
+    dataset = MemmapImageDataset(build_memmap(photo_folder, tmp_path / "ds", format=storage, progress=False))
+    resident = resident_kib(dataset.path)
+    index = ["labels.memmap"] + (["offsets.memmap", "shapes.memmap"] if storage == "jpeg" else [])
+    assert all(name in resident for name in index)  # mapped...
+    assert sum(resident[name] for name in index) == 0, resident  # ...and nothing of them in memory
+    assert dataset[len(dataset) - 1][1] == dataset.targets[-1]  # read again from the files when used
 
 
 class TestDamagedFolders:

@@ -70,7 +70,8 @@ def test_owned_paths(tmp_path):
         ({"classes": ["cat", "cat"]}, "a class name appears twice"),
         (
             {"table": {"labels.memmap": "0123456789abcdef"}},
-            r"table lists \['labels.memmap'\], not the four table files",
+            r"table lists \['labels.memmap'\], not the files labels.memmap, checksums.memmap, paths.memmap, "
+            r"path_offsets.memmap",
         ),
         (
             {"files": {"images.memmap": 1}},

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import xxhash
-from conftest import FAST_RETRY
+from conftest import FAST_RETRY, resident_kib
 from servers import FaultProxy
 
 from gpuload import CenterCropDecode, DataLoader, RandomResizedCropDecode
@@ -22,7 +22,7 @@ from gpuload.errors import DatasetError, ObjectChangedError, UsageError
 from gpuload.loading.order import epoch_order
 from gpuload.store.dataset import MemmapImageDataset
 from gpuload.store.push import push_memmap
-from gpuload.store.remote import open_store
+from gpuload.store.remote import Store, open_store
 from gpuload.store.remote_dataset import describe_remote, open_remote, verify_remote
 from gpuload.store.verify import describe_memmap
 
@@ -152,6 +152,72 @@ class TestCommandLine:
 # -- the dataset and the loader at a URL (phase 2) -------------------------------------------------------------
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = 8_192  # small blocks: the tests' datasets (a few hundred KB) span several
+
+
+class TestIndexInTheCache:
+    """With a cache, each index object (labels, checksums, paths; jpeg: offsets and sizes) is kept in it
+    whole and mapped: at ImageNet's count they were 115 MB read into every process's memory at each open."""
+
+    @pytest.fixture
+    def reads(self, monkeypatch) -> list[str]:
+        """The names of the objects read whole from here on."""
+        names: list[str] = []
+        real = Store.read_all
+
+        def read_all(store, name, expect=None):
+            names.append(name)
+            return real(store, name, expect)
+
+        monkeypatch.setattr(Store, "read_all", read_all)
+        return names
+
+    @staticmethod
+    def cached(cache: Path, name: str) -> Path:
+        (found,) = [
+            path / "0"
+            for path in (cache / "objects").iterdir()
+            if json.loads((path / "object.json").read_text())["url"].endswith(f"/{name}")
+        ]
+        return found
+
+    def test_a_warm_open_downloads_none_of_it_and_holds_none_of_it_in_memory(self, pushed, tmp_path, reads):
+        local, url = pushed
+        here = MemmapImageDataset(local)
+        with open_at(url, tmp_path / "cache"):
+            pass
+        index = {"labels.memmap", "checksums.memmap", "paths.memmap", "path_offsets.memmap"}
+        index |= {"offsets.memmap", "shapes.memmap"} if here.storage == "jpeg" else set()
+        assert index <= set(reads)  # the cold open fetched them
+        reads.clear()
+        with open_at(url, tmp_path / "cache") as dataset:
+            assert not index & set(reads), reads  # the warm open: the manifest (and a raw dataset's meta.json)
+            resident = resident_kib(tmp_path / "cache")
+            assert {
+                str(self.cached(tmp_path / "cache", name).relative_to(tmp_path / "cache")) for name in index
+            } <= set(resident)  # mapped from the cache...
+            assert sum(resident.values()) == 0, resident  # ...and none of it in this process's memory
+            assert torch.equal(dataset.data.labels, here.data.labels) and dataset.samples == here.samples
+            assert [dataset[i][1] for i in range(len(here))] == here.targets
+
+    def test_a_copy_damaged_in_the_cache_is_fetched_again(self, pushed, tmp_path, reads):
+        local, url = pushed
+        with open_at(url, tmp_path / "cache"):
+            pass
+        damaged = self.cached(tmp_path / "cache", "checksums.memmap")
+        damaged.write_bytes(bytes(damaged.stat().st_size))  # what a power cut leaves of an unsynced block
+        reads.clear()
+        with open_at(url, tmp_path / "cache") as dataset:
+            assert "checksums.memmap" in reads
+            assert damaged.read_bytes() == (local / "checksums.memmap").read_bytes()
+            assert torch.equal(dataset[0][0], MemmapImageDataset(local)[0][0])
+
+    def test_an_index_object_changed_at_the_url_is_refused(self, pushed, s3, tmp_path):
+        local, url = pushed
+        paths = (local / "paths.memmap").read_bytes()
+        s3.client().put_object(Bucket=s3.bucket, Key=f"{local.name}/paths.memmap", Body=paths[::-1])
+        for cache in (None, tmp_path / "cache"):
+            with pytest.raises(DatasetError, match=r"is damaged: paths.memmap differs from what was built; push"):
+                open_at(url, cache)
 
 
 def open_at(url: str, cache: Path | None, **options) -> MemmapImageDataset:
@@ -380,8 +446,10 @@ class TestFaults:
             with pytest.raises(ObjectChangedError, match=f"{name} changed since it was opened"):
                 batches(loader)
             assert not [
-                path for path in (tmp_path / "cache").glob("objects/*/[0-9]*")
-            ]  # nothing of the new version kept
+                path
+                for path in (tmp_path / "cache").glob("objects/*/[0-9]*")
+                if json.loads((path.parent / "object.json").read_text())["url"].endswith(f"/{name}")
+            ]  # nothing of the new version kept (the index objects are, as opened)
 
     def test_a_damaged_cached_block_is_dropped_and_fetched_again_once(self, at_url, s3):
         local, dataset, _ = at_url

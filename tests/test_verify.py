@@ -234,7 +234,11 @@ class TestJpeg:
         values[4, 0] = height  # image 4 recorded with another height
         values.tofile(shapes)
         problems = verify_memmap(copy, progress=False)
-        assert len(problems) == 1 and problems[0].startswith("1 images differ from their size in shapes.memmap: 4 (")
+        assert problems[0] == (
+            "shapes.memmap differs from what was built (its digest differs): each image's size is damaged; "
+            "rebuild the dataset"
+        )
+        assert len(problems) == 2 and problems[1].startswith("1 images differ from their size in shapes.memmap: 4 (")
         if decode == "decode_batch":  # the batched path of gpu=True, on its CPU fallback
             from gpuload.loading.crop import decode_batch
 

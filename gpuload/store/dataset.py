@@ -217,7 +217,9 @@ class MemmapImageDataset(torch.utils.data.Dataset):
 
     **At a URL** (``s3://``, ``gs://``, ``az://``, ``https://``, ``file://``: a dataset that
     :func:`gpuload.push_memmap` wrote): the manifest, the objects' versions (ETags) and the index
-    (labels; jpeg: offsets and sizes, 24 bytes an image) are read whole at open, the image bytes on
+    (each image's label, checksum and path; jpeg: its place and size) are read whole at open, checked
+    against the build's digests (with a ``cache``, kept in it and mapped from there: a warm open reads
+    none of it and holds none of it in memory), the image bytes on
     demand by byte ranges, through the node's block cache when ``cache`` is given (see
     :class:`gpuload.BlockCache`: 4 MiB blocks, downloaded once per node, shared by its processes).
     Every image read is checked against its build checksum: a cached block that fails it is dropped
@@ -285,17 +287,20 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         _check_files(self.path, self.manifest)
         self.table = _open_table(self.path, self.manifest)
         self._checksums = self.table.checksums
+        index: list[mmap.mmap] = []  # the mappings of the per-image index, which the checks below read whole
         if self.storage == "raw":
             self.image_shape: tuple[int, int, int] | None = tuple(self.manifest.image_shape)
-            self.data: ImageData | JpegData = _open_raw(self.path, self.manifest)
+            self.data: ImageData | JpegData = _open_raw(self.path, self.manifest, index)
         else:
             self.image_shape = None
-            self.data = _open_jpeg_index(self.path, self.manifest)
+            self.data = _open_jpeg_index(self.path, self.manifest, index)
             self._jpegs = _JpegFile(self.path / self.manifest.array_path("data"))
             self._starts, self._lengths = self.data.starts.numpy(), self.data.lengths.numpy()  # views, fast to index
         self.manifest.check_labels(
             self.data.labels.numpy(), str(self.path), "run gpuload verify, then rebuild the dataset"
         )
+        for mapping in index:  # the pages the checks read leave this process (the page cache keeps them)
+            mapping.madvise(mmap.MADV_DONTNEED)
 
     def _open_remote(
         self,
@@ -331,15 +336,15 @@ class MemmapImageDataset(torch.utils.data.Dataset):
             cache = BlockCache(cache, limit)
         self._url, self._options, self.cache = url, storage_options, cache
         self.block_size = block_size
-        index = open_remote(open_store(url, storage_options=storage_options))
+        index = open_remote(open_store(url, storage_options=storage_options), cache)
         self.path = index.store.display
         self.version = index.version
         self.manifest = index.manifest
         self.storage = self.manifest.storage
         self.classes = list(self.manifest.classes)
         self.table = index.table
-        labels = torch.from_numpy(index.labels.copy())
-        self._starts, self._lengths = index.starts.copy(), index.lengths.copy()
+        labels = torch.from_numpy(index.labels)  # mapped from the cache, or read into memory: writable either way
+        self._starts, self._lengths = index.starts, index.lengths
         self._checksums = index.checksums()
         self._file = index.image_file(cache=cache, block_size=self.block_size)
         self._pid = os.getpid()
@@ -351,7 +356,7 @@ class MemmapImageDataset(torch.utils.data.Dataset):
             self.data = JpegData(
                 starts=torch.from_numpy(self._starts),
                 lengths=torch.from_numpy(self._lengths),
-                shapes=torch.from_numpy(index.shapes.copy()),
+                shapes=torch.from_numpy(index.shapes),
                 labels=labels,
                 batch_size=[len(labels)],
             ).lock_()
@@ -712,28 +717,29 @@ def _open_table(path: Path, manifest: Manifest) -> SampleTable:
     return table
 
 
-def _open_raw(path: Path, manifest: Manifest) -> ImageData:
+def _open_raw(path: Path, manifest: Manifest, index: list[mmap.mmap]) -> ImageData:
     shapes = manifest.array_shapes
     images = _map(path, manifest.array_path("images"), torch.uint8, shapes["images"])
     _check_meta(path, manifest)  # the bytes fit the manifest's shape: is it the shape they were written in?
     if manifest.layout == "channels_last":
         images = images.permute(0, 3, 1, 2)  # [N, 3, H, W] with channels-last strides: a view
-    labels = _map(path, manifest.array_path("labels"), torch.int64, shapes["labels"])
+    labels = _map(path, manifest.array_path("labels"), torch.int64, shapes["labels"], index)
     return ImageData(images=images, labels=labels, batch_size=[len(manifest)]).lock_()
 
 
-def _open_jpeg_index(path: Path, manifest: Manifest) -> JpegData:
-    """The index of a jpeg dataset, mapped: where each image lies (format version 4: ``offsets`` holds
-    each image's start and end, ``[N, 2]``, the images stored in another order than the index's;
-    before, ``[N + 1]`` boundaries of images stored one after the other), its size and its label."""
+def _open_jpeg_index(path: Path, manifest: Manifest, index: list[mmap.mmap]) -> JpegData:
+    """The index of a jpeg dataset, mapped (the mappings appended to ``index``): where each image lies
+    (format version 4: ``offsets`` holds each image's start and end, ``[N, 2]``, the images stored in
+    another order than the index's; before, ``[N + 1]`` boundaries of images stored one after the
+    other), its size and its label."""
     count = len(manifest)
-    shapes = _map(path, manifest.array_path("shapes"), torch.int32, (count, 2))
-    labels = _map(path, manifest.array_path("labels"), torch.int64, (count,))
+    shapes = _map(path, manifest.array_path("shapes"), torch.int32, (count, 2), index)
+    labels = _map(path, manifest.array_path("labels"), torch.int64, (count,), index)
     if manifest.format_version >= 4:
-        bounds = _map(path, manifest.array_path("offsets"), torch.int64, (count, 2))
+        bounds = _map(path, manifest.array_path("offsets"), torch.int64, (count, 2), index)
         starts, ends = bounds[:, 0], bounds[:, 1]
     else:
-        offsets = _map(path, manifest.array_path("offsets"), torch.int64, (count + 1,))
+        offsets = _map(path, manifest.array_path("offsets"), torch.int64, (count + 1,), index)
         starts, ends = offsets[:-1], offsets[1:]
     lengths = ends - starts
     if bool((starts < 0).any()) or bool((lengths <= 0).any()) or int(ends.max()) > manifest.files.get("data.memmap"):
@@ -743,8 +749,11 @@ def _open_jpeg_index(path: Path, manifest: Manifest) -> JpegData:
     return JpegData(starts=starts, lengths=lengths, shapes=shapes, labels=labels, batch_size=[count]).lock_()
 
 
-def _map(folder: Path, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    """Map ``folder/name`` copy-on-write and without reserving memory, as a tensor of ``shape``."""
+def _map(
+    folder: Path, name: str, dtype: torch.dtype, shape: tuple[int, ...], mappings: list[mmap.mmap] | None = None
+) -> torch.Tensor:
+    """Map ``folder/name`` copy-on-write and without reserving memory, as a tensor of ``shape`` (the
+    mapping appended to ``mappings``)."""
     nbytes = torch.Size(shape).numel() * dtype.itemsize
     try:
         file = open(folder / name, "rb")  # read-only: a private mapping needs no write permission
@@ -760,4 +769,6 @@ def _map(folder: Path, name: str, dtype: torch.dtype, shape: tuple[int, ...]) ->
         mapping = mmap.mmap(
             file.fileno(), nbytes, flags=mmap.MAP_PRIVATE | _MAP_NORESERVE, prot=mmap.PROT_READ | mmap.PROT_WRITE
         )
+    if mappings is not None:
+        mappings.append(mapping)
     return torch.frombuffer(mapping, dtype=dtype).view(shape)

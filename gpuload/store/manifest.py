@@ -65,6 +65,13 @@ TENSORDICT = {
     storage: tuple(name for name in names if not name.startswith("path")) for storage, names in ARRAYS.items()
 }
 _ARRAYS_V3 = {"raw": ("images", "labels"), "jpeg": ("data", "offsets", "shapes", "labels")}
+# Version 4: the files of a value per image (its path, label and checksum; a jpeg image's place and
+# size), whose digests are the field ``table``: a reader at a URL checks its cached copies against them.
+INDEX_FILES = {
+    "raw": ("labels.memmap", "checksums.memmap", "paths.memmap", "path_offsets.memmap"),
+    "jpeg": ("labels.memmap", "checksums.memmap", "paths.memmap", "path_offsets.memmap", "offsets.memmap",
+             "shapes.memmap"),
+}  # fmt: skip
 # Version 1 (gpuload 0.1.0) kept the arrays in _tensordict/ beside two tensordict meta.json files.
 _V1_FILES = ("meta.json", "_tensordict/meta.json", "_tensordict/images.memmap", "_tensordict/labels.memmap")
 # The manifest or an array a build writes (both formats, and version 1's _tensordict/): a folder
@@ -124,8 +131,9 @@ class Manifest:
             (version 4 keeps them in the table files, see :mod:`gpuload.store.table`); ``None`` in version 4.
         checksums: versions 1 to 3: xxh3-64 (hex) of each image's stored bytes (pixels, or JPEG
             bytes), in dataset order; ``None`` in version 4.
-        table: version 4: the xxh3-64 (hex) of each table file's bytes (``labels.memmap``,
-            ``checksums.memmap``, ``paths.memmap``, ``path_offsets.memmap``), written at build time.
+        table: version 4: the xxh3-64 (hex) of the bytes of each file of a value per image
+            (:data:`INDEX_FILES`: the table's ``labels``, ``checksums``, ``paths`` and ``path_offsets``;
+            jpeg: ``offsets`` and ``shapes`` too), written at build time.
         order: version 4, jpeg: how the images lie in ``data.memmap``: ``{"shuffled": seed,
             "block_size": bytes}`` (a seeded random order, no image across a block's end: a window of
             blocks holds images of every class) or ``{}`` (dataset order); the index is in dataset order either way.
@@ -337,9 +345,8 @@ class Manifest:
             problems.append(f"{len(self.checksums)} checksums for {len(self.samples)} samples")
         if self.format_version < 4 and any(not (0 <= label < len(self.classes)) for _, label in self.samples):
             problems.append(f"a sample label is outside 0..{len(self.classes) - 1}")
-        if self.format_version >= 4 and set(self.table) != {"labels.memmap", "checksums.memmap", "paths.memmap",
-                                                             "path_offsets.memmap"}:  # fmt: skip
-            problems.append(f"table lists {sorted(self.table)}, not the four table files")
+        if self.format_version >= 4 and set(self.table) != set(INDEX_FILES[self.storage]):
+            problems.append(f"table lists {sorted(self.table)}, not the files {', '.join(INDEX_FILES[self.storage])}")
         if len(set(self.classes)) != len(self.classes):
             problems.append("a class name appears twice")
         arrays = {"meta.json", *(self.array_path(name) for name in self.arrays)}

@@ -11,10 +11,13 @@ them as a local open does. Image bytes are then read on demand through :meth:`Re
 from __future__ import annotations
 
 import json
+import mmap
+import os
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xxhash
@@ -23,7 +26,10 @@ from ..errors import DatasetError, UsageError
 from .manifest import MANIFEST_NAME, Manifest
 from .remote import ObjectInfo, Store, open_store
 from .remote_file import RemoteFile
-from .table import TABLE_FILES, SampleTable
+
+if TYPE_CHECKING:
+    from .cache import BlockCache, Namespace
+from .table import SampleTable
 
 __all__ = ["RemoteIndex", "describe_remote", "open_remote", "read_remote_manifest", "verify_remote"]
 
@@ -112,8 +118,14 @@ def read_remote_manifest(store: Store, info: ObjectInfo | None = None) -> Manife
             raise DatasetError(f"{store.display} is not a valid gpuload dataset: {reason}") from None
 
 
-def open_remote(url: str | Store) -> RemoteIndex:
+def open_remote(url: str | Store, cache: BlockCache | None = None) -> RemoteIndex:
     """Open the dataset at ``url`` (or a store of it): manifest, object versions, index (see the module).
+
+    With a ``cache`` (format version 4), each index object is kept in it whole, as one block, and
+    mapped from there: nothing of it in this process's memory until read, its pages shared by every
+    process of the node, and a warm open downloads none of it. Each copy is checked against the
+    build's digest of the file (the manifest's ``table``) at every open: a block that a power cut
+    damaged is fetched again.
 
     Raises:
         DatasetError: not a gpuload dataset, an unfinished push, an object missing or of another size
@@ -141,14 +153,21 @@ def open_remote(url: str | Store) -> RemoteIndex:
             )
         objects[name] = info
     count = len(manifest)
+    mappings: list[mmap.mmap] = []
 
     def array(name: str, dtype, shape) -> np.ndarray:
-        data = store.read_all(name, objects[name])
-        return np.frombuffer(data, dtype=dtype).reshape(shape)
+        if manifest.format_version >= 4:
+            buffer = _index_object(store, name, objects[name], manifest.table[name], cache, mappings)
+        else:
+            buffer = bytearray(store.read_all(name, objects[name]))  # writable, as a local dataset's mapping
+        return np.frombuffer(buffer, dtype=dtype).reshape(shape)
 
     if manifest.format_version >= 4:
-        table = SampleTable.from_bytes(
-            *(store.read_all(name, objects[name]) for name in ("labels.memmap", *TABLE_FILES))
+        table = SampleTable(
+            array("labels.memmap", np.int64, (count,)),
+            array("checksums.memmap", np.int64, (count,)).view(np.uint64),
+            array("paths.memmap", np.uint8, (-1,)),
+            array("path_offsets.memmap", np.int64, (count + 1,)),
         )
         table.check(store.display, len(manifest.classes))
     else:
@@ -174,7 +193,71 @@ def open_remote(url: str | Store) -> RemoteIndex:
         size = int(np.prod(manifest.image_shape))
         starts, lengths, shapes = np.arange(count, dtype=np.int64) * size, np.full(count, size, dtype=np.int64), None
     manifest.check_labels(table.labels, store.display, "push the dataset again")
+    for mapping in mappings:  # the pages the checks read leave this process (the page cache keeps them)
+        mapping.madvise(mmap.MADV_DONTNEED)
     return RemoteIndex(store, manifest, objects, table, starts, lengths, shapes, manifest_info)
+
+
+def _index_object(
+    store: Store, name: str, info: ObjectInfo, digest: str, cache: BlockCache | None, mappings: list[mmap.mmap]
+) -> bytearray | mmap.mmap:
+    """The bytes of index object ``name`` (format version 4), checked against its build ``digest``: mapped
+    from ``cache`` (fetched into it whole, as one block, when missing or damaged), or read into memory.
+
+    Raises:
+        DatasetError: the object's bytes at the URL are not the ones built.
+    """
+    if cache is None:
+        return bytearray(_fetch_index_object(store, name, info, digest))  # writable, as a local dataset's mapping
+    space = cache.namespace(store.object_url(name), info.key(), block_size=max(1, info.size))
+    mapping = _cached_block(cache, space, info.size, digest)
+    if mapping is None:
+        with cache.writing(space, 0) as held:  # one process of the node fetches it; the others wait and map it
+            mapping = _cached_block(cache, space, info.size, digest) if held else None
+            if mapping is None:
+                data = _fetch_index_object(store, name, info, digest)
+                if held and info.size and cache.put(space, 0, data):
+                    mapping = _map_block(space.folder / "0", info.size)
+                if mapping is None:  # not kept (no room), or evicted at once by another process
+                    return bytearray(data)
+    mappings.append(mapping)
+    return mapping
+
+
+def _fetch_index_object(store: Store, name: str, info: ObjectInfo, digest: str) -> bytes:
+    data = store.read_all(name, info)
+    if _digest(data) != digest:
+        raise DatasetError(f"{store.display} is damaged: {name} differs from what was built; push the dataset again")
+    return data
+
+
+def _cached_block(cache: BlockCache, space: Namespace, size: int, digest: str) -> mmap.mmap | None:
+    """The cached copy of an index object, mapped, if it is there and intact; a damaged one (blocks are
+    not fsync'd: a power cut leaves zeros) is dropped."""
+    if not cache.has(space, 0, size):
+        return None
+    mapping = _map_block(space.folder / "0", size)
+    if mapping is not None and _digest(mapping) == digest:
+        return mapping
+    cache.drop(space, 0)
+    return None
+
+
+def _map_block(path: Path, size: int) -> mmap.mmap | None:
+    """A cached block mapped copy-on-write (writable arrays, as a local dataset's; nothing written back);
+    ``None`` when it is gone or not ``size`` bytes. The mapping outlives an eviction (which unlinks)."""
+    try:
+        file = open(path, "rb")
+    except FileNotFoundError:
+        return None
+    with file:
+        if size == 0 or os.fstat(file.fileno()).st_size != size:
+            return None
+        return mmap.mmap(file.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+def _digest(data: bytes | mmap.mmap) -> str:
+    return f"{xxhash.xxh3_64_intdigest(data):016x}"
 
 
 def _check_raw_meta(store: Store, objects: dict[str, ObjectInfo], manifest: Manifest) -> None:

@@ -34,6 +34,17 @@ def describe_memmap(path: str | os.PathLike) -> dict:
     return dataset.manifest.describe(str(dataset.path), size, dataset.table.labels)
 
 
+# What each index file holds, for a damaged one's message.
+_HOLDS = {
+    "labels.memmap": "each image's label",
+    "checksums.memmap": "each image's checksum",
+    "paths.memmap": "each image's source path",
+    "path_offsets.memmap": "where each source path lies",
+    "offsets.memmap": "where each image lies in data.memmap",
+    "shapes.memmap": "each image's size",
+}
+
+
 def verify_memmap(
     path: str | os.PathLike, *, sources: int | Literal["all"] = 0, seed: int = 0, progress: bool = True
 ) -> list[str]:
@@ -75,8 +86,7 @@ def verify_memmap(
         for name in manifest.edited_fields()
     ]
     problems += [
-        f"{name} differs from what was built (its digest differs): the paths or checksums of the images are "
-        "damaged; rebuild the dataset"
+        f"{name} differs from what was built (its digest differs): {_HOLDS[name]} is damaged; rebuild the dataset"
         for name, digest in manifest.table.items()
         if file_digest(dataset.path / name) != digest
     ]
