@@ -36,8 +36,8 @@ from torchvision.datasets import ImageFolder
 from torchvision.transforms import PILToTensor
 
 import gpuload
-from gpuload.store.files import fsync_file
-from gpuload.store.writer import BlockWriter
+from gpuload.writing.files import fsync_file
+from gpuload.writing.writer import BlockWriter
 
 from ._common import UnreclaimableMemory, elapsed, median_spread, photo_folders, write_result
 

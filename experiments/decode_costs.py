@@ -11,7 +11,7 @@ On the same compressed photos (640x480, ffmpeg -q:v 3, bytes in memory), median 
   typical box (the mean RandomResizedCrop box, about 400x400) to 224x224;
 - a jpeg training crop's decode (fast DCT, RandomResizedCrop(224) boxes): whole, only down to its
   box's last row, and only its box's rows (from the restart marker above the box, which
-  ``gpuload compress`` writes at every MCU row), each cut by :func:`gpuload.store.jpeg.row_window`,
+  ``gpuload compress`` writes at every MCU row), each cut by :func:`gpuload.writing.jpeg.row_window`,
   its cost included;
 - where libjpeg-turbo's ``jpegtran`` is on ``PATH`` (Debian: ``apt-get install libjpeg-turbo-progs``;
   we found no package on PyPI that ships it), what gpuload could gain from a restart marker at
@@ -42,7 +42,7 @@ import simplejpeg
 import torch
 
 import gpuload
-from gpuload.store.jpeg import _frame_and_scan, _size_at, row_window
+from gpuload.writing.jpeg import _frame_and_scan, _size_at, row_window
 
 from ._common import figure, median_spread, photo_folders, read_result, save_figure, write_result
 

@@ -330,7 +330,7 @@ def environment(device: str) -> None:
         properties = torch.cuda.get_device_properties(0)
         found["gpu"] = {"name": properties.name, "memory_gib": round(properties.total_memory / 2**30, 1),
                         "multiprocessors": properties.multi_processor_count}  # fmt: skip
-        from gpuload.loading.loader import check_gpu_decode
+        from gpuload.loading.device import check_gpu_decode
 
         try:
             check_gpu_decode(torch.device("cuda"))

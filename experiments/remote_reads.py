@@ -7,7 +7,7 @@ the whole object for every ranged GET, so it would rank the server, not the clie
 question 3. Three questions, each contender in the same run:
 
 1. **Client**: obstore (Rust ``object_store``) against s3fs (aiobotocore), both through
-   :class:`gpuload.store.remote_file.RemoteFile` (its threads, ``If-Match`` on every GET), fetching
+   :class:`gpuload.remote.file.RemoteFile` (its threads, ``If-Match`` on every GET), fetching
    distinct aligned blocks of 1, 4 and 16 MiB, drawn at random from an object as large as the budget
    (so every block is read once, in a random order), one request a block, 16 requests in flight,
    without and with added latency; rates are the bytes the client fetched over the time.
@@ -41,8 +41,8 @@ from experiments._common import ROOT, add_device_argument, write_result
 sys.path.insert(0, str(ROOT / "tests"))
 from servers import RangeHTTPServer, S3Server, fake_aws_environment  # noqa: E402
 
-from gpuload.store.remote import Retry, open_store  # noqa: E402
-from gpuload.store.remote_file import RemoteFile  # noqa: E402
+from gpuload.remote.file import RemoteFile  # noqa: E402
+from gpuload.remote.store import Retry, open_store  # noqa: E402
 
 MiB = 2**20
 

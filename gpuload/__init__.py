@@ -26,23 +26,23 @@ __version__ = _version("gpuload")
 
 # public name -> the module that defines it
 _LAZY = {
-    "build_memmap": ".store.build",
-    "CompressReport": ".store.compress",
-    "compress_folder": ".store.compress",
-    "find_ffmpeg": ".store.compress",
-    "GatheredSamples": ".store.dataset",
-    "ImageData": ".store.dataset",
-    "JpegData": ".store.dataset",
-    "MemmapImageDataset": ".store.dataset",
-    "RemoteRawData": ".store.dataset",
-    "decode_image": ".store.decode",
-    "verify_memmap": ".store.verify",
-    "push_memmap": ".store.push",
-    "BlockCache": ".store.cache",
-    "open_store": ".store.remote",
-    "Retry": ".store.remote",
-    "RemoteFile": ".store.remote_file",
-    "describe_memmap": ".store.verify",
+    "build_memmap": ".writing.build",
+    "CompressReport": ".writing.compress",
+    "compress_folder": ".writing.compress",
+    "find_ffmpeg": ".writing.compress",
+    "GatheredSamples": ".format.dataset",
+    "ImageData": ".format.dataset",
+    "JpegData": ".format.dataset",
+    "MemmapImageDataset": ".format.dataset",
+    "RemoteRawData": ".format.dataset",
+    "decode_image": ".writing.decode",
+    "verify_memmap": ".format.verify",
+    "push_memmap": ".remote.push",
+    "BlockCache": ".remote.cache",
+    "open_store": ".remote.store",
+    "Retry": ".remote.store",
+    "RemoteFile": ".remote.file",
+    "describe_memmap": ".format.verify",
     "Collate": ".loading.collate",
     "CenterCropDecode": ".loading.crop",
     "RandomResizedCropDecode": ".loading.crop",
@@ -114,19 +114,19 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
+    from .format.dataset import GatheredSamples, ImageData, JpegData, MemmapImageDataset, RemoteRawData
+    from .format.verify import describe_memmap, verify_memmap
     from .loading.collate import Collate
     from .loading.crop import CenterCropDecode, RandomResizedCropDecode
     from .loading.loader import DataLoader
     from .machine import default_workers, describe_machine, machine_line
+    from .remote.cache import BlockCache
+    from .remote.file import RemoteFile
+    from .remote.push import push_memmap
+    from .remote.store import Retry, open_store
     from .sample import SAMPLE_CLASSES, make_sample_folder
-    from .store.build import build_memmap
-    from .store.cache import BlockCache
-    from .store.compress import CompressReport, compress_folder, find_ffmpeg
-    from .store.dataset import GatheredSamples, ImageData, JpegData, MemmapImageDataset, RemoteRawData
-    from .store.decode import decode_image
-    from .store.push import push_memmap
-    from .store.remote import Retry, open_store
-    from .store.remote_file import RemoteFile
-    from .store.verify import describe_memmap, verify_memmap
     from .transforms.augment import RandomResizedCrop
     from .transforms.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
+    from .writing.build import build_memmap
+    from .writing.compress import CompressReport, compress_folder, find_ffmpeg
+    from .writing.decode import decode_image

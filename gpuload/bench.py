@@ -19,13 +19,14 @@ import torch.utils.data
 from tqdm.auto import tqdm
 
 from .errors import UsageError
+from .format.dataset import MemmapImageDataset, decode_jpeg_bytes, storage_order
 from .loading.collate import Collate
 from .loading.crop import RandomResizedCropDecode
-from .loading.loader import DataLoader, resolve_device
+from .loading.device import resolve_device
+from .loading.loader import DataLoader
 from .machine import default_workers, describe_machine, machine_line
-from .store.dataset import MemmapImageDataset, decode_jpeg_bytes, storage_order
-from .store.decode import decode_image
 from .transforms.augment import RandomResizedCrop
+from .writing.decode import decode_image
 
 __all__ = ["BENCH_LABELS", "bench_rows", "format_bench", "gather_limit", "run_bench"]
 
@@ -254,7 +255,7 @@ def _raw_contenders(
 
 def _gpu_decode_loads(device: torch.device) -> bool:
     """Whether ``gpu=True`` decoding (TorchCodec's nvJPEG) loads here; said on stderr when not."""
-    from .loading.loader import check_gpu_decode
+    from .loading.device import check_gpu_decode
 
     try:
         check_gpu_decode(device)

@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 
 from .errors import FileError, GpuloadError
-from .store.manifest import RESIZE_MODES
+from .format.manifest import RESIZE_MODES
 
 __all__ = ["main", "parse_size"]
 
@@ -121,7 +121,7 @@ def _add_compress(subparsers) -> None:
 
 
 def _run_compress(args) -> int:
-    from .store.compress import compress_folder
+    from .writing.compress import compress_folder
 
     with _pixel_limit(args):
         report = compress_folder(
@@ -179,9 +179,9 @@ def _add_build(subparsers) -> None:
 
 def _run_build(args) -> int:
     from .errors import DatasetError
-    from .store.build import build_memmap
-    from .store.dataset import MemmapImageDataset
-    from .store.manifest import Manifest
+    from .format.dataset import MemmapImageDataset
+    from .format.manifest import Manifest
+    from .writing.build import build_memmap
 
     classes = None
     if args.classes_from is not None:
@@ -221,14 +221,14 @@ def _add_info(subparsers) -> None:
 
 
 def _run_info(args) -> int:
-    from .store.remote import is_url
+    from .remote.store import is_url
 
     if is_url(args.dataset):
-        from .store.remote_dataset import describe_remote
+        from .remote.dataset import describe_remote
 
         info = describe_remote(args.dataset)
     else:
-        from .store.verify import describe_memmap
+        from .format.verify import describe_memmap
 
         info = describe_memmap(Path(args.dataset))
     if args.json:
@@ -284,7 +284,7 @@ def _add_max_pixels(parser, where: str = "") -> None:
 
 def _pixel_limit(args) -> contextlib.AbstractContextManager:
     """Pillow's pixel limit set to ``--max-pixels`` for the run, where it is given."""
-    from .store.decode import pixel_limit
+    from .writing.decode import pixel_limit
 
     return contextlib.nullcontext() if args.max_pixels is None else pixel_limit(args.max_pixels)
 
@@ -303,17 +303,17 @@ def _count(text: str) -> int | str:
 
 def _run_verify(args) -> int:
     from .errors import UsageError
-    from .store.remote import is_url, redact
+    from .remote.store import is_url, redact
 
     if is_url(args.dataset):
-        from .store.remote_dataset import verify_remote
+        from .remote.dataset import verify_remote
 
         if args.sources:
             raise UsageError("--sources compares with the source photos: run it on the local dataset, not a URL")
         problems = verify_remote(args.dataset)
         args.dataset = redact(args.dataset)
     else:
-        from .store.verify import verify_memmap
+        from .format.verify import verify_memmap
 
         with _pixel_limit(args):
             problems = verify_memmap(Path(args.dataset), sources=args.sources)
@@ -343,7 +343,7 @@ def _add_push(subparsers) -> None:
 
 
 def _run_push(args) -> int:
-    from .store.push import push_memmap
+    from .remote.push import push_memmap
 
     print(push_memmap(args.src, args.url, overwrite=args.overwrite, verify=args.verify).summary())
     return 0

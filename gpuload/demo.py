@@ -11,13 +11,13 @@ from pathlib import Path
 import torch
 
 from .errors import UsageError
+from .format.dataset import MemmapImageDataset
+from .format.verify import verify_memmap
 from .loading.loader import DataLoader
 from .machine import default_workers, machine_line
 from .sample import SAMPLE_CLASSES, make_sample_folder
-from .store.build import build_memmap
-from .store.compress import compress_folder
-from .store.dataset import MemmapImageDataset
-from .store.verify import verify_memmap
+from .writing.build import build_memmap
+from .writing.compress import compress_folder
 
 __all__ = ["run_demo"]
 

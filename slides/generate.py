@@ -80,7 +80,7 @@ GPU_OWED = (
 
 SNIPPETS = {
     "code_gather": Snippet(
-        "gpuload/loading/loader.py",
+        "gpuload/loading/pipeline.py",
         "_PinnedSlot.fill",
         start="with torch.cuda.device(self.device)",
         end="self.event.record(stream)",
@@ -88,8 +88,8 @@ SNIPPETS = {
         steps=(("non_blocking",), ("Event(", ".record(")),
     ),
     "code_consume": Snippet(
-        "gpuload/loading/loader.py",
-        "_EpochIterator.__next__",
+        "gpuload/loading/pipeline.py",
+        "EpochIterator.__next__",
         start="stream = torch.cuda.current_stream",
         end="self._pipeline.release(slot)",
         comments=False,

@@ -19,8 +19,8 @@ from PIL import Image
 from servers import FaultProxy, RangeHTTPServer, S3Server, fake_aws_environment
 
 from gpuload import build_memmap, make_sample_folder
+from gpuload.remote.store import Retry
 from gpuload.sample import sample_photo
-from gpuload.store.remote import Retry
 from slides.generate import TEMPLATE
 
 SIZE = (48, 64)  # (height, width) of the small test photos
@@ -38,7 +38,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 # The deletion check of the stream protocol (experiments/gpu_check.py, and a `cuda` test): with
-# GPULOAD_DELETE_STEP naming one step of gpuload.loading.loader's protocol, that step does nothing
+# GPULOAD_DELETE_STEP naming one step of gpuload.loading.pipeline's protocol, that step does nothing
 # in this test session, and the `cuda` tests that guard it must fail.
 # Each step, and what it does once deleted: nothing.
 PROTOCOL_STEPS = {
@@ -57,12 +57,12 @@ def delete_a_protocol_step():
         return
     if step not in PROTOCOL_STEPS:
         raise pytest.UsageError(f"GPULOAD_DELETE_STEP must be one of {', '.join(PROTOCOL_STEPS)}, got {step!r}")
-    from gpuload.loading import loader
+    from gpuload.loading import pipeline
 
-    real = getattr(loader, step)
-    setattr(loader, step, PROTOCOL_STEPS[step])
+    real = getattr(pipeline, step)
+    setattr(pipeline, step, PROTOCOL_STEPS[step])
     yield
-    setattr(loader, step, real)
+    setattr(pipeline, step, real)
 
 
 @pytest.fixture(autouse=True)

@@ -17,10 +17,10 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
-import gpuload.store.build
-import gpuload.store.decode
-import gpuload.store.files
-import gpuload.store.writer
+import gpuload.writing.build
+import gpuload.writing.decode
+import gpuload.writing.files
+import gpuload.writing.writer
 from gpuload import (
     BusyError,
     DecodeError,
@@ -31,7 +31,7 @@ from gpuload import (
     make_sample_folder,
     verify_memmap,
 )
-from gpuload.store.table import SampleTable, file_digest
+from gpuload.format.table import SampleTable, file_digest
 
 PINNED = Path(__file__).parent / "data" / "tiny.memmap"
 
@@ -105,7 +105,7 @@ class TestOutput:
     def test_images_are_stored_channels_last_as_decoded(self, photo_folder, built_dataset):
         first = (built_dataset / "images.memmap").read_bytes()[: 3 * SIZE[0] * SIZE[1]]
         source = MemmapImageDataset(built_dataset).samples[0][0]
-        expected = gpuload.store.decode.decode_image(source).permute(1, 2, 0).contiguous().numpy().tobytes()
+        expected = gpuload.writing.decode.decode_image(source).permute(1, 2, 0).contiguous().numpy().tobytes()
         assert first == expected
 
     def test_files_are_read_only(self, built_dataset):
@@ -236,7 +236,7 @@ class TestBadInputs:
         def broken(*args):
             raise error("not the file's fault")
 
-        monkeypatch.setattr(gpuload.store.decode, "_fit", broken)
+        monkeypatch.setattr(gpuload.writing.decode, "_fit", broken)
         with pytest.raises(error):
             build_memmap(photo_folder, tmp_path / "out.memmap", size=(10, 10), progress=False)
         assert os.listdir(tmp_path) == [".out.memmap.lock"]
@@ -249,7 +249,7 @@ class TestBadInputs:
         ],
     )
     def test_not_enough_disk_space_fails_before_decoding(self, photo_folder, tmp_path, monkeypatch, format, advice):
-        monkeypatch.setattr(gpuload.store.build.shutil, "disk_usage", lambda path: _Usage())
+        monkeypatch.setattr(gpuload.writing.build.shutil, "disk_usage", lambda path: _Usage())
         with pytest.raises(OSError) as caught:
             build_memmap(photo_folder, tmp_path / "out.memmap", format=format, progress=False)
         assert caught.value.errno == errno.ENOSPC  # so the command line prints one line, not a traceback
@@ -260,7 +260,7 @@ class TestBadInputs:
         assert message.endswith(advice) and not (tmp_path / "out.memmap").exists()
 
     def test_a_full_disk_while_finishing_names_the_dataset_and_what_to_do(self, photo_folder, tmp_path, monkeypatch):
-        monkeypatch.setattr(gpuload.store.build.Manifest, "write", _disk_full)
+        monkeypatch.setattr(gpuload.writing.build.Manifest, "write", _disk_full)
         assert _full_disk_message(photo_folder, tmp_path / "out.memmap") == (
             f"[Errno 28] not enough disk space to finish {tmp_path / 'out.memmap'}: its images are written, and "
             "its labels, metadata and manifest did not fit; free space there or write to another disk"
@@ -271,7 +271,7 @@ class TestBadInputs:
     def test_a_full_disk_while_writing_images_names_the_dataset_not_its_temporary_folder(
         self, photo_folder, tmp_path, monkeypatch, format, name
     ):
-        monkeypatch.setattr(gpuload.store.writer.os, "pwrite", _disk_full)
+        monkeypatch.setattr(gpuload.writing.writer.os, "pwrite", _disk_full)
         message = _full_disk_message(photo_folder, tmp_path / "out.memmap", format=format)
         assert message.startswith(f"[Errno 28] not enough disk space to write {tmp_path / 'out.memmap' / name}: ")
         assert ".tmp-" not in message and message.endswith("free space there or write to another disk")
@@ -302,7 +302,7 @@ class TestBadInputs:
             return real_mkdir(self, *args, **kwargs)
 
         monkeypatch.setattr(Path, "mkdir", mkdir)
-        monkeypatch.setattr(gpuload.store.files.os, "statvfs", lambda path: _Statvfs(12_800, free_inodes=0))
+        monkeypatch.setattr(gpuload.writing.files.os, "statvfs", lambda path: _Statvfs(12_800, free_inodes=0))
         assert _full_disk_message(photo_folder, tmp_path / "out.memmap") == (
             f"[Errno 28] no free inode left to build {tmp_path / 'out.memmap'}: no room for a new folder beside it "
             "(its disk has 52,428,800 bytes (0.05 GB) free, but all its 1,000 inodes are taken: each file or folder "
@@ -314,9 +314,11 @@ class TestBadInputs:
     ):
         """Images scaled down to --max-side are re-encoded smaller than their sources: their bytes
         say nothing of what the build needs, so nothing is refused or reserved up front."""
-        monkeypatch.setattr(gpuload.store.build.shutil, "disk_usage", lambda path: _Usage(free=1000))
+        monkeypatch.setattr(gpuload.writing.build.shutil, "disk_usage", lambda path: _Usage(free=1000))
         reserved = []
-        monkeypatch.setattr(gpuload.store.writer.os, "posix_fallocate", lambda fd, offset, size: reserved.append(size))
+        monkeypatch.setattr(
+            gpuload.writing.writer.os, "posix_fallocate", lambda fd, offset, size: reserved.append(size)
+        )
         out = build_memmap(photo_folder, tmp_path / "out.jpeg", format="jpeg", max_side=8, progress=False)
         assert MemmapImageDataset(out).data.shapes.max() == 8 and reserved == []
 
@@ -335,7 +337,7 @@ class TestBadInputs:
         stale.mkdir()
         (stale / "images.memmap").write_bytes(b"\0" * 1000)
         monkeypatch.setattr(
-            gpuload.store.build.shutil, "disk_usage", lambda path: _Usage(0 if stale.exists() else 10**9)
+            gpuload.writing.build.shutil, "disk_usage", lambda path: _Usage(0 if stale.exists() else 10**9)
         )
         build_memmap(photo_folder, tmp_path / "out.memmap", progress=False)
         assert not stale.exists()
@@ -459,7 +461,7 @@ def test_an_old_dataset_that_cannot_be_removed_after_the_swap_is_a_warning(
             raise PermissionError(1, "Operation not permitted", str(Path(path) / "labels.memmap"))
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(gpuload.store.build.shutil, "rmtree", refused)
+    monkeypatch.setattr(gpuload.writing.build.shutil, "rmtree", refused)
     with pytest.warns(
         UserWarning, match=r"out.memmap holds the new dataset; the old one, moved to .*could not be removed"
     ):
@@ -469,7 +471,7 @@ def test_an_old_dataset_that_cannot_be_removed_after_the_swap_is_a_warning(
 
 def test_a_source_another_run_is_still_writing_is_refused(photo_folder, tmp_path):
     """compress SRC DST & build-memmap DST: the build would take the photos written so far."""
-    from gpuload.store.files import OutputLock
+    from gpuload.writing.files import OutputLock
 
     with (
         OutputLock(photo_folder),
@@ -545,7 +547,7 @@ class TestCrashSafety:
     @pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
     def test_interrupted_build_leaves_nothing(self, photo_folder, tmp_path, monkeypatch, error):
         calls = []
-        real = gpuload.store.build._decode_raw
+        real = gpuload.writing.build._decode_raw
 
         def failing(*args):
             calls.append(1)
@@ -553,7 +555,7 @@ class TestCrashSafety:
                 raise error("stop")
             return real(*args)
 
-        monkeypatch.setattr(gpuload.store.build, "_decode_raw", failing)
+        monkeypatch.setattr(gpuload.writing.build, "_decode_raw", failing)
         with pytest.raises(error):
             build_memmap(photo_folder, tmp_path / "out.memmap", progress=False)
         assert not (tmp_path / "out.memmap").exists()
@@ -576,12 +578,12 @@ class TestCrashSafety:
     def test_an_interrupted_swap_puts_the_old_dataset_back(self, photo_folder, built_dataset, tmp_path, monkeypatch):
         """Where the filesystem cannot swap, two renames are needed; an error between them restores the old."""
         out = Path(shutil.copytree(built_dataset, tmp_path / "out.memmap"))
-        monkeypatch.setattr(gpuload.store.build, "rename_exchange", lambda a, b: False)
+        monkeypatch.setattr(gpuload.writing.build, "rename_exchange", lambda a, b: False)
 
         def interrupted(source, target):
             raise KeyboardInterrupt
 
-        monkeypatch.setattr(gpuload.store.build, "rename_noreplace", interrupted)
+        monkeypatch.setattr(gpuload.writing.build, "rename_noreplace", interrupted)
         with pytest.raises(KeyboardInterrupt):
             build_memmap(photo_folder, out, size=(24, 32), overwrite=True, progress=False)
         assert MemmapImageDataset(out).image_shape == (3, *SIZE)
@@ -614,7 +616,7 @@ class TestCrashSafety:
 
 KILLED_BUILD = """
 import os, signal
-import gpuload.store.build as build
+import gpuload.writing.build as build
 
 def kill(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
@@ -649,8 +651,8 @@ def record_fsyncs_and_renames(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(os, "fsync", fsync)
     for name in ("rename_exchange", "rename_noreplace"):
-        real = getattr(gpuload.store.build, name)
-        monkeypatch.setattr(gpuload.store.build, name, lambda a, b, real=real: events.append("rename") or real(a, b))
+        real = getattr(gpuload.writing.build, name)
+        monkeypatch.setattr(gpuload.writing.build, name, lambda a, b, real=real: events.append("rename") or real(a, b))
     return events
 
 

@@ -1,4 +1,4 @@
-"""gpuload.store.cache: a bounded block cache shared by processes, crash-safe."""
+"""gpuload.remote.cache: a bounded block cache shared by processes, crash-safe."""
 
 import errno
 import fcntl
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-import gpuload.store.cache as cache_module
+import gpuload.remote.cache as cache_module
 from gpuload.errors import BusyError, UsageError
-from gpuload.store.cache import MARKER, BlockCache, parse_bytes
+from gpuload.remote.cache import MARKER, BlockCache, parse_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -249,7 +249,7 @@ class TestFaults:
         cache.put(space, 7, b"k" * 100)
         child = textwrap.dedent(f"""
             import os, sys, time
-            import gpuload.store.cache as module
+            import gpuload.remote.cache as module
             cache = module.BlockCache({str(tmp_path / "cache")!r}, "1MB")
             space = cache.namespace("s3://b/k", "1", block_size=100)
             def slow(fd, data):

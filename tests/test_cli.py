@@ -12,8 +12,8 @@ from conftest import write_bad_file
 from PIL import Image
 
 import gpuload.cli
-import gpuload.store.compress
-import gpuload.store.decode
+import gpuload.writing.compress
+import gpuload.writing.decode
 from gpuload.cli import main
 
 
@@ -98,7 +98,7 @@ class TestBuildMemmap:
         def broken(*args):
             raise error("a bug, not a corrupt file")
 
-        monkeypatch.setattr(gpuload.store.decode, "_fit", broken)
+        monkeypatch.setattr(gpuload.writing.decode, "_fit", broken)
         with pytest.raises(error, match="a bug"):
             main(["build-memmap", str(photo_folder), "--out", str(tmp_path / "out"), "--size", "8x8"])
 
@@ -323,7 +323,7 @@ class TestCompress:
         def full(fd):
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(gpuload.store.compress.os, "fsync", full)
+        monkeypatch.setattr(gpuload.writing.compress.os, "fsync", full)
         code, _, err = run(capsys, "compress", str(photo_folder), str(tmp_path / "q"))
         assert code == 2 and err.splitlines()[-1].startswith(
             "gpuload: error: [Errno 28] not enough disk space to write "

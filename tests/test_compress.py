@@ -15,10 +15,10 @@ import simplejpeg
 from conftest import NOT_FILES, ODD_KINDS, photo, write_bad_file, write_odd_image
 from PIL import Image
 
-import gpuload.store.compress
-import gpuload.store.files
+import gpuload.writing.compress
+import gpuload.writing.files
 from gpuload import BusyError, CompressError, CompressReport, UsageError, compress_folder, decode_image, find_ffmpeg
-from gpuload.store.jpeg import row_window
+from gpuload.writing.jpeg import row_window
 
 
 def relative_files(root):
@@ -120,9 +120,9 @@ class TestCompress:
         source = tmp_path / "src" / "a" / "arithmetic.jpg"
         shutil.copy(Path(__file__).parent / "data" / "arithmetic_coded_rotated.jpg", source)
         inputs = []
-        run_ffmpeg = gpuload.store.compress._run_ffmpeg
+        run_ffmpeg = gpuload.writing.compress._run_ffmpeg
         monkeypatch.setattr(
-            gpuload.store.compress,
+            gpuload.writing.compress,
             "_run_ffmpeg",
             lambda command, data: inputs.append(command) or run_ffmpeg(command, data),
         )
@@ -148,13 +148,13 @@ class TestCompress:
             assert image.size == (60, 40)
 
     def test_an_output_of_another_size_than_its_source_is_reported_not_kept(self, photo_folder, tmp_path, monkeypatch):
-        monkeypatch.setattr(gpuload.store.compress, "_decoded_size", lambda data: (3, 2))
+        monkeypatch.setattr(gpuload.writing.compress, "_decoded_size", lambda data: (3, 2))
         report = compress_folder(photo_folder, tmp_path / "q", progress=False)
         assert report.done == 0 and len(report.failed) == 20
         assert {reason for _, reason in report.failed} == {"ffmpeg wrote a 2x3 JPEG for this 64x48 image"}
 
     def test_an_output_that_does_not_decode_is_reported_not_kept(self, photo_folder, tmp_path, monkeypatch):
-        monkeypatch.setattr(gpuload.store.compress, "_decoded_size", lambda data: None)
+        monkeypatch.setattr(gpuload.writing.compress, "_decoded_size", lambda data: None)
         report = compress_folder(photo_folder, tmp_path / "q", progress=False)
         assert report.done == 0 and len(report.failed) == 20
         assert {reason for _, reason in report.failed} == {"ffmpeg wrote a JPEG that libjpeg-turbo reports as corrupt"}
@@ -215,7 +215,7 @@ class TestCompress:
         def broken(path, data=None):
             raise error("a bug, not a damaged file")
 
-        monkeypatch.setattr(gpuload.store.compress, "check_image", broken)
+        monkeypatch.setattr(gpuload.writing.compress, "check_image", broken)
         with pytest.raises(error, match="a bug"):
             compress_folder(photo_folder, tmp_path / "q", progress=False)
 
@@ -276,7 +276,7 @@ class TestResume:
         """A power cut or a full disk can leave the journal's last line cut short: the next run's
         first line must not be glued onto it (and that output then refused as not ours)."""
         compress_folder(photo_folder, tmp_path / "q", progress=False)
-        journal = tmp_path / "q" / gpuload.store.compress.JOURNAL_NAME
+        journal = tmp_path / "q" / gpuload.writing.compress.JOURNAL_NAME
         lines = journal.read_text().splitlines(keepends=True)
         last = json.loads(lines[-1])["target"]
         journal.write_text("".join(lines[:-1]) + lines[-1][:-40])  # torn, no newline
@@ -287,7 +287,7 @@ class TestResume:
 
     def test_outputs_of_a_version_without_restart_markers_are_redone_not_refused(self, photo_folder, tmp_path):
         compress_folder(photo_folder, tmp_path / "q", progress=False)
-        journal = tmp_path / "q" / gpuload.store.compress.JOURNAL_NAME
+        journal = tmp_path / "q" / gpuload.writing.compress.JOURNAL_NAME
         old = [json.loads(line) for line in journal.read_text().splitlines()]
         for record in old:  # as compress wrote them before: no restart markers, no such key
             del record["restart_markers"]
@@ -316,7 +316,7 @@ class TestResume:
 
 KILLED_COMPRESS = """
 import os, signal
-import gpuload.store.compress as compress
+import gpuload.writing.compress as compress
 calls = []
 real = os.replace
 def replace(source, target):
@@ -340,7 +340,7 @@ class TestFullDisk:
                 raise OSError(errno.ENOSPC, "No space left on device")
             real(fd)
 
-        monkeypatch.setattr(gpuload.store.compress.os, "fsync", fsync)
+        monkeypatch.setattr(gpuload.writing.compress.os, "fsync", fsync)
         with pytest.raises(
             OSError,
             match=r"not enough disk space to write .*\.jpg: it needs [0-9,]+ bytes \(0\.00 GB\) and its disk has "
@@ -348,7 +348,7 @@ class TestFullDisk:
             r"choose another DST$",
         ):
             compress_folder(photo_folder, tmp_path / "q", workers=1, progress=False)
-        monkeypatch.setattr(gpuload.store.compress.os, "fsync", real)
+        monkeypatch.setattr(gpuload.writing.compress.os, "fsync", real)
         assert not list((tmp_path / "q").rglob(".*.gpuload-tmp"))
         report = compress_folder(photo_folder, tmp_path / "q", progress=False)  # once space is free again
         assert report.done + report.skipped == 20 and report.failed == []
@@ -365,7 +365,7 @@ class TestFullDisk:
             f_bavail, f_frsize, f_files, f_favail = 12_800, 4096, 1000, 0
 
         monkeypatch.setattr(Path, "mkdir", mkdir)
-        monkeypatch.setattr(gpuload.store.files.os, "statvfs", lambda path: Statvfs())
+        monkeypatch.setattr(gpuload.writing.files.os, "statvfs", lambda path: Statvfs())
         with pytest.raises(OSError) as caught:
             compress_folder(photo_folder, tmp_path / "q", workers=1, progress=False)
         assert caught.value.errno == errno.ENOSPC and str(caught.value) == (
@@ -377,7 +377,7 @@ class TestFullDisk:
 
 class TestLockAndLinks:
     def test_a_second_run_on_the_same_dst_fails_at_once(self, photo_folder, tmp_path):
-        from gpuload.store.files import OutputLock
+        from gpuload.writing.files import OutputLock
 
         with OutputLock(tmp_path / "q"), pytest.raises(BusyError, match="another gpuload run is writing"):
             compress_folder(photo_folder, tmp_path / "q", progress=False)
@@ -465,7 +465,7 @@ class TestArguments:
             raise RuntimeError("no ffmpeg")
 
         monkeypatch.setattr(imageio_ffmpeg, "get_ffmpeg_exe", none)
-        monkeypatch.setattr(gpuload.store.compress.shutil, "which", lambda name: None)
+        monkeypatch.setattr(gpuload.writing.compress.shutil, "which", lambda name: None)
         with pytest.raises(FileNotFoundError, match=r"pip install imageio-ffmpeg .*apt-get install ffmpeg"):
             find_ffmpeg()
 

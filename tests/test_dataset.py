@@ -23,8 +23,8 @@ from gpuload import (
     decode_image,
     verify_memmap,
 )
-from gpuload.store.dataset import JpegSamples, storage_order
-from gpuload.store.table import file_digest
+from gpuload.format.dataset import JpegSamples, storage_order
+from gpuload.format.table import file_digest
 
 PINNED = Path(__file__).parent / "data" / "tiny.memmap"
 PINNED_V2 = Path(__file__).parent / "data" / "v2"

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
-import gpuload.store.decode
+import gpuload.writing.decode
 from gpuload import GpuloadError
-from gpuload.store.decode import (
+from gpuload.writing.decode import (
     RESIZE_MODES,
     DecodeError,
     _fit,
@@ -82,7 +82,7 @@ class TestOnlyDamageIsDamage:
 
     def test_a_bug_after_decoding_propagates_with_its_type(self, tmp_path, monkeypatch):
         photo().save(tmp_path / "a.jpg")
-        monkeypatch.setattr(gpuload.store.decode, "_fit", lambda *args: 1 / 0)
+        monkeypatch.setattr(gpuload.writing.decode, "_fit", lambda *args: 1 / 0)
         with pytest.raises(ZeroDivisionError):
             decode_image(tmp_path / "a.jpg", (10, 10))
 
@@ -245,14 +245,14 @@ class TestDecodeInto:
         """No transposition and no copy: libjpeg-turbo writes the pixels where they are stored."""
         photo((30, 40)).save(tmp_path / "a.jpg", quality=90)
         out = np.full((30, 40, 3), 7, np.uint8)
-        buffers, real = [], gpuload.store.decode.simplejpeg.decode_jpeg
+        buffers, real = [], gpuload.writing.decode.simplejpeg.decode_jpeg
 
         def decode_jpeg(*args, buffer=None, **kwargs):
             buffers.append(buffer)
             return real(*args, buffer=buffer, **kwargs)
 
-        monkeypatch.setattr(gpuload.store.decode.simplejpeg, "decode_jpeg", decode_jpeg)
-        monkeypatch.setattr(gpuload.store.decode.np, "copyto", None)  # any copy would fail
+        monkeypatch.setattr(gpuload.writing.decode.simplejpeg, "decode_jpeg", decode_jpeg)
+        monkeypatch.setattr(gpuload.writing.decode.np, "copyto", None)  # any copy would fail
         decode_into(tmp_path / "a.jpg", out, "crop")
         assert len(buffers) == 1 and buffers[0] is out
         monkeypatch.undo()
@@ -315,9 +315,9 @@ class TestBoundedWork:
         and 3.2 GB): only the part that is kept may be resized."""
         Image.fromarray(np.full((height, width, 3), 90, np.uint8)).save(tmp_path / "thin.png")
         sizes = []
-        real = gpuload.store.decode.resize_image
+        real = gpuload.writing.decode.resize_image
         monkeypatch.setattr(
-            gpuload.store.decode, "resize_image", lambda chw, size: sizes.append(size) or real(chw, size)
+            gpuload.writing.decode, "resize_image", lambda chw, size: sizes.append(size) or real(chw, size)
         )
         assert decode_image(tmp_path / "thin.png", (480, 640), resize).shape == (3, 480, 640)
         assert all(h * w <= 4 * 480 * 640 for h, w in sizes)

@@ -3,8 +3,8 @@ import os
 
 import pytest
 
-import gpuload.store.files
-from gpuload.store.files import OutputLock, no_room
+import gpuload.writing.files
+from gpuload.writing.files import OutputLock, no_room
 
 
 @pytest.mark.parametrize(("code", "kind"), [(errno.EROFS, OSError), (errno.EACCES, PermissionError)])
@@ -15,7 +15,7 @@ def test_a_lock_file_that_cannot_be_created_names_the_output_and_what_to_do(tmp_
     def refuse(path, *args):
         raise kind(code, os.strerror(code), str(path))
 
-    monkeypatch.setattr(gpuload.store.files.os, "open", refuse)
+    monkeypatch.setattr(gpuload.writing.files.os, "open", refuse)
     with pytest.raises(kind) as caught, OutputLock(tmp_path / "out.memmap"):
         pass
     assert caught.value.errno == code
@@ -62,8 +62,8 @@ def test_a_lock_file_on_a_full_disk_says_whether_bytes_or_inodes_ran_out(tmp_pat
     def full(path, *args):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(gpuload.store.files.os, "open", full)
-    monkeypatch.setattr(gpuload.store.files.os, "statvfs", lambda path: Statvfs(12_800, free_inodes))
+    monkeypatch.setattr(gpuload.writing.files.os, "open", full)
+    monkeypatch.setattr(gpuload.writing.files.os, "statvfs", lambda path: Statvfs(12_800, free_inodes))
     with pytest.raises(OSError) as caught, OutputLock(tmp_path / "out.memmap"):
         pass
     assert caught.value.errno == errno.ENOSPC
@@ -74,7 +74,7 @@ def test_a_lock_file_on_a_full_disk_says_whether_bytes_or_inodes_ran_out(tmp_pat
 
 class TestNoRoom:
     def test_no_free_inode_while_bytes_remain(self, monkeypatch):
-        monkeypatch.setattr(gpuload.store.files.os, "statvfs", lambda path: Statvfs(12_800, free_inodes=0))
+        monkeypatch.setattr(gpuload.writing.files.os, "statvfs", lambda path: Statvfs(12_800, free_inodes=0))
         assert no_room("/", "to write x", "there or write to another disk", needed="a new file") == (
             "no free inode left to write x (its disk has 52,428,800 bytes (0.05 GB) free, but all its 1,000 inodes "
             "are taken: each file or folder takes one, whatever its size); delete files there or write to another disk"
@@ -84,13 +84,13 @@ class TestNoRoom:
         """btrfs reports 0 inodes of 0: that is no inode count, not a full table."""
         stats = Statvfs(0, free_inodes=0)
         stats.f_files = 0
-        monkeypatch.setattr(gpuload.store.files.os, "statvfs", lambda path: stats)
+        monkeypatch.setattr(gpuload.writing.files.os, "statvfs", lambda path: stats)
         assert no_room("/", "to write x", "there", needed="10 bytes") == (
             "not enough disk space to write x: it needs 10 bytes and its disk has 0 bytes (0.00 GB) free; free space there"
         )
 
     def test_the_disk_of_a_path_not_made_yet_is_that_of_its_nearest_folder(self, tmp_path, monkeypatch):
         asked = []
-        monkeypatch.setattr(gpuload.store.files.os, "statvfs", lambda path: asked.append(path) or Statvfs(1))
+        monkeypatch.setattr(gpuload.writing.files.os, "statvfs", lambda path: asked.append(path) or Statvfs(1))
         no_room(tmp_path / "a" / "b", "to write b", "there")
         assert asked == [tmp_path]

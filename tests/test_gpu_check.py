@@ -175,7 +175,7 @@ def test_the_wheels_leave_out_ffmpeg():
 
 def test_without_ffmpeg_the_photos_copy_is_pillows_with_restart_markers(tmp_path, monkeypatch):
     import gpuload
-    from gpuload.store.jpeg import frame_size
+    from gpuload.writing.jpeg import frame_size
 
     def no_ffmpeg():
         raise FileNotFoundError("no ffmpeg found: ...")

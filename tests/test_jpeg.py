@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from gpuload import DatasetError, MemmapImageDataset, UsageError, build_memmap, decode_image
-from gpuload.store.jpeg import arithmetic_coded, frame_size, primary_image, row_window, scale_is_exact, store_jpeg
+from gpuload.writing.jpeg import arithmetic_coded, frame_size, primary_image, row_window, scale_is_exact, store_jpeg
 
 
 def block_means_gap(first: np.ndarray, second: np.ndarray) -> float:
@@ -94,12 +94,12 @@ class TestStoreJpeg:
     def test_a_re_encoded_file_is_read_once(self, tmp_path, monkeypatch):
         """Decoded from the bytes its header was read from: one read, and no second look at a file
         that may have changed in between."""
-        import gpuload.store.decode
-        import gpuload.store.jpeg
+        import gpuload.writing.decode
+        import gpuload.writing.jpeg
 
         reads = []
-        real = gpuload.store.decode.read_bytes
-        for module in (gpuload.store.decode, gpuload.store.jpeg):
+        real = gpuload.writing.decode.read_bytes
+        for module in (gpuload.writing.decode, gpuload.writing.jpeg):
             monkeypatch.setattr(module, "read_bytes", lambda path: reads.append(path) or real(path))
         photo((30, 40)).save(tmp_path / "a.png")
         assert store_jpeg(tmp_path / "a.png").reencoded == "not_jpeg" and len(reads) == 1

@@ -14,7 +14,6 @@ from unittest import mock
 
 import numpy as np
 import pytest
-import simplejpeg
 import torch
 from conftest import SIZE
 from hypothesis import HealthCheck, given, settings
@@ -24,6 +23,7 @@ from torch.utils.data import DistributedSampler
 import gpuload.loading.crop
 from gpuload import DataLoader, ImageData, MemmapImageDataset, RandomResizedCrop, UsageError
 from gpuload.loading import loader as loader_module
+from gpuload.loading import pipeline as pipeline_module
 from gpuload.loading.crop import CenterCropDecode, RandomResizedCropDecode, decode_crops
 from gpuload.loading.order import epoch_order
 
@@ -205,7 +205,7 @@ class TestBatches:
 
     def test_errors_in_the_gather_reach_the_consumer(self, monkeypatch):
         calls = []
-        real = loader_module._index_select
+        real = loader_module.index_select
 
         def failing(*args):
             calls.append(1)
@@ -213,7 +213,7 @@ class TestBatches:
                 raise OSError("a disk error on the second batch")
             return real(*args)
 
-        monkeypatch.setattr(loader_module, "_index_select", failing)
+        monkeypatch.setattr(loader_module, "index_select", failing)
         loader = DataLoader(indexed_data(), batch_size=2, device="cpu", threads=1)
         iterator = iter(loader)
         next(iterator)
@@ -378,8 +378,9 @@ class TestBuffers:
             del view
         assert len(pointers) <= loader.prefetch + 2
 
-    def test_the_loader_uses_no_private_torch_api(self):
-        source = Path(loader_module.__file__).read_text()
+    @pytest.mark.parametrize("module", ["loader", "pipeline", "device"])
+    def test_the_loader_uses_no_private_torch_api(self, module):
+        source = (Path(loader_module.__file__).parent / f"{module}.py").read_text()
         assert not re.findall(r"torch(?:\.\w+)*\._\w+|\._cdata\b", source)
 
 
@@ -418,7 +419,7 @@ class TestShutdown:
         producers while it holds the pipeline's condition and the other producer waits on it."""
         loader = DataLoader(indexed_data(), batch_size=2, prefetch=1, threads=2, device="cpu")
         ready, calls = threading.Event(), []
-        publish = loader_module._Pipeline._fill_and_publish
+        publish = pipeline_module._Pipeline._fill_and_publish
 
         def finalise_while_holding_the_condition(pipeline, number, slot, stream):
             if number == 0:  # prefetch=1: the other producer waits on the condition meanwhile
@@ -428,7 +429,7 @@ class TestShutdown:
                 calls.append("returned")
             publish(pipeline, number, slot, stream)
 
-        monkeypatch.setattr(loader_module._Pipeline, "_fill_and_publish", finalise_while_holding_the_condition)
+        monkeypatch.setattr(pipeline_module._Pipeline, "_fill_and_publish", finalise_while_holding_the_condition)
         iterator = iter(loader)
         finalise = iterator._finalizer
         ready.set()
@@ -438,7 +439,7 @@ class TestShutdown:
     def test_a_ring_goes_back_to_the_pool_only_when_its_producers_have_exited(self, monkeypatch):
         loader = DataLoader(indexed_data(), batch_size=2, prefetch=1, threads=1, device="cpu")
         gathering, release = threading.Event(), threading.Event()
-        publish = loader_module._Pipeline._fill_and_publish
+        publish = pipeline_module._Pipeline._fill_and_publish
 
         def slow_first_gather(pipeline, number, slot, stream):
             if not gathering.is_set():
@@ -446,7 +447,7 @@ class TestShutdown:
                 release.wait(5)
             publish(pipeline, number, slot, stream)
 
-        monkeypatch.setattr(loader_module._Pipeline, "_fill_and_publish", slow_first_gather)
+        monkeypatch.setattr(pipeline_module._Pipeline, "_fill_and_publish", slow_first_gather)
         first = iter(loader)
         ring = first._pipeline.ring
         assert gathering.wait(5)
@@ -800,7 +801,7 @@ class TestTransform:
             return augment(images, generator=generator)
 
         reference = self.batches()
-        monkeypatch.setattr(loader_module, "uses_cuda_graphs", lambda function: function is graphed)
+        monkeypatch.setattr(pipeline_module, "uses_cuda_graphs", lambda function: function is graphed)
         loader = DataLoader(indexed_data(40, (12, 16)), batch_size=4, shuffle=True, seed=3, device="cpu",
                             transform=graphed, threads=2)  # fmt: skip
         batches = [(images.clone(), labels.clone()) for images, labels in loader]
@@ -855,59 +856,6 @@ class TestJpegDatasets:
         assert sum(len(labels) for _, labels in loader) == 20
         assert peak[0] == threads
 
-    @pytest.mark.parametrize(
-        ("failure", "message"),
-        [
-            ("missing", r"TorchCodec's nvJPEG .* does not load here \(ModuleNotFoundError"),
-            ("no_decode_jpeg", r"does not load here \(ImportError"),  # 0.8 to 0.15: no decode_jpeg
-            ("broken", r"does not load here \(RuntimeError: Could not load libtorchcodec\)"),  # no FFmpeg, say
-            ("0.16", r"needs TorchCodec 0.17 or newer, found 0.16.0\+cu130"),
-            ("no_nvjpeg", r"TorchCodec 0.17.0 could not decode a 16x16 JPEG on cuda \(RuntimeError: nvjpegCreate"),
-            ("wrong_shape", r"TorchCodec 0.17.0 decoded a 16x16 RGB JPEG to shape \[16, 16, 3\]"),
-        ],
-    )
-    def test_gpu_decode_without_a_working_torchcodec_says_what_to_install(self, monkeypatch, failure, message):
-        """Each is refused when the loader is made, never found at the first batch, a quiet CPU fallback
-        or a traceback: the check decodes a small JPEG on the device."""
-        import types
-
-        package = types.ModuleType("torchcodec")
-        package.__version__ = "0.16.0+cu130" if failure == "0.16" else "0.17.0"
-        decoders = types.ModuleType("torchcodec.decoders")
-
-        def decode_jpeg(blobs, mode, device):
-            assert isinstance(blobs, list) and mode == "RGB" and device == torch.device("cuda", 0)
-            if failure == "no_nvjpeg":
-                raise RuntimeError("nvjpegCreate failed: NVJPEG_STATUS_LIBRARY_NOT_INITIALIZED\nmore")
-            image = torch.from_numpy(simplejpeg.decode_jpeg(blobs[0]))  # [16, 16, 3]
-            return [image if failure == "wrong_shape" else image.permute(2, 0, 1)]
-
-        if failure != "no_decode_jpeg":
-            decoders.decode_jpeg = decode_jpeg
-        if failure == "broken":
-            decoders.__getattr__ = lambda name: (_ for _ in ()).throw(RuntimeError("Could not load libtorchcodec"))
-            del decoders.decode_jpeg
-        monkeypatch.setitem(sys.modules, "torchcodec", None if failure == "missing" else package)
-        monkeypatch.setitem(sys.modules, "torchcodec.decoders", decoders)
-        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-        with pytest.raises(UsageError, match=message) as refused:
-            loader_module.check_gpu_decode(torch.device("cuda"))
-        assert str(refused.value).count("\n") == 0
-        assert str(refused.value).endswith("pip install 'gpuload[cuda]' (TorchCodec 0.17 or newer), or use gpu=False")
-
-    def test_a_working_torchcodec_passes_the_check(self, monkeypatch):
-        import types
-
-        package, decoders = types.ModuleType("torchcodec"), types.ModuleType("torchcodec.decoders")
-        package.__version__ = "0.17.0"
-        decoders.decode_jpeg = lambda blobs, mode, device: [
-            torch.from_numpy(simplejpeg.decode_jpeg(blob)).permute(2, 0, 1) for blob in blobs
-        ]
-        monkeypatch.setitem(sys.modules, "torchcodec", package)
-        monkeypatch.setitem(sys.modules, "torchcodec.decoders", decoders)
-        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-        loader_module.check_gpu_decode(torch.device("cuda"))
-
     def test_a_loader_made_before_set_device_under_nccl_is_refused_before_the_broadcast(self, monkeypatch):
         """NCCL broadcasts the seed through the current device: every rank on cuda:0 hangs or fails."""
         broadcasts = []
@@ -927,13 +875,6 @@ class TestJpegDatasets:
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
         loader_module._draw_seed(None, broadcast=True)
         assert broadcasts == [1, 1, 1]
-
-    def test_cuda_graphs_are_told_from_the_compiled_transform(self):
-        identity = torch.nn.Identity()
-        assert loader_module.uses_cuda_graphs(torch.compile(identity, mode="reduce-overhead"))
-        assert loader_module.uses_cuda_graphs(torch.compile(identity, mode="max-autotune"))
-        assert not loader_module.uses_cuda_graphs(torch.compile(identity))
-        assert not loader_module.uses_cuda_graphs(identity) and not loader_module.uses_cuda_graphs(abs)
 
     def test_a_resumed_epoch_replays_the_same_crops(self, jpeg_dataset):
         dataset = MemmapImageDataset(jpeg_dataset)
@@ -1117,7 +1058,7 @@ def test_distributed_shards_with_torchrun(built_dataset, tmp_path):
     assert ranks[0]["served"]["rank0_only"]["length"] == 4  # and the run did not hang on a collective
 
 
-# The CUDA stream protocol's three steps are functions of gpuload/loading/loader.py that the deletion
+# The CUDA stream protocol's steps are functions of gpuload/loading/pipeline.py that the deletion
 # check (test_the_overlap_tests_fail_without_each_step_of_the_protocol, experiments/gpu_check.py) replaces
 # with nothing, one at a time, through GPULOAD_DELETE_STEP (tests/conftest.py); each scenario of
 # test_every_batch_is_exact_under_overlap should then fail:
@@ -1239,13 +1180,13 @@ class TestCuda:
 
     def test_each_producer_copies_on_a_stream_of_its_own(self, data, monkeypatch):
         streams = set()
-        real = loader_module._index_select
+        real = loader_module.index_select
 
         def gather(*args):
             streams.add(torch.cuda.current_stream().stream_id)
             return real(*args)
 
-        monkeypatch.setattr(loader_module, "_index_select", gather)
+        monkeypatch.setattr(loader_module, "index_select", gather)
         loader = DataLoader(data, batch_size=16, device="cuda", threads=2, prefetch=4)
         list(loader)
         assert len(streams) == 2 and torch.cuda.default_stream().stream_id not in streams

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from gpuload.store.manifest import DIGESTED, FORMAT_VERSION, DatasetError, Manifest
+from gpuload.format.manifest import DIGESTED, FORMAT_VERSION, DatasetError, Manifest
 
 FILES = {
     "images.memmap": 120,
@@ -228,7 +228,7 @@ def test_versions_3_and_4_store_raw_images_channels_last(tmp_path):
 
 
 class TestVersion4:
-    """The images' paths, labels and checksums leave manifest.json for flat files (gpuload.store.table)."""
+    """The images' paths, labels and checksums leave manifest.json for flat files (gpuload.format.table)."""
 
     def test_holds_no_list_per_image(self, tmp_path):
         manifest().write(tmp_path)

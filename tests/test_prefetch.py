@@ -9,9 +9,9 @@ import torch
 from conftest import FAST_RETRY
 
 from gpuload.loading.prefetch import BlockPrefetcher
-from gpuload.store.cache import BlockCache
-from gpuload.store.remote import open_store
-from gpuload.store.remote_file import RemoteFile
+from gpuload.remote.cache import BlockCache
+from gpuload.remote.file import RemoteFile
+from gpuload.remote.store import open_store
 
 BLOCK = 1_000
 PAYLOAD = random.Random(2).randbytes(20 * BLOCK)  # 20 blocks

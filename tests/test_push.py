@@ -1,4 +1,4 @@
-"""gpuload.store.push (and ``gpuload push``): a checked, resumable copy to moto's S3 and to file:// URLs."""
+"""gpuload.remote.push (and ``gpuload push``): a checked, resumable copy to moto's S3 and to file:// URLs."""
 
 import json
 import os
@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 from conftest import FAST_RETRY
 
-import gpuload.store.push as push_module
-import gpuload.store.remote as remote
+import gpuload.remote.push as push_module
+import gpuload.remote.store as remote
 from gpuload.cli import main
 from gpuload.errors import DatasetError, RemoteError, UsageError
-from gpuload.store.manifest import MANIFEST_NAME
-from gpuload.store.push import PUSH_RECORD, push_memmap
-from gpuload.store.remote import open_store
-from gpuload.store.remote_dataset import PUSH_MARKER
+from gpuload.format.manifest import MANIFEST_NAME
+from gpuload.remote.dataset import PUSH_MARKER
+from gpuload.remote.push import PUSH_RECORD, push_memmap
+from gpuload.remote.store import open_store
 
 ROOT = Path(__file__).resolve().parent.parent
 JPEG_FILES = [
@@ -372,8 +372,8 @@ class TestLargeObjects:
         part 4 alone, completes the upload, and no multipart upload is left."""
         s3.proxy.fail("stall", times=1, methods=("PUT",), path="partNumber=4")
         child = textwrap.dedent(f"""
-            import gpuload.store.remote as remote
-            from gpuload.store.push import push_memmap
+            import gpuload.remote.store as remote
+            from gpuload.remote.push import push_memmap
             remote.MIN_PART, remote.MAX_PARTS = 1024, 5
             store = remote.open_store({s3.url("photos.jpeg")!r}, backend={backend!r})
             push_memmap({str(jpeg_dataset)!r}, store.url, store=store, progress=False)

@@ -1,4 +1,4 @@
-"""gpuload.store.remote_dataset and a dataset at a URL (``MemmapImageDataset(url, cache=...)``) under the
+"""gpuload.remote.dataset and a dataset at a URL (``MemmapImageDataset(url, cache=...)``) under the
 loader: a pushed dataset opened from moto's S3 and from the Range HTTP server, its faults, and ranks of two
 simulated nodes under torchrun."""
 
@@ -19,12 +19,12 @@ from servers import FaultProxy
 from gpuload import CenterCropDecode, DataLoader, RandomResizedCropDecode
 from gpuload.cli import main
 from gpuload.errors import DatasetError, ObjectChangedError, UsageError
+from gpuload.format.dataset import MemmapImageDataset
+from gpuload.format.verify import describe_memmap
 from gpuload.loading.order import epoch_order
-from gpuload.store.dataset import MemmapImageDataset
-from gpuload.store.push import push_memmap
-from gpuload.store.remote import Store, open_store
-from gpuload.store.remote_dataset import describe_remote, open_remote, verify_remote
-from gpuload.store.verify import describe_memmap
+from gpuload.remote.dataset import describe_remote, open_remote, verify_remote
+from gpuload.remote.push import push_memmap
+from gpuload.remote.store import Store, open_store
 
 
 @pytest.fixture(params=["jpeg", "raw"])

@@ -1,4 +1,4 @@
-"""gpuload.store.remote_file: ranged reads through the node's block cache, against moto behind a fault proxy."""
+"""gpuload.remote.file: ranged reads through the node's block cache, against moto behind a fault proxy."""
 
 import os
 import pickle
@@ -15,9 +15,9 @@ import xxhash
 from conftest import FAST_RETRY
 
 from gpuload.errors import DatasetError, UsageError
-from gpuload.store.cache import BlockCache
-from gpuload.store.remote import ObjectChangedError, RemoteError, Retry, open_store
-from gpuload.store.remote_file import RemoteFile
+from gpuload.remote.cache import BlockCache
+from gpuload.remote.file import RemoteFile
+from gpuload.remote.store import ObjectChangedError, RemoteError, Retry, open_store
 
 ROOT = Path(__file__).resolve().parent.parent
 PAYLOAD = random.Random(1).randbytes(100_000)
@@ -122,7 +122,7 @@ class TestClose:
         """A read waits out 503s with 2 s of backoff each (10 s in all): close() stops it at once, whether
         the read runs in the caller's thread (one span), in the file's request threads (two), or waits
         in their queue (three spans, one thread)."""
-        import gpuload.store.remote as remote
+        import gpuload.remote.store as remote
 
         monkeypatch.setattr(remote.random, "uniform", lambda low, high: high)
         slow = Retry(attempts=6, base_delay=2.0, max_delay=2.0, timeout=2.0)
@@ -211,7 +211,7 @@ class TestStuckLock:
     ):
         import fcntl
 
-        import gpuload.store.cache as cache_module
+        import gpuload.remote.cache as cache_module
 
         monkeypatch.setattr(cache_module, "STRIPE_WAIT", 0.2)
         with RemoteFile(data_object, "data.memmap", cache=cache, block_size=BLOCK) as file:
@@ -233,9 +233,9 @@ class TestSharedCache:
         s3.proxy.latency = 0.05
         child = textwrap.dedent(f"""
             import threading
-            from gpuload.store.cache import BlockCache
-            from gpuload.store.remote import Retry, open_store
-            from gpuload.store.remote_file import RemoteFile
+            from gpuload.remote.cache import BlockCache
+            from gpuload.remote.store import Retry, open_store
+            from gpuload.remote.file import RemoteFile
             store = open_store({s3.url("ds")!r}, retry=Retry(attempts=3, base_delay=0.001))
             file = RemoteFile(store, "data.memmap", cache=BlockCache({str(cache.path)!r}, "10MB"), block_size={BLOCK},
                               blocks_per_request=1)

@@ -1,4 +1,4 @@
-"""gpuload/store/table.py: each image's path, label and checksum in flat files (format version 4)."""
+"""gpuload/format/table.py: each image's path, label and checksum in flat files (format version 4)."""
 
 import gc
 import subprocess
@@ -12,9 +12,9 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import gpuload.store.build
+import gpuload.writing.build
 from gpuload import DatasetError, MemmapImageDataset, build_memmap, make_sample_folder
-from gpuload.store.table import SampleTable, TableWriter, file_digest
+from gpuload.format.table import SampleTable, TableWriter, file_digest
 
 
 @settings(max_examples=50, deadline=None)
@@ -30,7 +30,7 @@ from gpuload.store.table import SampleTable, TableWriter, file_digest
 def test_what_is_written_is_read_back_by_index(tmp_path_factory, rows, chunk):
     """Whatever the rows, and however many the writer holds between writes."""
     folder = tmp_path_factory.mktemp("table")
-    with mock.patch("gpuload.store.table._CHUNK", chunk), TableWriter(folder) as writer:
+    with mock.patch("gpuload.format.table._CHUNK", chunk), TableWriter(folder) as writer:
         for path, label, checksum in rows:
             writer.append(path, label, checksum)
     table = SampleTable.open(folder, len(rows))
@@ -114,7 +114,7 @@ class TestJpegOrder:
         return make_sample_folder(tmp_path / "photos", images_per_class=12, size=(48, 64))
 
     def test_images_lie_shuffled_and_no_image_crosses_a_block(self, photos, tmp_path, monkeypatch):
-        monkeypatch.setattr(gpuload.store.build, "BLOCK_SIZE", 32768)  # about ten images a block
+        monkeypatch.setattr(gpuload.writing.build, "BLOCK_SIZE", 32768)  # about ten images a block
 
         def classes_per_block(dataset) -> float:
             blocks, labels = (dataset.data.starts // 32768).numpy(), dataset.data.labels.numpy()

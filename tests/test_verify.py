@@ -6,11 +6,11 @@ import pytest
 from conftest import photo, write_odd_image
 from PIL import Image, ImageOps
 
-import gpuload.store.decode
-import gpuload.store.verify
+import gpuload.format.verify
+import gpuload.writing.decode
 from gpuload import MemmapImageDataset, UsageError, build_memmap
-from gpuload.store.decode import pixel_limit
-from gpuload.store.verify import describe_memmap, verify_memmap
+from gpuload.format.verify import describe_memmap, verify_memmap
+from gpuload.writing.decode import pixel_limit
 
 
 @pytest.fixture
@@ -77,8 +77,8 @@ def test_changed_and_missing_sources_are_found(writable_copy, photo_copy):
 
 def test_all_sources(built_dataset, monkeypatch):
     decoded = []
-    real = gpuload.store.verify.decode_image
-    monkeypatch.setattr(gpuload.store.verify, "decode_image", lambda *args: decoded.append(1) or real(*args))
+    real = gpuload.format.verify.decode_image
+    monkeypatch.setattr(gpuload.format.verify, "decode_image", lambda *args: decoded.append(1) or real(*args))
     assert verify_memmap(built_dataset, sources="all", progress=False) == []
     assert len(decoded) == 20
 
@@ -132,7 +132,7 @@ def test_bad_sources(built_dataset, sources):
 
 
 def test_a_bug_while_re_decoding_is_not_reported_as_a_damaged_source(built_dataset, monkeypatch):
-    monkeypatch.setattr(gpuload.store.decode, "_fit", lambda *args: 1 / 0)
+    monkeypatch.setattr(gpuload.writing.decode, "_fit", lambda *args: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         verify_memmap(built_dataset, sources=3, progress=False)
 
@@ -299,7 +299,7 @@ class TestTinyImages:
         out = build_memmap(tiny_sources, tmp_path / "out", format="jpeg", quality=quality, progress=False)
         reencoded = MemmapImageDataset(out).manifest.jpeg["reencoded"]
         assert reencoded == {"progressive": len(TINY_SIZES), "not_jpeg": len(TINY_SIZES)}
-        monkeypatch.setattr(gpuload.store.verify, "decode_image", None)  # the same bytes: no pixel comparison
+        monkeypatch.setattr(gpuload.format.verify, "decode_image", None)  # the same bytes: no pixel comparison
         assert verify_memmap(out, sources="all", progress=False) == []
 
     @pytest.mark.parametrize("max_side", [1, 3, 5, 7, 9])

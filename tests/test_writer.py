@@ -4,8 +4,8 @@ import os
 import numpy as np
 import pytest
 
-import gpuload.store.writer
-from gpuload.store.writer import BlockWriter
+import gpuload.writing.writer
+from gpuload.writing.writer import BlockWriter
 
 
 def test_blocks_are_appended_and_the_file_cut_to_size(tmp_path):
@@ -32,8 +32,8 @@ class TestFullDisk:
 
     @pytest.mark.parametrize("name", [None, "dataset/out.bin"])
     def test_the_reservation_fails_at_once(self, tmp_path, monkeypatch, name):
-        monkeypatch.setattr(gpuload.store.writer.os, "posix_fallocate", _failing(errno.ENOSPC))
-        monkeypatch.setattr(gpuload.store.writer.os, "statvfs", lambda fd: _Statvfs(free_blocks=1000))
+        monkeypatch.setattr(gpuload.writing.writer.os, "posix_fallocate", _failing(errno.ENOSPC))
+        monkeypatch.setattr(gpuload.writing.writer.os, "statvfs", lambda fd: _Statvfs(free_blocks=1000))
         path = tmp_path / "out.bin"
         with pytest.raises(OSError) as caught:
             BlockWriter(path, capacity=2 * 10**9, name=name)
@@ -47,8 +47,8 @@ class TestFullDisk:
         path = tmp_path / "out.bin"
         with BlockWriter(path, capacity=4) as writer:
             writer.write(np.zeros(4, np.uint8))
-            monkeypatch.setattr(gpuload.store.writer.os, "pwrite", _failing(errno.ENOSPC))
-            monkeypatch.setattr(gpuload.store.writer.os, "statvfs", lambda fd: _Statvfs(free_blocks=0))
+            monkeypatch.setattr(gpuload.writing.writer.os, "pwrite", _failing(errno.ENOSPC))
+            monkeypatch.setattr(gpuload.writing.writer.os, "statvfs", lambda fd: _Statvfs(free_blocks=0))
             with pytest.raises(OSError) as caught:
                 writer.write(np.zeros(10, np.uint8))
         assert caught.value.errno == errno.ENOSPC
@@ -61,11 +61,11 @@ class TestFullDisk:
         """ENOSPC at the file's creation (no free inodes, a full directory)."""
         real_open = os.open
         monkeypatch.setattr(
-            gpuload.store.writer.os,
+            gpuload.writing.writer.os,
             "open",
             lambda path, *args: _failing(errno.ENOSPC)() if str(path).endswith("out.bin") else real_open(path, *args),
         )
-        monkeypatch.setattr(gpuload.store.writer.os, "statvfs", lambda path: _Statvfs(free_blocks=0))
+        monkeypatch.setattr(gpuload.writing.writer.os, "statvfs", lambda path: _Statvfs(free_blocks=0))
         with pytest.raises(OSError) as caught:
             BlockWriter(tmp_path / "out.bin", capacity=10, name="dataset/out.bin")
         assert caught.value.errno == errno.ENOSPC
@@ -78,11 +78,11 @@ class TestFullDisk:
         """ENOSPC at the file's creation on a disk with 50 MB free and no inode left."""
         real_open = os.open
         monkeypatch.setattr(
-            gpuload.store.writer.os,
+            gpuload.writing.writer.os,
             "open",
             lambda path, *args: _failing(errno.ENOSPC)() if str(path).endswith("out.bin") else real_open(path, *args),
         )
-        monkeypatch.setattr(gpuload.store.writer.os, "statvfs", lambda path: _Statvfs(12_800, free_inodes=0))
+        monkeypatch.setattr(gpuload.writing.writer.os, "statvfs", lambda path: _Statvfs(12_800, free_inodes=0))
         with pytest.raises(OSError) as caught:
             BlockWriter(tmp_path / "out.bin", capacity=10, name="dataset/out.bin")
         assert caught.value.errno == errno.ENOSPC
@@ -93,9 +93,9 @@ class TestFullDisk:
         )
 
     def test_a_full_disk_found_by_the_write_behind_names_the_file(self, tmp_path, monkeypatch):
-        monkeypatch.setattr(gpuload.store.writer, "_WRITE_BEHIND_BYTES", 1)
-        monkeypatch.setattr(gpuload.store.writer, "start_writeback", _failing(errno.ENOSPC))
-        monkeypatch.setattr(gpuload.store.writer.os, "statvfs", lambda path: _Statvfs(free_blocks=0))
+        monkeypatch.setattr(gpuload.writing.writer, "_WRITE_BEHIND_BYTES", 1)
+        monkeypatch.setattr(gpuload.writing.writer, "start_writeback", _failing(errno.ENOSPC))
+        monkeypatch.setattr(gpuload.writing.writer.os, "statvfs", lambda path: _Statvfs(free_blocks=0))
         with BlockWriter(tmp_path / "out.bin", capacity=4, write_behind=True, name="dataset/out.bin") as writer:
             with pytest.raises(OSError) as caught:
                 writer.write(np.zeros(4, np.uint8))
@@ -104,7 +104,7 @@ class TestFullDisk:
 
     def test_other_write_errors_are_left_as_they_are(self, tmp_path, monkeypatch):
         with BlockWriter(tmp_path / "out.bin", capacity=4) as writer:
-            monkeypatch.setattr(gpuload.store.writer.os, "pwrite", _failing(errno.EIO))
+            monkeypatch.setattr(gpuload.writing.writer.os, "pwrite", _failing(errno.EIO))
             with pytest.raises(OSError, match=r"^\[Errno 5\] Input/output error$"):
                 writer.write(np.zeros(4, np.uint8))
 
@@ -128,7 +128,7 @@ def test_filesystems_without_fallocate_still_work(tmp_path, monkeypatch):
     def unsupported(fd, offset, length):
         raise OSError(errno.EOPNOTSUPP, "Operation not supported")
 
-    monkeypatch.setattr(gpuload.store.writer.os, "posix_fallocate", unsupported)
+    monkeypatch.setattr(gpuload.writing.writer.os, "posix_fallocate", unsupported)
     with BlockWriter(tmp_path / "out.bin", capacity=100) as writer:
         writer.write(np.ones(4, np.uint8))
     assert (tmp_path / "out.bin").read_bytes() == b"\x01" * 4
@@ -136,7 +136,7 @@ def test_filesystems_without_fallocate_still_work(tmp_path, monkeypatch):
 
 def test_short_writes_are_completed(tmp_path, monkeypatch):
     real = os.pwrite
-    monkeypatch.setattr(gpuload.store.writer.os, "pwrite", lambda fd, data, offset: real(fd, data[:3], offset))
+    monkeypatch.setattr(gpuload.writing.writer.os, "pwrite", lambda fd, data, offset: real(fd, data[:3], offset))
     with BlockWriter(tmp_path / "out.bin", capacity=100) as writer:
         writer.write(np.arange(10, dtype=np.uint8))
     assert (tmp_path / "out.bin").read_bytes() == bytes(range(10))
@@ -144,9 +144,9 @@ def test_short_writes_are_completed(tmp_path, monkeypatch):
 
 def test_write_behind_starts_the_disk_writes_as_the_file_grows(tmp_path, monkeypatch):
     started = []
-    monkeypatch.setattr(gpuload.store.writer, "_WRITE_BEHIND_BYTES", 10)
+    monkeypatch.setattr(gpuload.writing.writer, "_WRITE_BEHIND_BYTES", 10)
     monkeypatch.setattr(
-        gpuload.store.writer, "start_writeback", lambda fd, offset, length: started.append((offset, length))
+        gpuload.writing.writer, "start_writeback", lambda fd, offset, length: started.append((offset, length))
     )
     with BlockWriter(tmp_path / "out.bin", capacity=100, write_behind=True) as writer:
         for _ in range(5):
@@ -158,7 +158,7 @@ def test_write_behind_starts_the_disk_writes_as_the_file_grows(tmp_path, monkeyp
 
 
 def test_start_writeback_is_harmless_on_a_real_file(tmp_path):
-    from gpuload.store.files import start_writeback
+    from gpuload.writing.files import start_writeback
 
     with open(tmp_path / "f", "wb") as file:
         file.write(b"x" * 10_000)

@@ -8,7 +8,7 @@ import torch
 import torch.utils.data
 
 from ..errors import UsageError
-from ..store.dataset import GatheredSamples, JpegSamples
+from ..format.dataset import GatheredSamples, JpegSamples
 
 __all__ = ["Collate"]
 

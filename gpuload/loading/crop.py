@@ -4,7 +4,7 @@ image read only where its crop lies.
 ``gpuload.DataLoader(jpeg_dataset, decode=RandomResizedCropDecode(224))`` decodes every sample of a
 batch in the loader's threads: libjpeg-turbo (simplejpeg, which releases the GIL) decodes at the
 smallest DCT scale (1/8, 1/4, 1/2 or 1) at which the sample's crop box is still at least as large
-as the output, and only the box's rows (:func:`gpuload.store.jpeg.row_window`: all rows below the
+as the output, and only the box's rows (:func:`gpuload.writing.jpeg.row_window`: all rows below the
 box are skipped, and those above it too where restart markers begin MCU rows, as in the JPEGs
 that ``gpuload compress`` writes); the box is cut out and resized (torch's antialiased bilinear
 uint8 resize), flipped when drawn so, and written into the batch's pinned buffer: fixed-size uint8
@@ -33,9 +33,7 @@ import numpy as np
 import torch
 
 from ..errors import DatasetError, UsageError
-from ..store.dataset import MemmapImageDataset, decode_jpeg_bytes
-from ..store.decode import resize_image
-from ..store.jpeg import frame_size, row_window, scale_is_exact
+from ..format.dataset import MemmapImageDataset, decode_jpeg_bytes
 from ..transforms.augment import (
     CROP_DRAWS,
     centre_offset,
@@ -48,6 +46,8 @@ from ..transforms.augment import (
     resized_crop_boxes,
     resized_size,
 )
+from ..writing.decode import resize_image
+from ..writing.jpeg import frame_size, row_window, scale_is_exact
 
 __all__ = [
     "CenterCropDecode",

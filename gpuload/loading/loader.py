@@ -2,35 +2,37 @@
 
 from __future__ import annotations
 
-import atexit
-import functools
 import hashlib
-import inspect
-import itertools
 import math
 import operator
 import os
-import sys
-import threading
-import weakref
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from ..errors import UsageError
-from ..machine import default_workers, limit_torch_threads
-from ..store.dataset import ImageData, MemmapImageDataset, storage_order
-from .crop import CenterCropDecode, RandomResizedCropDecode, crop_raw, crop_remote_raw, decode_batch, decode_crops
+from ..format.dataset import ImageData, MemmapImageDataset, storage_order
+from ..machine import default_workers
+from .crop import CenterCropDecode, RandomResizedCropDecode, crop_raw, crop_remote_raw, decode_crops
+from .device import check_gpu_decode, current_device, resolve_device
 from .order import distributed_rank, epoch_order
+from .pipeline import (
+    BatchTransform,
+    EpochIterator,
+    Gather,
+    Ring,
+    RingPool,
+    decode_on_device,
+    index_select,
+    read_raw,
+)
 from .prefetch import DEFAULT_AHEAD_BLOCKS, BlockPrefetcher
 
-__all__ = ["DataLoader", "check_gpu_decode", "current_device", "resolve_device", "uses_cuda_graphs"]
+__all__ = ["DataLoader"]
 
 # As torch's DataLoader: what shapes the batches is fixed once made (here also the buffers' device and count).
 _FIXED = frozenset(
@@ -39,8 +41,6 @@ _FIXED = frozenset(
         "block_shuffle",
     }
 )  # fmt: skip
-_EXIT_JOIN_S = 10  # at exit, how long to wait for each producer's last gather
-_POLL_S = 0.1  # how often a waiting producer looks at the stop flag, in case no notification reached it
 _STATE_KEYS = ("epoch", "global_position", "batch_size", "world_size", "dataset_length", "seed")
 DEFAULT_BLOCK_WINDOW = 32  # blocks shuffled together: 128 MiB of 4 MiB blocks
 
@@ -255,7 +255,7 @@ class DataLoader:
         self.epoch = 0
         self._start = 0  # where the next iteration starts in self.epoch: a loaded state's global position
         world_size = distributed_rank()[1]
-        self._position = _Position(0, 0, batch_size, world_size, order_world_size=world_size)  # what state_dict reports
+        self._position = Position(0, 0, batch_size, world_size, order_world_size=world_size)  # what state_dict reports
         # + 2 buffers: on the CPU the batch being used and the one before it (still bound to the
         # loop variable while the next is fetched) are views of their buffers.
         # Batches are channels-last in memory, as raw datasets store pixels and as decoders write
@@ -270,13 +270,13 @@ class DataLoader:
         self._ahead = max(prefetch, threads) if decode is not None and not gpu_decode else prefetch
         self._ring_rows = _largest_batch(batch_size, sampler, len(self._labels))  # grown by a padded order
         self._make_ring = partial(
-            _Ring,
+            Ring,
             shape=shape,
             slots=self._ahead + 2,
             channels_last=channels_last,
             host_images=not gpu_decode,
         )
-        self._rings: dict[torch.device, _RingPool] = {}  # per device: "cuda" resolves at each iteration
+        self._rings: dict[torch.device, RingPool] = {}  # per device: "cuda" resolves at each iteration
         self._initialized = True
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -302,7 +302,7 @@ class DataLoader:
             self._order_world_size = None
         self.epoch = epoch
         world_size = distributed_rank()[1]
-        self._position = _Position(
+        self._position = Position(
             epoch, self._start, self.batch_size, world_size, order_world_size=self._order_world_size or world_size
         )
 
@@ -404,7 +404,7 @@ class DataLoader:
             raise ValueError(f"global_position {position} is not in [0, {end}]")
         self.seed, self.epoch, self._start = int(state["seed"]), int(state["epoch"]), position
         self._order_world_size = order_world_size
-        self._position = _Position(
+        self._position = Position(
             self.epoch, position, int(state["batch_size"]), int(state["world_size"]), order_world_size=order_world_size
         )
 
@@ -421,7 +421,7 @@ class DataLoader:
             if isinstance(self.dataset, MemmapImageDataset):
                 self._blocks = self.dataset.image_blocks()
             else:  # an ImageData: images one after the other in 4 MiB blocks
-                from ..store.remote_file import DEFAULT_BLOCK_SIZE
+                from ..remote.file import DEFAULT_BLOCK_SIZE
 
                 size = self._image_view[0].numel()
                 self._blocks = torch.arange(len(self._labels), dtype=torch.int64) * size // DEFAULT_BLOCK_SIZE
@@ -429,14 +429,14 @@ class DataLoader:
 
     # -- iteration ---------------------------------------------------------------------
 
-    def _ring_pool(self, device: torch.device, rows: int = 1) -> _RingPool:
+    def _ring_pool(self, device: torch.device, rows: int = 1) -> RingPool:
         """The rings of ``device``, their buffers ``rows`` batch rows or more. A block-aware order resumed
         on fewer ranks may serve more entries than the dataset holds (the padding of the world size that
         started the epoch): then buffers of the larger size replace the pool."""
         if rows > self._ring_rows:
             self._ring_rows, self._rings = rows, {}
         if device not in self._rings:
-            self._rings[device] = _RingPool(partial(self._make_ring, device=device, batch_size=self._ring_rows))
+            self._rings[device] = RingPool(partial(self._make_ring, device=device, batch_size=self._ring_rows))
         return self._rings[device]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -465,24 +465,22 @@ class DataLoader:
             batches.pop()
         # The end of the epoch's global order: the dataset, or the sampler's indices on all ranks.
         end = self._order_length(order_world_size) if self.sampler is None else start + len(order) * world_size
-        self._position = _Position(
-            epoch, start, self.batch_size, world_size, end=end, order_world_size=order_world_size
-        )
+        self._position = Position(epoch, start, self.batch_size, world_size, end=end, order_world_size=order_world_size)
         transform = None
         if self.transform is not None:
-            transform = _BatchTransform(self.transform, (self.seed, epoch, rank, start, self.batch_size * world_size))
+            transform = BatchTransform(self.transform, (self.seed, epoch, rank, start, self.batch_size * world_size))
         device = current_device(self.device)  # a loader made before torch.cuda.set_device follows it
         remote_raw = self._images is None and self._image_view is None and self.dataset.storage == "raw"
         if self.decode is None and remote_raw:
-            gather: _Gather = partial(_read_raw, self.dataset, self._stored_channels_last)
+            gather: Gather = partial(read_raw, self.dataset, self._stored_channels_last)
         elif self.decode is None:
-            gather = partial(_index_select, self._images, self._stored_channels_last)
+            gather = partial(index_select, self._images, self._stored_channels_last)
         elif remote_raw:
             gather = partial(crop_remote_raw, self.dataset, decode=self.decode, seed=self.seed, epoch=epoch)
         elif self._images is not None:
             gather = partial(crop_raw, self._image_view, decode=self.decode, seed=self.seed, epoch=epoch)
         elif self.decode.gpu:
-            gather = partial(_decode_on_device, self.dataset, self.decode, self.seed, epoch, device)
+            gather = partial(decode_on_device, self.dataset, self.decode, self.seed, epoch, device)
         else:
             gather = partial(decode_crops, self.dataset, decode=self.decode, seed=self.seed, epoch=epoch)
         prefetcher = None
@@ -495,7 +493,7 @@ class DataLoader:
                 ahead=max(DEFAULT_AHEAD_BLOCKS, self.block_shuffle),
             )
         pool = self._ring_pool(device, max((len(batch) for batch in batches), default=1))
-        return _EpochIterator(self, pool, batches, self._position, gather, transform, prefetcher)
+        return EpochIterator(self, pool, batches, self._position, gather, transform, prefetcher)
 
     def __repr__(self) -> str:
         return (
@@ -506,7 +504,7 @@ class DataLoader:
 
 
 @dataclass
-class _Position:
+class Position:
     """How far into ``epoch`` an iteration got (see :meth:`DataLoader.state_dict`)."""
 
     epoch: int
@@ -520,39 +518,6 @@ class _Position:
     def advance(self, samples: int) -> None:
         """Count a batch of ``samples`` served on every rank."""
         self.global_position = min(self.global_position + samples * self.world_size, self.end)
-
-
-# The images of a batch (its dataset indices): written into the uint8 host buffer [B, 3, H, W]
-# (returns None), or made on the loader's device (returns that tensor: jpeg decoded on the GPU,
-# whose host buffer is None).
-_Gather = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor | None]
-
-
-def _index_select(images: torch.Tensor, channels_last: bool, indices: torch.Tensor, out: torch.Tensor) -> None:
-    """A raw dataset's batch: one gather straight from the memory-mapped pixels, in the order they lie
-    in (``images`` is ``[N, H, W, 3]`` when ``channels_last``, and ``out`` then a channels-last view)."""
-    torch.index_select(images, 0, indices, out=out.permute(0, 2, 3, 1) if channels_last else out)
-
-
-def _read_raw(dataset: MemmapImageDataset, channels_last: bool, indices: torch.Tensor, out: torch.Tensor) -> None:
-    """A raw dataset's batch at a URL: each image's stored bytes (read in parallel through the block
-    cache, checksums checked) copied into the host buffer in the order they lie."""
-    stored = (out.permute(0, 2, 3, 1) if channels_last else out).numpy()
-    for row, data in enumerate(dataset.read_images(indices.tolist())):
-        stored[row] = np.frombuffer(data, dtype=np.uint8).reshape(stored.shape[1:])
-
-
-def _decode_on_device(
-    dataset: MemmapImageDataset,
-    decode: RandomResizedCropDecode | CenterCropDecode,
-    seed: int,
-    epoch: int,
-    device: torch.device,
-    indices: torch.Tensor,
-    out: None,
-) -> torch.Tensor:
-    """A jpeg batch decoded and cropped on the loader's device (``decode.gpu``), on the current stream."""
-    return decode_batch(dataset, indices, decode, seed=seed, epoch=epoch, device=device)
 
 
 def _draw_seed(generator: torch.Generator | None, *, broadcast: bool, dataset: object = None) -> int:
@@ -635,570 +600,3 @@ def _integer(name: str, value: object) -> int:
         return operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}") from None
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``device`` checked; CUDA when available and ``device`` is ``None``. ``"cuda"`` without an index
-    stays so: it means the current device when a batch is made (see :func:`current_device`).
-
-    Raises:
-        UsageError: not a device torch knows, not CPU or CUDA, or CUDA where there is none.
-
-    Example:
-        >>> resolve_device("cpu")
-        device(type='cpu')
-    """
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(device)
-    except RuntimeError:  # torch's own message lists every device type it knows
-        raise UsageError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
-    if device.type not in ("cpu", "cuda"):
-        raise UsageError(
-            f"gpuload.DataLoader copies to 'cpu' or 'cuda' devices, got {str(device)!r}; "
-            "use device='cpu' and move batches yourself"
-        )
-    if device.type == "cpu":
-        return device
-    if not torch.cuda.is_available():
-        raise UsageError(f"device {str(device)!r} was asked for but CUDA is not available here; use device='cpu'")
-    if device.index is not None and device.index >= torch.cuda.device_count():
-        raise UsageError(f"device {str(device)!r} was asked for and this machine has {torch.cuda.device_count()} GPUs")
-    return device
-
-
-def current_device(device: torch.device) -> torch.device:
-    """``device`` with its CUDA index filled in from the current device (the rank's, once
-    ``torch.cuda.set_device(local_rank)`` ran).
-
-    Example:
-        >>> current_device(torch.device("cpu"))
-        device(type='cpu')
-    """
-    if device.type != "cuda" or device.index is not None:
-        return device
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-MIN_TORCHCODEC = (0, 17)  # 0.16 lacks the stream synchronisation before nvJPEG's hardware decoder
-
-
-def check_gpu_decode(device: torch.device) -> None:
-    """``gpu=True`` decodes with nvJPEG through TorchCodec on the loader's CUDA device: a small JPEG is
-    decoded there now, so that a TorchCodec that is missing, too old (before 0.17, nvJPEG's hardware
-    engine could write while kernels still ran on the stream), built without nvJPEG or unable to start
-    its decoder is refused here, not found at the first batch.
-
-    Raises:
-        UsageError: any of those, in one line that says what to install, or to use ``gpu=False``.
-    """
-    if device.type != "cuda":
-        raise UsageError(f"gpu=True decodes on a CUDA device, and this loader's device is {device.type}: use gpu=False")
-    advice = "pip install 'gpuload[cuda]' (TorchCodec 0.17 or newer), or use gpu=False"
-    try:  # decode_jpeg first appears in TorchCodec 0.16
-        import torchcodec
-        from torchcodec.decoders import decode_jpeg
-    except Exception as error:  # ImportError, or the RuntimeError/OSError of a TorchCodec that cannot load
-        raise UsageError(
-            f"gpu=True decodes with TorchCodec's nvJPEG (torchcodec.decoders.decode_jpeg), which does not load "
-            f"here ({_first_line(error)}): {advice}"
-        ) from None
-    version = getattr(torchcodec, "__version__", "0")
-    if _release(version) < MIN_TORCHCODEC:
-        raise UsageError(f"gpu=True needs TorchCodec 0.17 or newer, found {version}: {advice}")
-    try:
-        (decoded,) = decode_jpeg([_probe_jpeg()], mode="RGB", device=current_device(device))
-        found = tuple(decoded.shape)
-    except Exception as error:  # nvJPEG missing from the build, its decoder failing to start...
-        raise UsageError(
-            f"gpu=True: TorchCodec {version} could not decode a 16x16 JPEG on {device} ({_first_line(error)}): {advice}"
-        ) from None
-    if found != (3, 16, 16):
-        raise UsageError(f"gpu=True: TorchCodec {version} decoded a 16x16 RGB JPEG to shape {list(found)}: {advice}")
-
-
-@functools.cache
-def _probe_jpeg() -> bytes:
-    """A 16x16 colour JPEG (4:2:0, as photos are), for :func:`check_gpu_decode`."""
-    import simplejpeg
-
-    pixels = np.arange(16 * 16 * 3, dtype=np.uint8).reshape(16, 16, 3)
-    return simplejpeg.encode_jpeg(pixels, quality=90, colorsubsampling="420")
-
-
-def _release(version: str) -> tuple[int, ...]:
-    """``"0.17.0+cu130"`` -> ``(0, 17, 0)``: the numbers of a version string's release part."""
-    numbers = []
-    for part in version.split("+")[0].split("."):
-        digits = "".join(itertools.takewhile(str.isdigit, part))
-        if not digits:
-            break
-        numbers.append(int(digits))
-    return tuple(numbers)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
-
-
-class _HostSlot:
-    """A CPU buffer of the ring, whose batches are handed to the user as they are.
-
-    Its memory is a numpy array, and each batch is a fresh ``torch.from_numpy(array)[:count]``:
-    the tensor's storage holds a reference to the array for as long as any tensor, view or numpy
-    view of the batch lives, so the array's reference count tells whether the user still holds it.
-    """
-
-    def __init__(self, shape: torch.Size, batch_size: int, channels_last: bool) -> None:
-        self.shape, self.batch_size, self.channels_last = shape, batch_size, channels_last
-        self._allocate()
-
-    def _allocate(self) -> None:
-        channels, *plane = self.shape
-        shape = (self.batch_size, *plane, channels) if self.channels_last else (self.batch_size, *self.shape)
-        self.images = np.empty(shape, dtype=np.uint8)
-        self.labels = np.empty((self.batch_size,), dtype=np.int64)
-        self._unheld = self._references()
-
-    def _references(self) -> tuple[int, int]:
-        return sys.getrefcount(self.images), sys.getrefcount(self.labels)
-
-    def held(self) -> bool:
-        """Whether a batch gathered into this buffer (or anything viewing it) is still alive."""
-        return self._references() != self._unheld
-
-    def fill(
-        self,
-        gather: _Gather,
-        labels: torch.Tensor,
-        indices: torch.Tensor,
-        transform: Callable | None,
-        stream: None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, None]:
-        if self.held():
-            self._allocate()  # the user kept a batch: it keeps that memory
-        count = len(indices)
-        batch_images = torch.from_numpy(self.images)[:count]
-        batch_images = batch_images.permute(0, 3, 1, 2) if self.channels_last else batch_images
-        batch_labels = torch.from_numpy(self.labels)[:count]
-        made = gather(indices, batch_images)
-        batch_images = batch_images if made is None else made
-        torch.index_select(labels, 0, indices, out=batch_labels)
-        return batch_images if transform is None else transform(batch_images), batch_labels, None
-
-
-class _PinnedSlot:
-    """A pinned buffer of a CUDA ring, copied to the device on the stream of the producer that filled
-    it, with the event of its last copy: it is refilled only once that copy is done. A ring for
-    batches decoded on the device holds pinned labels only (``images`` is ``None``)."""
-
-    def __init__(
-        self, shape: torch.Size, batch_size: int, channels_last: bool, device: torch.device, images: bool
-    ) -> None:
-        channels, *plane = shape
-        self.images: torch.Tensor | None = None
-        if images and channels_last:
-            self.images = torch.empty((batch_size, *plane, channels), dtype=torch.uint8, pin_memory=True)
-            self.images = self.images.permute(0, 3, 1, 2)
-        elif images:
-            self.images = torch.empty((batch_size, *shape), dtype=torch.uint8, pin_memory=True)
-        self.labels = torch.empty((batch_size,), dtype=torch.int64, pin_memory=True)
-        self.device = device
-        self.event: torch.cuda.Event | None = None
-
-    def held(self) -> bool:
-        return False  # the user gets device copies, never this buffer
-
-    def fill(
-        self,
-        gather: _Gather,
-        labels: torch.Tensor,
-        indices: torch.Tensor,
-        transform: Callable | None,
-        stream: torch.cuda.Stream,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]:
-        if self.event is not None:
-            _host_waits(self.event)  # the last copy out of this buffer has read it
-        count = len(indices)
-        host_images = None if self.images is None else self.images[:count]
-        host_labels = self.labels[:count]
-        torch.index_select(labels, 0, indices, out=host_labels)
-        with torch.cuda.device(self.device), torch.cuda.stream(stream):
-            made = gather(indices, host_images)  # a batch decoded on the device is queued on this stream
-            images = host_images.to(self.device, non_blocking=True) if made is None else made
-            labels = host_labels.to(self.device, non_blocking=True)
-            self.event = torch.cuda.Event(blocking=True)  # the host waits on it: block, do not spin
-            self.event.record(stream)  # the copy out of the pinned buffer, for its next fill
-            if transform is not None:
-                images = transform(images)  # queued on the same stream: the consumer waits for it too
-                done = torch.cuda.Event()
-                done.record(stream)
-                return images, labels, done
-        return images, labels, self.event
-
-
-# The three steps of the stream protocol, each a function of its own (the deletion check of the
-# `cuda` tests replaces each with nothing and expects them to fail).
-
-
-def _host_waits(event: torch.cuda.Event) -> None:
-    """A producer waits until the copy out of a pinned buffer is done before refilling it."""
-    event.synchronize()
-
-
-def _stream_waits(stream: torch.cuda.Stream, event: torch.cuda.Event) -> None:
-    """The consumer's stream waits for a batch's copy (and transform) before anything it queues."""
-    stream.wait_event(event)
-
-
-def _record_on(stream: torch.cuda.Stream, *tensors: torch.Tensor) -> None:
-    """The caching allocator keeps a batch's memory until the consumer's stream is done with it."""
-    for tensor in tensors:
-        tensor.record_stream(stream)
-
-
-_Slot = _HostSlot | _PinnedSlot
-
-
-class _Ring:
-    """The host buffers of one iteration and, on CUDA, a stream per producer thread for their copies
-    (one stream for all would make each batch wait for the other producers' work queued before it)."""
-
-    def __init__(
-        self,
-        shape: torch.Size,
-        batch_size: int,
-        slots: int,
-        device: torch.device,
-        channels_last: bool,
-        host_images: bool = True,
-    ) -> None:
-        self.device = device
-        self._streams: list[torch.cuda.Stream] = []
-        if device.type == "cuda":
-            self.slots: list[_Slot] = [
-                _PinnedSlot(shape, batch_size, channels_last, device, host_images) for _ in range(slots)
-            ]
-        else:
-            self.slots = [_HostSlot(shape, batch_size, channels_last) for _ in range(slots)]
-
-    def stream(self, producer: int) -> torch.cuda.Stream | None:
-        """The side stream of producer ``producer`` (made once, kept with the ring); ``None`` on the CPU."""
-        if self.device.type != "cuda":
-            return None
-        while len(self._streams) <= producer:
-            self._streams.append(torch.cuda.Stream(self.device))
-        return self._streams[producer]
-
-
-class _RingPool:
-    """Rings of host buffers: one per live iterator, kept for the next iterations (a few of them),
-    so that sequential epochs reuse one ring instead of allocating pinned memory again."""
-
-    def __init__(self, make: Callable[[], _Ring], keep: int = 2) -> None:
-        self._make, self._keep = make, keep
-        self._free: list[_Ring] = []
-        self._lock = threading.Lock()
-
-    def take(self) -> _Ring:
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-        return self._make()
-
-    def give_back(self, ring: _Ring) -> None:
-        """Keep ``ring`` for another iterator: only once no producer can write into it any more."""
-        with self._lock:
-            if len(self._free) < self._keep:
-                self._free.append(ring)
-
-
-class _BatchTransform:
-    """The loader's ``transform`` for the batches of one iteration, without autograd; a transform that
-    takes a ``generator`` gets one seeded by ``(seed, epoch, rank, global position of the batch)``."""
-
-    def __init__(self, function: Callable[..., torch.Tensor], key: tuple[int, int, int, int, int]) -> None:
-        self.function = function
-        self.seed, self.epoch, self.rank, self.start, self.step = key
-        # CUDA graphs (torch.compile's "reduce-overhead" and "max-autotune") return static buffers that
-        # the next replay overwrites, while the consumer may still be reading the batch before: keep a copy.
-        self.copy_output = uses_cuda_graphs(function)
-        signed = getattr(function, "_orig_mod", function)  # what torch.compile wrapped
-        signed = signed.forward if isinstance(signed, torch.nn.Module) else signed  # a module's __call__ hides it
-        try:
-            self.takes_generator = "generator" in inspect.signature(signed).parameters
-        except (TypeError, ValueError):  # a builtin without a signature
-            self.takes_generator = False
-
-    def __call__(self, images: torch.Tensor, *, number: int) -> torch.Tensor:
-        with torch.no_grad():
-            if not self.takes_generator:
-                out = self.function(images)
-            else:
-                position = self.start + number * self.step  # where this batch starts in the epoch's order
-                digest = hashlib.blake2b(repr((self.seed, self.epoch, self.rank, position)).encode(), digest_size=8)
-                seed = int.from_bytes(digest.digest(), "big") >> 1
-                out = self.function(images, generator=torch.Generator(device=images.device).manual_seed(seed))
-            return out.clone() if self.copy_output and out.is_cuda else out
-
-
-def _on_consumer_side(transform: _BatchTransform | None) -> bool:
-    """Whether ``transform`` runs in the consumer's thread, on its stream, when it takes the batch: one
-    compiled with CUDA graphs. Its graphs replay into static buffers that every caller shares, with no
-    order between replays queued on two producers' streams (each would overwrite the other's batch),
-    and torch keeps the graphs' state per thread (torch 2.11 fails an assertion when another thread
-    captures one); the consumer's thread is where the user's compiled model runs too, one batch at a time."""
-    return transform is not None and transform.copy_output
-
-
-def uses_cuda_graphs(function: Callable) -> bool:
-    """Whether ``function`` was made by ``torch.compile`` with CUDA graphs (``mode="reduce-overhead"``,
-    ``"max-autotune"``, or ``options={"triton.cudagraphs": True}``).
-
-    Example:
-        >>> uses_cuda_graphs(torch.compile(torch.nn.Identity(), mode="reduce-overhead")), uses_cuda_graphs(abs)
-        (True, False)
-    """
-    config = getattr(function, "get_compiler_config", None)
-    return bool(callable(config) and (config() or {}).get("triton.cudagraphs"))
-
-
-class _Failed:
-    """A batch whose gather raised ``error``."""
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-
-class _Pipeline:
-    """The producer threads of one iteration and what they share with it (nothing that keeps the
-    iterator alive, so that dropping it runs its finaliser).
-
-    One condition guards it all: the free slots, the batches ready for the consumer, how many
-    are prepared ahead (at most ``ahead``), and the stop flag, so stopping wakes every thread at once.
-    """
-
-    def __init__(
-        self,
-        ring: _Ring,
-        gather: _Gather,
-        labels: torch.Tensor,
-        batches: list[torch.Tensor],
-        ahead: int,
-        producers: int,
-        give_back: Callable[[_Ring], None],
-        transform: _BatchTransform | None,
-        prefetcher: BlockPrefetcher | None = None,
-    ) -> None:
-        self.ring, self.gather, self.labels, self.batches, self.ahead = ring, gather, labels, batches, ahead
-        self.transform = transform
-        self.prefetcher = prefetcher  # fetches the coming batches' blocks into the node's cache
-        self.give_back = give_back  # called by the last producer to exit
-        # Buffers the user may still hold (the last batch of the previous epoch is still bound
-        # to the loop variable) go last: by their turn the user has let go of them.
-        self.free = deque(sorted(ring.slots, key=lambda slot: slot.held()))
-        self.ready: dict[int, Any] = {}
-        self.condition = threading.Condition()
-        self.next_batch = 0
-        self.in_flight = 0  # claimed by a producer, not yet taken by the consumer
-        self.stopped = False
-        # Streams are made here, in the consumer's thread: a producer never creates CUDA state.
-        streams = [ring.stream(i) for i in range(producers)]
-        self.threads = [
-            threading.Thread(target=self._produce, args=(stream,), name=f"gpuload-gather-{i}", daemon=True)
-            for i, stream in enumerate(streams)
-        ]
-        self.running = producers
-
-    def start(self) -> None:
-        with _RUNNING_LOCK:
-            _RUNNING.add(self)
-        if self.prefetcher is not None:
-            self.prefetcher.start()
-        for thread in self.threads:
-            thread.start()
-
-    def join(self, timeout: float | None = None) -> None:
-        current = threading.current_thread()
-        for thread in self.threads:
-            if thread is not current:
-                thread.join(timeout)
-        if self.prefetcher is not None:
-            self.prefetcher.join(timeout)
-
-    def _produce(self, stream: torch.cuda.Stream | None) -> None:
-        limit_torch_threads(default_workers() // len(self.threads))  # the producers share the cores
-        try:
-            while (claim := self._claim()) is not None:
-                self._fill_and_publish(*claim, stream)
-        finally:
-            self._exit()
-
-    def _exit(self) -> None:
-        with self.condition:
-            self.running -= 1
-            last = self.running == 0
-        if last:
-            with _RUNNING_LOCK:
-                _RUNNING.discard(self)
-            self.give_back(self.ring)
-
-    def _fill_and_publish(self, number: int, slot: _Slot, stream: torch.cuda.Stream | None) -> None:
-        # A function of its own so that no local keeps a view of the batch once it is published:
-        # on the CPU a view left behind would make its slot look held by the user.
-        try:
-            transform = None
-            if self.transform is not None and not _on_consumer_side(self.transform):
-                transform = partial(self.transform, number=number)
-            item = (slot, *slot.fill(self.gather, self.labels, self.batches[number], transform, stream))
-        except BaseException as error:  # raised in the consumer when it reaches this batch
-            item = _Failed(error)
-        with self.condition:
-            self.ready[number] = item
-            self.condition.notify_all()
-
-    def _claim(self) -> tuple[int, _Slot] | None:
-        with self.condition:
-            while not self.stopped and self.next_batch < len(self.batches):
-                if self.free and self.in_flight < self.ahead:
-                    self.in_flight += 1
-                    self.next_batch += 1
-                    return self.next_batch - 1, self.free.popleft()
-                self.condition.wait(_POLL_S)  # a timeout: stop_soon may have set the flag without notifying
-            return None
-
-    def take(self, number: int) -> tuple:
-        with self.condition:
-            while number not in self.ready:
-                self.condition.wait()
-            self.in_flight -= 1
-            self.condition.notify_all()
-            item = self.ready.pop(number)
-        if isinstance(item, _Failed):
-            raise item.error
-        return item
-
-    def release(self, slot: _Slot) -> None:
-        with self.condition:
-            self.free.append(slot)
-            self.condition.notify_all()
-
-    def stop(self) -> None:
-        if self.prefetcher is not None:
-            self.prefetcher.stop()
-        with self.condition:
-            self.stopped = True
-            self.condition.notify_all()
-
-    def stop_soon(self) -> None:
-        """Stop without waiting for anything: the garbage collector's path, in whatever thread it runs
-        (maybe a producer holding the condition, or while another waits on it). The producers see
-        the flag when notified now, if the condition is free, or else at their next poll."""
-        if self.prefetcher is not None:
-            self.prefetcher.stop()
-        self.stopped = True
-        if self.condition.acquire(blocking=False):
-            try:
-                self.condition.notify_all()
-            finally:
-                self.condition.release()
-
-
-class _EpochIterator:
-    """One epoch of a :class:`DataLoader`; closing it (or dropping it) stops its threads."""
-
-    def __init__(
-        self,
-        loader: DataLoader,
-        rings: _RingPool,
-        batches: list[torch.Tensor],
-        position: _Position,
-        gather: _Gather,
-        transform: _BatchTransform | None,
-        prefetcher: BlockPrefetcher | None = None,
-    ) -> None:
-        self.position = position
-        self.served = 0
-        self.total = len(batches)
-        self.closed = False
-        self._pipeline = _Pipeline(
-            rings.take(),
-            gather,
-            loader._labels,
-            batches,
-            loader._ahead,
-            min(loader.threads, max(1, self.total)),
-            rings.give_back,
-            transform,
-            prefetcher,
-        )
-        self._held: deque[_Slot] = deque()  # CPU: slots of the last two batches yielded
-        self._pipeline.start()
-        # Dropping the iterator (a `break`, the garbage collector) stops its producers without
-        # waiting for them; the last one to exit gives the ring back.
-        self._finalizer = weakref.finalize(self, self._pipeline.stop_soon)
-
-    def __iter__(self) -> _EpochIterator:
-        return self
-
-    def __len__(self) -> int:
-        return self.total - self.served
-
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.closed:
-            raise StopIteration
-        if self.served == self.total:
-            self.position.finished = True
-            self.close()
-            raise StopIteration
-        if len(self._held) == 2:
-            self._pipeline.release(self._held.popleft())
-        try:
-            slot, images, labels, event = self._pipeline.take(self.served)
-        except BaseException:
-            self.close()
-            raise
-        if event is None:
-            self._held.append(slot)  # the CPU batch is a view of the slot
-        else:
-            stream = torch.cuda.current_stream(images.device)
-            _stream_waits(stream, event)
-            _record_on(stream, images, labels)
-            self._pipeline.release(slot)  # refilled only after its event: the copy is done
-        if _on_consumer_side(self._pipeline.transform):  # after the wait: queued on the consumer's stream
-            images = self._pipeline.transform(images, number=self.served)
-        self.served += 1
-        if self._pipeline.prefetcher is not None:
-            self._pipeline.prefetcher.served(self.served)
-        self.position.advance(len(labels))
-        self.position.finished = self.served == self.total  # a checkpoint now resumes at the next epoch
-        return images, labels
-
-    def close(self) -> None:
-        """Stop the background threads and wait for them (done at the end of the epoch and on errors).
-
-        Dropping the iterator (a ``break``) stops them too, without waiting.
-        """
-        self.closed = True
-        self._finalizer.detach()
-        self._pipeline.stop()
-        self._pipeline.join()
-
-
-# Pipelines whose producers run. Daemon threads still inside torch when the interpreter finalises
-# abort the process ("terminate called without an active exception"), so they are stopped and
-# joined at exit, before that happens.
-_RUNNING: set[_Pipeline] = set()
-_RUNNING_LOCK = threading.Lock()
-
-
-@atexit.register
-def _stop_producers_at_exit() -> None:
-    with _RUNNING_LOCK:
-        pipelines = list(_RUNNING)
-    for pipeline in pipelines:
-        pipeline.stop_soon()
-    for pipeline in pipelines:
-        pipeline.join(timeout=_EXIT_JOIN_S)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..errors import ObjectChangedError, RemoteError
-from ..store.remote_file import RemoteFile
+from ..remote.file import RemoteFile
 
 __all__ = ["DEFAULT_AHEAD_BLOCKS", "BlockPrefetcher"]
 
@@ -32,8 +32,8 @@ class BlockPrefetcher:
 
     Example:
         >>> import fsspec, tempfile
-        >>> from gpuload.store.cache import BlockCache
-        >>> from gpuload.store.remote import open_store
+        >>> from gpuload.remote.cache import BlockCache
+        >>> from gpuload.remote.store import open_store
         >>> fsspec.filesystem("memory").pipe("/prefetch-doc/data.memmap", bytes(64))
         >>> file = RemoteFile(open_store("memory://prefetch-doc"), "data.memmap", block_size=16,
         ...                   cache=BlockCache(tempfile.mkdtemp(), "1MB"))

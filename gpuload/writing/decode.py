@@ -34,7 +34,7 @@ import torch
 from PIL import ExifTags, Image
 
 from ..errors import DecodeError, UsageError
-from .manifest import RESIZE_MODES
+from ..format.manifest import RESIZE_MODES
 
 __all__ = [
     "JPEG_COLORSPACES",

@@ -24,7 +24,19 @@ from tensordict import MemoryMappedTensor, TensorDict
 from tqdm.auto import tqdm
 
 from ..errors import DatasetError, DecodeError, UsageError
+from ..format.manifest import (
+    ARRAYS,
+    BUILD_PATHS,
+    INDEX_FILES,
+    MANIFEST_NAME,
+    TENSORDICT,
+    Manifest,
+    dataset_around,
+    holds_build_files,
+)
+from ..format.table import TABLE_FILES, TableWriter, file_digest
 from ..machine import limit_torch_threads, resolve_workers
+from ..sources.folder import ImageFolderIndex, scan_image_folder, shown_names
 from .decode import Resize, check_target, decode_into, read_size
 from .files import (
     OutputLock,
@@ -39,18 +51,6 @@ from .files import (
     resolve,
 )
 from .jpeg import REENCODE_REASONS, StoredJpeg, store_jpeg
-from .manifest import (
-    ARRAYS,
-    BUILD_PATHS,
-    INDEX_FILES,
-    MANIFEST_NAME,
-    TENSORDICT,
-    Manifest,
-    dataset_around,
-    holds_build_files,
-)
-from .scan import ImageFolderIndex, scan_image_folder, shown_names
-from .table import TABLE_FILES, TableWriter, file_digest
 from .writer import BlockWriter
 
 __all__ = ["build_memmap"]
@@ -111,7 +111,7 @@ def build_memmap(
             ``"stretch"`` (see :func:`gpuload.decode_image`). A jpeg build refuses it: its images keep
             their own sizes and are cropped when loaded.
         max_side: jpeg: images with a longer side are scaled down to it (and re-encoded).
-        quality: jpeg: the quality of re-encoded images (see :mod:`gpuload.store.jpeg`), 90 when left
+        quality: jpeg: the quality of re-encoded images (see :mod:`gpuload.writing.jpeg`), 90 when left
             out. A raw build refuses it.
         classes: the class names, in label order (e.g. the training set's, for its validation set):
             a class folder not in the list is an error, a listed class with no image is kept.

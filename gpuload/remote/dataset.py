@@ -23,13 +23,13 @@ import numpy as np
 import xxhash
 
 from ..errors import DatasetError, UsageError
-from .manifest import MANIFEST_NAME, Manifest
-from .remote import ObjectInfo, Store, open_store
-from .remote_file import RemoteFile
+from ..format.manifest import MANIFEST_NAME, Manifest
+from .file import RemoteFile
+from .store import ObjectInfo, Store, open_store
 
 if TYPE_CHECKING:
     from .cache import BlockCache, Namespace
-from .table import SampleTable
+from ..format.table import SampleTable
 
 __all__ = ["RemoteIndex", "describe_remote", "open_remote", "read_remote_manifest", "verify_remote"]
 
@@ -47,7 +47,7 @@ class RemoteIndex:
         store: the dataset's folder.
         manifest: its manifest, checked as a local one is.
         objects: every object the manifest lists, with the size and ETag seen at open.
-        table: each image's path, label and checksum (:class:`gpuload.store.table.SampleTable`).
+        table: each image's path, label and checksum (:class:`gpuload.format.table.SampleTable`).
         starts, lengths: int64 ``[N]``: each image's byte range in the image object.
         shapes: jpeg: int32 ``[N, 2]`` (height, width) of each image; raw: ``None``.
     """
@@ -307,7 +307,7 @@ def verify_remote(url: str, *, progress: bool = True) -> list[str]:
     """
     from tqdm.auto import tqdm
 
-    from .jpeg import frame_size
+    from ..writing.jpeg import frame_size
 
     store = open_store(url)
     try:

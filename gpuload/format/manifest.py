@@ -49,7 +49,7 @@ RESIZE_MODES: tuple[str, ...] = ("crop", "pad", "stretch")
 # channel-first [N, 3, H, W]. Either way the dataset shows images as [N, 3, H, W].
 LAYOUTS = ("channels_last", "channels_first")
 # The fields that give the arrays their meaning: their digests are checked by ``verify``. Version 4
-# keeps each image's path, label and checksum in flat files (gpuload.store.table), whose digests are
+# keeps each image's path, label and checksum in flat files (gpuload.format.table), whose digests are
 # the field ``table``; versions 1 to 3 kept them in ``samples`` and ``checksums`` (version 2 had no
 # ``layout``: its raw images are channel-first).
 DIGESTED = ("storage", "classes", "count", "image_shape", "resize", "jpeg", "files", "layout", "table")
@@ -128,7 +128,7 @@ class Manifest:
         classes: class names; a label is an index into this list.
         count: the number of images (format version 4; before, the length of ``samples``).
         samples: versions 1 to 3: ``[path relative to source, label]`` per image, in dataset order
-            (version 4 keeps them in the table files, see :mod:`gpuload.store.table`); ``None`` in version 4.
+            (version 4 keeps them in the table files, see :mod:`gpuload.format.table`); ``None`` in version 4.
         checksums: versions 1 to 3: xxh3-64 (hex) of each image's stored bytes (pixels, or JPEG
             bytes), in dataset order; ``None`` in version 4.
         table: version 4: the xxh3-64 (hex) of the bytes of each file of a value per image

@@ -7,7 +7,7 @@ import pytest
 from torchvision.datasets import ImageFolder
 
 from gpuload import UsageError
-from gpuload.store.scan import scan_image_folder, walk_images
+from gpuload.sources.folder import scan_image_folder, walk_images
 
 
 def test_matches_imagefolder(photo_copy):
@@ -211,7 +211,7 @@ class TestAtScale:
             with real(path) as entries:
                 return Listing(Entry(entry) for entry in entries)
 
-        monkeypatch.setattr("gpuload.store.scan.os.scandir", scandir)
+        monkeypatch.setattr("gpuload.sources.folder.os.scandir", scandir)
         (photo_copy / "face" / "link.jpg").symlink_to(photo_copy / "face" / "0000.jpg")
         index = scan_image_folder(photo_copy)
         assert len(index.samples) == 21 and looked_up == ["link.jpg"]
@@ -219,7 +219,7 @@ class TestAtScale:
     def test_memory_holds_one_folder_whatever_the_count(self, tmp_path, monkeypatch):
         """Ten times the folders of 100 images: the same peak, give or take the folders waiting (a path each)
         (the table's writer holds 256 rows here, a chunk smaller than either count)."""
-        monkeypatch.setattr("gpuload.store.table._CHUNK", 256)
+        monkeypatch.setattr("gpuload.format.table._CHUNK", 256)
 
         def peak(folders: int) -> int:
             root = tmp_path / f"n{folders}"

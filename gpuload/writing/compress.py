@@ -17,7 +17,9 @@ import simplejpeg
 from tqdm.auto import tqdm
 
 from ..errors import CompressError, DecodeError, UsageError
+from ..format.manifest import dataset_around
 from ..machine import resolve_workers
+from ..sources.folder import IMG_EXTENSIONS, walk_images
 from .decode import check_image, read_bytes, upright_pixels
 from .files import (
     OutputLock,
@@ -30,8 +32,6 @@ from .files import (
     resolve,
 )
 from .jpeg import arithmetic_coded
-from .manifest import dataset_around
-from .scan import IMG_EXTENSIONS, walk_images
 
 __all__ = ["JOURNAL_NAME", "CompressReport", "compress_folder", "find_ffmpeg"]
 

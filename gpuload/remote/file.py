@@ -18,7 +18,7 @@ import xxhash
 
 from ..errors import DatasetError, UsageError
 from .cache import BlockCache, Namespace
-from .remote import ObjectInfo, RemoteError, Store
+from .store import ObjectInfo, RemoteError, Store
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "RemoteFile"]
 
@@ -29,7 +29,7 @@ DEFAULT_WORKERS = 16
 
 
 class RemoteFile:
-    """Object ``name`` of ``store``, read by byte ranges through a :class:`~gpuload.store.cache.BlockCache`.
+    """Object ``name`` of ``store``, read by byte ranges through a :class:`~gpuload.remote.cache.BlockCache`.
 
     With a cache, reads are served in aligned blocks of ``block_size`` bytes: a block is fetched once
     per node (whoever asks first), kept on disk, and read from there by every process; consecutive
@@ -37,8 +37,8 @@ class RemoteFile:
     requests in flight. Without a cache, exactly the ranges asked for are fetched, neighbours less
     than ``block_size`` apart merged into one request.
 
-    Every request carries the version seen at open (``info``; see :mod:`gpuload.store.remote`): an
-    object replaced while it is read raises :class:`~gpuload.store.remote.ObjectChangedError`, and a
+    Every request carries the version seen at open (``info``; see :mod:`gpuload.remote.store`): an
+    object replaced while it is read raises :class:`~gpuload.remote.store.ObjectChangedError`, and a
     changed object gets a new cache namespace, so two versions never mix.
 
     Args:
@@ -55,7 +55,7 @@ class RemoteFile:
         UsageError: bad arguments.
 
     Example:
-        >>> from gpuload.store.remote import open_store
+        >>> from gpuload.remote.store import open_store
         >>> import fsspec
         >>> fsspec.filesystem("memory").pipe("/doc/ds/data.memmap", bytes(range(100)))
         >>> with RemoteFile(open_store("memory://doc/ds"), "data.memmap", block_size=16) as file:
@@ -356,7 +356,7 @@ class RemoteFile:
     # -- lifetime ----------------------------------------------------------------------------------------------
     def close(self) -> None:
         """Stop the reads in flight and the request threads, at once: queued requests are dropped, no
-        retry is made (a read waiting for one raises :class:`~gpuload.store.remote.RemoteError`), and a
+        retry is made (a read waiting for one raises :class:`~gpuload.remote.store.RemoteError`), and a
         request on the wire ends in its thread, its answer unused. The file can be read again after."""
         with self._pool_lock:
             pool, self._pool = self._pool, None

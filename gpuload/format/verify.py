@@ -14,9 +14,9 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from ..errors import DatasetError, DecodeError, UsageError
+from ..writing.decode import decode_image, read_bytes
+from ..writing.jpeg import frame_size, store_jpeg
 from .dataset import MemmapImageDataset, decode_jpeg_bytes, storage_order
-from .decode import decode_image, read_bytes
-from .jpeg import frame_size, store_jpeg
 from .manifest import MANIFEST_NAME, holds_build_files
 from .table import file_digest
 
@@ -104,7 +104,7 @@ def verify_memmap(
         shown = ", ".join(f"{index} ({dataset.table.path(index)})" for index in resized[:5])
         problems.append(f"{len(resized)} images differ from their size in shapes.memmap: {shown}")
     if sources:
-        from .decode import pixel_limit
+        from ..writing.decode import pixel_limit
 
         count = len(dataset) if sources == "all" else sources
         recorded = manifest.max_image_pixels  # the build's pixel limit: its sources decoded within it

@@ -1067,7 +1067,7 @@ class _FsspecStore(Store):
             raise UsageError(f"{self.display}: an HTTP server cannot be written; push to s3:// or file://")
         target = self._path(name)
         if self._local:  # a reader never sees a half-written file: a temporary name, flushed, renamed
-            from .files import fsync_file, fsync_folder
+            from ..writing.files import fsync_file, fsync_folder
 
             parent = Path(target).parent
             parent.mkdir(parents=True, exist_ok=True)

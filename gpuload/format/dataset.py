@@ -20,12 +20,12 @@ import xxhash
 from tensordict import tensorclass
 
 from ..errors import DatasetError, UsageError
+from ..remote.store import is_url
 from .manifest import Manifest
-from .remote import is_url
 from .table import SampleTable
 
 if TYPE_CHECKING:
-    from .cache import BlockCache
+    from ..remote.cache import BlockCache
 
 __all__ = [
     "GatheredSamples",
@@ -129,7 +129,7 @@ class Samples(Sequence):
     from the dataset's table when indexed: nothing is made per image until asked for.
 
     Example:
-        >>> from gpuload.store.table import SampleTable
+        >>> from gpuload.format.table import SampleTable
         >>> samples = Samples("/photos", SampleTable.from_lists([["cat/1.jpg", 0]], ["0000000000000000"]))
         >>> samples[0], len(samples), list(samples)
         (('/photos/cat/1.jpg', 0), 1, [('/photos/cat/1.jpg', 0)])
@@ -310,10 +310,10 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         storage_options: dict | None,
         block_size: int | None,
     ) -> None:
-        from .cache import BlockCache, parse_bytes
-        from .remote import open_store
-        from .remote_dataset import open_remote
-        from .remote_file import DEFAULT_BLOCK_SIZE
+        from ..remote.cache import BlockCache, parse_bytes
+        from ..remote.dataset import open_remote
+        from ..remote.file import DEFAULT_BLOCK_SIZE
+        from ..remote.store import open_store
 
         if cache is None and cache_size is not None:
             raise UsageError(
@@ -369,7 +369,7 @@ class MemmapImageDataset(torch.utils.data.Dataset):
     def image_blocks(self, block_size: int | None = None) -> torch.Tensor:
         """int64 ``[N]``: the block of the image file (``block_size`` bytes, default the cache's 4 MiB
         blocks) each image starts in: what the loader's block-aware order groups images by."""
-        from .remote_file import DEFAULT_BLOCK_SIZE
+        from ..remote.file import DEFAULT_BLOCK_SIZE
 
         block_size = block_size or (self.block_size if self.remote else DEFAULT_BLOCK_SIZE)
         if self.storage == "jpeg":
@@ -417,8 +417,8 @@ class MemmapImageDataset(torch.utils.data.Dataset):
     def _after_fork(self) -> None:
         """In a process forked after the open (a stock DataLoader worker started with ``fork``): an fsspec
         store is opened again here; obstore's runtime cannot run in a forked process at all."""
-        from .remote import open_store
-        from .remote_file import RemoteFile
+        from ..remote.file import RemoteFile
+        from ..remote.store import open_store
 
         if self._file.store.backend == "obstore":
             raise UsageError(
@@ -618,7 +618,7 @@ def decode_jpeg_bytes(
     upsampling) unless ``fast``, at the smallest DCT scale that keeps at least ``min_height`` x
     ``min_width``, into ``buffer`` when given (large enough; the result views it). ``name()``
     names the image in an error. ``strict=False`` ignores libjpeg's warnings (for the copies of
-    :func:`gpuload.store.jpeg.row_window`, whose data may go on after their last row).
+    :func:`gpuload.writing.jpeg.row_window`, whose data may go on after their last row).
 
     Raises:
         DatasetError: it does not decode (it passed its checksum: the build stored a bad file).

@@ -9,7 +9,7 @@ The walk lists each folder once (``os.scandir``) and looks up no file's status (
 with its folder's listing; only a symlink named like an image is followed, to find a loop), and the
 folders are visited in the order of their paths, so each one's images come out in ImageFolder's
 order as it is listed: the samples go straight into a table of flat files (see
-:mod:`gpuload.store.table`), and memory holds one folder's listing and the folders still to visit,
+:mod:`gpuload.format.table`), and memory holds one folder's listing and the folders still to visit,
 whatever the number of images.
 """
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UsageError
-from .table import SampleTable, TableWriter
+from ..format.table import SampleTable, TableWriter
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolderIndex", "ScannedSamples", "scan_image_folder", "shown_names", "walk_images"]
 

@@ -1,4 +1,4 @@
-"""gpuload.store.remote against real servers on 127.0.0.1: moto's S3 and a Range HTTP server, behind a fault proxy."""
+"""gpuload.remote.store against real servers on 127.0.0.1: moto's S3 and a Range HTTP server, behind a fault proxy."""
 
 import os
 import random
@@ -11,10 +11,10 @@ import pytest
 from conftest import FAST_RETRY
 from servers import RangeHTTPServer, fake_aws_environment
 
-import gpuload.store.remote as remote
+import gpuload.remote.store as remote
 from gpuload.cli import main
 from gpuload.errors import UsageError
-from gpuload.store.remote import (
+from gpuload.remote.store import (
     ObjectChangedError,
     ObjectInfo,
     RemoteError,
@@ -287,7 +287,7 @@ class TestMissingBucket:
         assert "\n" not in str(caught.value) and "<?xml" not in str(caught.value)
 
     def test_opening_a_dataset_in_a_missing_bucket_says_so(self, s3, backend):
-        from gpuload.store.remote_dataset import open_remote
+        from gpuload.remote.dataset import open_remote
 
         store = open_store(f"s3://missing-{s3.bucket}/ds", backend=backend, retry=FAST_RETRY)
         with pytest.raises(RemoteError, match=rf"^no such bucket: missing-{s3.bucket} at "):

@@ -16,7 +16,7 @@ A dataset at a URL is the same folder as on disk, one object per file. The push:
    failed or killed push left under the URL (named like a dataset's files: a user's own are left
    alone), but resumes the newest of each object it uploads;
 5. uploads every file but the manifest whose object is missing or differs (an object larger than
-   its part size in parts, see :func:`~gpuload.store.remote.part_size`: each part retried on its
+   its part size in parts, see :func:`~gpuload.remote.store.part_size`: each part retried on its
    own, a resumed upload's parts kept where their size and MD5 match), and checks each object by
    reading it back: same size, and the xxh3-64 of its bytes as a reader gets them (ranged GETs
    carrying the ETag the upload returned) equal to the local file's;
@@ -59,11 +59,11 @@ from pathlib import Path
 import xxhash
 
 from ..errors import DatasetError, UsageError
-from .files import OutputLock, resolve
-from .manifest import ARRAYS, MANIFEST_NAME, Manifest
-from .remote import ObjectInfo, RemoteError, Store, Upload, open_store
-from .remote_dataset import PUSH_MARKER, read_remote_manifest
-from .remote_file import RemoteFile
+from ..format.manifest import ARRAYS, MANIFEST_NAME, Manifest
+from ..writing.files import OutputLock, resolve
+from .dataset import PUSH_MARKER, read_remote_manifest
+from .file import RemoteFile
+from .store import ObjectInfo, RemoteError, Store, Upload, open_store
 
 __all__ = ["PUSH_RECORD", "PushReport", "push_memmap"]
 
@@ -131,7 +131,7 @@ def push_memmap(
         verify: read back every object already at ``url`` and compare it with the local file, even
             those the push record vouches for (by default only the others are read back).
         progress: show a progress bar of the bytes checked and uploaded.
-        store: the store of ``url`` (default: :func:`~gpuload.store.remote.open_store`).
+        store: the store of ``url`` (default: :func:`~gpuload.remote.store.open_store`).
 
     Raises:
         DatasetError: ``src`` is not a complete, intact dataset (what ``gpuload verify`` found first).
@@ -152,7 +152,7 @@ def push_memmap(
         >>> push_memmap(dataset, url, progress=False).uploaded  # all there already
         []
     """
-    from .verify import verify_memmap
+    from ..format.verify import verify_memmap
 
     started = time.perf_counter()
     src = resolve(src)

@@ -1,0 +1,1 @@
+"""The dataset format and its reading: manifest, per-image table, dataset, verify."""

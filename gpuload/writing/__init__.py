@@ -1,0 +1,1 @@
+"""How samples are written: decoded, re-encoded, into a dataset's files."""
