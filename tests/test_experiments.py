@@ -211,7 +211,7 @@ class TestRemoteReads:
         from servers import RangeHTTPServer, fake_aws_environment
 
         from experiments.remote_reads import read_blocks
-        from gpuload.store.remote import Retry, open_store
+        from gpuload.remote.store import Retry, open_store
 
         block, count = 4096, 32
         folder = tmp_path / "bench" / "ds"
@@ -258,3 +258,23 @@ class TestTraceFigure:
             )
             entries = [text.get_text() for text in legend.get_texts()] if legend else []
             assert all(len(entry) <= trace_figure.MAX_LABEL or ":" in entry for entry in entries)
+
+
+class TestScale:
+    def test_every_step_runs_in_its_own_process_and_is_drawn(self, tmp_path, monkeypatch):
+        """experiments.scale at a count CI affords: each step answers, the dataset's whole epoch is
+        fetched at least once across the nodes, and the figure is drawn."""
+        from experiments import scale
+
+        monkeypatch.setattr(_common, "ASSETS", tmp_path / "assets")
+        monkeypatch.setattr(_common, "RESULTS", tmp_path / "assets" / "results")
+        scale.main(["--counts", "300", "--workdir", str(tmp_path / "work")])
+        result = json.loads((tmp_path / "assets" / "results" / "scale.json").read_text())
+        (row,) = result["rows"]
+        assert row["images"] == 300
+        assert row["build"]["images_per_second"] > 0 and row["build"]["first_image_s"] > 0
+        assert row["open"]["seconds"] > 0 and row["open_url_warm"]["seconds"] > 0
+        assert row["workers"]["worker_private_bytes"] > 0
+        assert 1 <= row["orders"]["classes_block_shuffled_storage"] <= 30  # 300 images in 30 classes
+        assert row["orders"]["fetched_over_dataset_4x8"] >= 1.0
+        assert (tmp_path / "assets" / "scale.png").is_file()
