@@ -31,40 +31,35 @@ FFMPEG_QTABLES = {
 }  # fmt: skip
 
 
+# What the photos of this run are (set by photo_folders), for results and footers.
+PHOTOS: str | None = None
+
+
 def photo_folders(
     workdir: Path, count: int, size: tuple[int, int] | None = (480, 640), quality: int = 3
 ) -> tuple[Path, Path]:
-    """An ImageFolder of ``count`` camera-like JPEG originals (PIL quality 98) and its
-    ffmpeg ``-q:v quality`` copy, made once under ``workdir`` and reused.
+    """An ImageFolder of ``count`` photos (:mod:`experiments._photos`: crops of ten real photographs, each
+    of ``size`` (height, width), or at ImageNet-like sizes with ``None``) and its ffmpeg ``-q:v quality``
+    copy, made once under ``workdir`` and reused; :data:`PHOTOS` then says what they are, and
+    :func:`write_result` records it.
 
     The originals are made in a hidden temporary folder and renamed when complete; the copy is
     resumed (and redone where an earlier version wrote it) by ``compress_folder`` itself, which must
-    compress every photo. Nothing outside those two names is ever removed. ``size=None``: the photo set
-    of :mod:`experiments._photos` instead (real photographs at ImageNet-like sizes). Where no ffmpeg is found,
+    compress every photo. Nothing outside those two names is ever removed. Where no ffmpeg is found,
     the copy is Pillow's with ffmpeg's quantisation table (see ``FFMPEG_QTABLES``; its folder's name says
     ``pillow``), for the qualities whose table is there; others raise.
 
     Raises:
         FileNotFoundError: no ffmpeg, for a quality with no Pillow match.
     """
-    if size is None:
-        from ._photos import make_photo_set
+    from ._photos import describe, make_photo_set
 
-        tag = f"{count}-varied"
-        originals = workdir / f"originals-{tag}"
-        if not originals.exists():
-            make_photo_set(originals, count)  # made under a temporary name, renamed when complete
-    else:
-        classes = len(gpuload.SAMPLE_CLASSES)
-        per_class = -(-count // classes)
-        tag = f"{per_class * classes}-{size[0]}x{size[1]}"
-        originals = workdir / f"originals-{tag}"
-        if not originals.exists():
-            partial = workdir / f".originals-{tag}.partial"
-            if partial.exists():
-                shutil.rmtree(partial)  # a run of this function was killed while writing it
-            gpuload.make_sample_folder(partial, images_per_class=per_class, size=size, quality=98)
-            os.rename(partial, originals)
+    global PHOTOS
+    tag = f"{count}-varied" if size is None else f"{count}-{size[1]}x{size[0]}"
+    originals = workdir / f"photos-{tag}"
+    if not originals.exists():
+        make_photo_set(originals, count, size=size)  # made under a temporary name, renamed when complete
+    PHOTOS = f"{count:,} {describe(size)}, ffmpeg -q:v {quality}"
     try:
         gpuload.find_ffmpeg()
     except FileNotFoundError:
@@ -223,6 +218,8 @@ def write_result(name: str, payload: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{result_name(name, payload.get('device', 'cpu'))}.json"
     payload = {"experiment": name, "machine": gpuload.describe_machine(), **payload}
+    if PHOTOS is not None:
+        payload.setdefault("photos", PHOTOS)
     path.write_text(json.dumps(payload, indent=1) + "\n")
     return path
 
@@ -377,6 +374,7 @@ def layout(fig, result: dict, statistics: str, *, right: float = 1.0) -> None:
         f"{machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}"
         + (f" (CUDA {machine['cuda']})" if machine.get("cuda") else "")
         + f"; torch {machine['torch']}; {machine['date'][:10]}; {statistics}"
+        + (f"; photos: {result['photos']}" if result.get("photos") else "")
     )
     footnote = fig.text(
         EDGE_PX / fig.bbox.width, EDGE_PX / fig.bbox.height, note, fontsize=FOOTNOTE_PX, color="0.35", va="bottom"

@@ -6,7 +6,8 @@ a retina, a motorcycle, a portrait and a cameraman (grey). Each image of the set
 class's photograph (a quarter to all of the largest box of its aspect ratio), resized (bicubic) to a
 size drawn as ImageNet's are (:func:`imagenet_like_size`), maybe mirrored, with a little colour,
 brightness and sensor-like noise, and saved as a camera would (JPEG quality 92, 4:2:0). The same
-arguments give the same files. :data:`DESCRIPTION` says what the set is, for footers and tables.
+arguments give the same files. With a fixed ``size``, every crop is resized to it (the raw store's
+experiments need one size). :func:`describe` says what a set is, for footers and tables.
 """
 
 from __future__ import annotations
@@ -21,6 +22,18 @@ import numpy as np
 from PIL import Image, ImageEnhance
 
 DESCRIPTION = "crops of 10 photographs (scikit-image, matplotlib) at ImageNet-like sizes"
+
+
+def describe(size: tuple[int, int] | None) -> str:
+    """What a set made with ``size`` ((height, width), or ``None``: ImageNet-like sizes) is, in a few words.
+
+    Example:
+        >>> describe((480, 640))
+        'crops of 10 photographs (scikit-image, matplotlib) at 640x480'
+    """
+    return DESCRIPTION if size is None else DESCRIPTION.replace("ImageNet-like sizes", f"{size[1]}x{size[0]}")
+
+
 CAMERA_QUALITY = 92
 
 
@@ -90,9 +103,17 @@ def _aspect(rng: np.random.Generator) -> float:
     return float(np.exp(rng.uniform(np.log(0.5), np.log(2.0))))
 
 
-def make_photo_set(dst: str | os.PathLike, count: int, *, seed: int = 0, workers: int | None = None) -> Path:
-    """Write an ImageFolder of ``count`` photos (spread over the ten classes) into ``dst``: made in a
-    hidden temporary folder beside it and renamed when complete; returns ``dst``.
+def make_photo_set(
+    dst: str | os.PathLike,
+    count: int,
+    *,
+    size: tuple[int, int] | None = None,
+    seed: int = 0,
+    workers: int | None = None,
+) -> Path:
+    """Write an ImageFolder of ``count`` photos (spread over the ten classes) into ``dst``, each of
+    ``size`` ((height, width); ``None``: drawn like ImageNet's): made in a hidden temporary folder beside
+    it and renamed when complete; returns ``dst``.
 
     Raises:
         FileExistsError: ``dst`` exists.
@@ -114,7 +135,7 @@ def make_photo_set(dst: str | os.PathLike, count: int, *, seed: int = 0, workers
         folder = partial / name
         folder.mkdir(parents=True)
         for index in range(number, count, len(SOURCES)):
-            _crop(photo, imagenet_like_size(rng), rng).save(
+            _crop(photo, size or imagenet_like_size(rng), rng).save(
                 folder / f"{index:06d}.jpg", quality=CAMERA_QUALITY, subsampling="4:2:0"
             )
 

@@ -267,11 +267,11 @@ def datasets(device: str, short: bool = False) -> dict[str, Path]:
 def data(device: str, short: bool = False) -> None:
     """The ``data`` step: :func:`datasets`, and what the photos are, written beside the results."""
     from ._common import RESULTS
-    from ._photos import DESCRIPTION
+    from ._photos import describe
 
     made = datasets(device, short)
     described = {}
-    for name, what in (("photos", "variants of one portrait (grace_hopper.jpg)"), ("varied", DESCRIPTION)):
+    for name, what in (("photos", describe((480, 640))), ("varied", describe(None))):
         files = sorted(made[name].rglob("*.jpg"))
         described[name] = {
             "folder": str(made[name]),

@@ -1,6 +1,6 @@
 """How much does ffmpeg ``-q:v`` shrink photos, what does it cost in pixels, and how much faster do they load?
 
-The same camera-like originals (Pillow quality 98) are re-encoded with ``gpuload.compress_folder``
+The same photos (crops of ten real photographs saved as a camera would, Pillow quality 92) are re-encoded with ``gpuload.compress_folder``
 for each ``q``. For each folder: mean file size, PSNR against the decoded originals, and the
 throughput of ``ImageFolder`` + ``torch.utils.data.DataLoader`` (PIL decode, ``PILToTensor``, all
 cores as worker processes, shuffled, page cache warm, one untimed epoch first, median of repeats).
@@ -12,8 +12,6 @@ A figure puts a crop of the original beside the same crop at each q.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import statistics
 import tempfile
 import time
@@ -41,6 +39,7 @@ from ._common import (
     synchronize,
     write_result,
 )
+from ._photos import SOURCES, make_photo_set
 
 
 def psnr(originals: list[Path], copies: list[Path]) -> float:
@@ -102,7 +101,7 @@ def plot(result: dict) -> None:
     right.set_ylabel("images/s")
     right.set_title(f"ImageFolder + DataLoader, {result['workers']} workers")
     for axis in (left, right):
-        axis.set_xlabel("ffmpeg -q:v (original: Pillow quality 98)")
+        axis.set_xlabel("ffmpeg -q:v (original: Pillow quality 92)")
         axis.grid(True, axis="y", alpha=0.3)
     height, width = result["image_size"]
     fig.suptitle(
@@ -166,20 +165,16 @@ def detailed_box(image: Image.Image, side: int) -> tuple[float, tuple[int, int, 
 def cut_crops(workdir: Path, size: tuple[int, int], qualities: list[int]) -> list[dict]:
     """The most detailed crop of the sample photos (the first of each class, as in the measured folders),
     as the original and at each ffmpeg ``-q:v``; written to ``assets/jpeg_quality_crops/``."""
-    tag = f"{size[0]}x{size[1]}"
-    originals = workdir / f"crop-originals-{tag}"
+    tag = f"{size[1]}x{size[0]}"
+    originals = workdir / f"crop-photos-{tag}"
     if not originals.exists():
-        partial = workdir / f".crop-originals-{tag}.partial"
-        if partial.exists():
-            shutil.rmtree(partial)  # a run of this function was killed while writing it
-        gpuload.make_sample_folder(partial, images_per_class=1, size=size, quality=98)
-        os.rename(partial, originals)
+        make_photo_set(originals, len(SOURCES), size=size)  # one crop of each photograph
     scored = []
     for path in sorted(originals.rglob("*.jpg")):
         with Image.open(path) as image:
             scored.append((*detailed_box(image, min(CROP_SIDE, *size)), path.relative_to(originals)))
     _, box, chosen = max(scored)
-    sources = [("original (PIL q98)", originals)]
+    sources = [("original (PIL q92)", originals)]
     for quality in qualities:
         folder = workdir / f"crop-q{quality}-{tag}"
         gpuload.compress_folder(originals, folder, quality=quality, progress=False)
@@ -226,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
         args.qualities, args.images, args.batch_size, args.repeats, size = [3, 20], 40, 8, 2, (120, 160)
     originals, _ = photo_folders(args.workdir, args.images, size)
     files = sorted(path.relative_to(originals) for path in originals.rglob("*.jpg"))
-    rows = [{"name": "original (PIL q98)", "quality": None, "folder": originals}]
+    rows = [{"name": "original (PIL q92)", "quality": None, "folder": originals}]
     for quality in args.qualities:
         _, folder = photo_folders(args.workdir, args.images, size, quality=quality)
         rows.append({"name": f"ffmpeg -q:v {quality}", "quality": quality, "folder": folder})

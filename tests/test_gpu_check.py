@@ -182,7 +182,7 @@ def test_without_ffmpeg_the_photos_copy_is_pillows_with_restart_markers(tmp_path
 
     monkeypatch.setattr(gpuload, "find_ffmpeg", no_ffmpeg)
     originals, copy = _common.photo_folders(tmp_path, 10, (48, 64))
-    assert copy.name == "pillow-q3-10-48x64"
+    assert copy.name == "pillow-q3-10-64x48"
     sources = sorted(path.relative_to(originals) for path in originals.rglob("*.jpg"))
     assert sorted(path.relative_to(copy) for path in copy.rglob("*.jpg")) == sources
     data = (copy / sources[0]).read_bytes()
