@@ -410,10 +410,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     counts = [2_000, 6_000] if args.quick else args.counts
     args.workdir.mkdir(parents=True, exist_ok=True)
-    rows = [measure(count, args.workdir) for count in counts]
-    path = write_result(
-        "scale", {"device": "cpu", "side": SIDE, "batch_size": BATCH, "quick": args.quick, "rows": rows}
-    )
+    rows = []
+    for count in counts:  # written after each count: the largest takes an hour, and may be stopped
+        rows.append(measure(count, args.workdir))
+        path = write_result(
+            "scale", {"device": "cpu", "side": SIDE, "batch_size": BATCH, "quick": args.quick, "rows": rows}
+        )
     print(f"wrote {path}")
     plot(json.loads(path.read_text()))
 
