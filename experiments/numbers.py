@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = ("README.md", "experiments/README.md")
+DOCUMENTS = ("README.md", "docs/measured.md", "experiments/README.md")
 RESULTS = ROOT / "assets" / "results"
 
 SPAN = re.compile(r"<!--n ([\w.:-]+)-->(.*?)<!--/n-->", re.S)
@@ -377,6 +377,37 @@ def _remote_reads_table(results: dict[str, dict]) -> str:
     return _markdown(["block, added latency", "obstore", "s3fs"], table, "lrr")
 
 
+def _scale(result: dict, into: dict[str, str]) -> None:
+    """The largest count's measurements (ImageNet's in the committed run)."""
+    row = max(result["rows"], key=lambda row: row["images"])
+    into["scale.images"] = count(row["images"])
+    into["scale.build.first_image"] = f"{row['build']['first_image_s']:.1f} s"
+    into["scale.build.peak"] = megabytes(row["build"]["peak_unreclaimable_bytes"])
+    into["scale.build.rate"] = f"{count(row['build']['images_per_second'])} images/s"
+    into["scale.peak_spread"] = megabytes(
+        max(row["build"]["peak_unreclaimable_bytes"] for row in result["rows"])
+        - min(row["build"]["peak_unreclaimable_bytes"] for row in result["rows"])
+    )
+    for key in ("open", "open_url_warm"):
+        into[f"scale.{key}.seconds"] = f"{row[key]['seconds']:.3f} s"
+        into[f"scale.{key}.resident"] = megabytes(row[key]["resident_bytes"])
+        into[f"scale.{key}.anonymous"] = megabytes(row[key]["anonymous_bytes"])
+    workers = row["workers"]
+    into["scale.worker.baseline"] = megabytes(workers["worker_baseline_private_bytes"])
+    into["scale.worker.extra"] = megabytes(workers["worker_private_bytes"] - workers["worker_baseline_private_bytes"])
+    into["scale.targets"] = f"{row['open']['targets_s'] * 1e6:.0f} µs"
+    into["scale.samples"] = f"{row['open']['samples_s'] * 1e6:.0f} µs"
+    into["scale.loader.first_batch"] = f"{row['loader']['first_batch_s'] * 1e3:.0f} ms"
+    orders = row["orders"]
+    into["scale.classes"] = count(orders["classes_block_shuffled_storage_imagenet_density"])
+    into["scale.classes_uniform"] = count(orders["classes_uniform"])
+    into["scale.classes_imagefolder"] = count(orders["classes_block_imagefolder_storage_imagenet_density"])
+    into["scale.classes.share"] = percent(
+        orders["classes_block_shuffled_storage_imagenet_density"] / orders["classes_uniform"]
+    )
+    into["scale.fetched"] = f"{orders['fetched_over_dataset_4x8_imagenet_density']:.3f}x"
+
+
 def _remote_loading(result: dict, into: dict[str, str]) -> None:
     rows = {row["contender"]: row for row in result["rows"]}
     for name, row in rows.items():
@@ -423,6 +454,7 @@ SECTIONS: dict[str, Callable[[dict, dict[str, str]], None]] = {
     "train_augment": _train_augment,
     "remote_loading": _remote_loading,
     "remote_reads": _remote_reads,
+    "scale": _scale,
 }
 
 
@@ -518,6 +550,39 @@ def _build_table(results: dict[str, dict]) -> str:
     return _markdown(["", "images/s", "peak unreclaimable memory"], rows, "lrr")
 
 
+def _scale_table(results: dict[str, dict]) -> str:
+    rows = sorted(results["scale"]["rows"], key=lambda row: row["images"])
+
+    def line(label: str, cell: Callable[[dict], str]) -> list[str]:
+        return [label, *(cell(row) for row in rows)]
+
+    table = [
+        line("build: images/s", lambda row: count(row["build"]["images_per_second"])),
+        line("build: seconds to the first image", lambda row: f"{row['build']['first_image_s']:.2f}"),
+        line("build: peak unreclaimable memory", lambda row: megabytes(row["build"]["peak_unreclaimable_bytes"])),
+        line("open a folder: seconds", lambda row: f"{row['open']['seconds']:.3f}"),
+        line("open a folder: resident memory added (anonymous)",
+             lambda row: f"{megabytes(row['open']['resident_bytes'])} ({megabytes(row['open']['anonymous_bytes'])})"),
+        line("open a URL, warm cache: seconds", lambda row: f"{row['open_url_warm']['seconds']:.3f}"),
+        line("open a URL, warm cache: resident memory added (anonymous)",
+             lambda row: f"{megabytes(row['open_url_warm']['resident_bytes'])} "
+                         f"({megabytes(row['open_url_warm']['anonymous_bytes'])})"),
+        line("spawned worker: private memory above an empty dataset's worker",
+             lambda row: megabytes(row["workers"]["worker_private_bytes"] - row["workers"]["worker_baseline_private_bytes"])),
+        line("`ds.targets[i]`, `ds.samples[i]`: µs",
+             lambda row: f"{row['open']['targets_s'] * 1e6:.0f}, {row['open']['samples_s'] * 1e6:.0f}"),
+        line("`gpuload.DataLoader`: first batch of 256, ms", lambda row: f"{row['loader']['first_batch_s'] * 1e3:.0f}"),
+        line("`state_dict()`: µs", lambda row: f"{row['loader']['state_dict_s'] * 1e6:.0f}"),
+        line("classes in a batch of 256: block order, shuffled storage",
+             lambda row: count(row["orders"]["classes_block_shuffled_storage_imagenet_density"])),
+        line("... ImageFolder's storage order", lambda row: count(row["orders"]["classes_block_imagefolder_storage_imagenet_density"])),
+        line("... uniform shuffle", lambda row: count(row["orders"]["classes_uniform"])),
+        line("cold epoch, 4 nodes x 8 ranks: downloaded / dataset",
+             lambda row: f"{row['orders']['fetched_over_dataset_4x8_imagenet_density']:.3f}"),
+    ]  # fmt: skip
+    return _markdown(["images", *(count(row["images"]) for row in rows)], table, "l" + "r" * len(rows))
+
+
 def _remote_table(results: dict[str, dict]) -> str:
     result = results["remote_loading"]
     order = (
@@ -556,6 +621,7 @@ TABLES: dict[str, Callable[[dict[str, dict]], str]] = {
     "build_memmap": _build_table,
     "remote_loading": _remote_table,
     "remote_reads": _remote_reads_table,
+    "scale": _scale_table,
 }
 
 
