@@ -70,7 +70,7 @@ def parse_size(text: str) -> Size:
 
 def _check_orientation(src: Path, size: Size) -> None:
     """Refuse a ``--size`` whose orientation is the opposite of every photo's that a look at the first
-    images finds: gpuload 0.2 read ``--size`` as HEIGHTxWIDTH, and a script written for it would now
+    images finds: gpuload read ``--size`` as HEIGHTxWIDTH until issue 30, and a script written for it would now
     build portrait images of landscape photos (or the reverse) without a word. A size written with a
     ``!``, a square one, or photos of both orientations pass."""
     from .errors import DecodeError
@@ -95,7 +95,7 @@ def _check_orientation(src: Path, size: Size) -> None:
     shape = {1: "landscape", -1: "portrait"}
     raise UsageError(
         f"--size {size.width}x{size.height} is WIDTHxHEIGHT ({shape[wanted]}: {size.width} wide, {size.height} high), "
-        f"and the photos of {src} are {shape[-wanted]} (first ones {image_size(height, width)}); gpuload 0.2 read "
+        f"and the photos of {src} are {shape[-wanted]} (first ones {image_size(height, width)}); earlier gpuload read "
         f"--size as HEIGHTxWIDTH: pass --size {size.height}x{size.width}, or '--size {size.width}x{size.height}!' "
         f"for {shape[wanted]} images of {shape[-wanted]} photos"
     )
@@ -275,7 +275,7 @@ def _add_build(subparsers) -> None:
     parser.add_argument(
         "--size", type=parse_size, default=None, metavar="WIDTHxHEIGHT",
         help="raw: the stored images' size, width x height as photo tools write it: 640x480 is landscape "
-        "(default: the images' common size). gpuload 0.2 read HEIGHTxWIDTH: a size whose orientation is the "
+        "(default: the images' common size). Earlier gpuload read HEIGHTxWIDTH: a size whose orientation is the "
         "opposite of the photos' is refused; end it with ! to keep it ('640x480!')",
     )  # fmt: skip
     parser.add_argument(
