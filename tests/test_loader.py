@@ -1422,6 +1422,24 @@ class TestTorchDropIn:
         with pytest.raises(error, match=re.escape(message)):
             DataLoader(indexed_data(), device="cpu", **arguments)
 
+    @pytest.mark.parametrize(
+        "name, value, advice",
+        [
+            ("collate_fn", lambda batch: batch, "batches are gathered whole into uint8 [B, 3, H, W] and int64 [B]"),
+            ("prefetch_factor", 4, "pass prefetch= (batches prepared ahead, default 3)"),
+            ("multiprocessing_context", "spawn", "there are no worker processes: leave it out"),
+        ],
+    )
+    def test_a_stock_option_it_does_not_take_says_what_to_pass(self, name, value, advice):
+        with pytest.raises(UsageError) as caught:
+            DataLoader(indexed_data(), device="cpu", **{name: value})
+        assert str(caught.value) == (
+            f"gpuload.DataLoader takes no {name} (torch.utils.data.DataLoader's): {loader_module._TORCH_ONLY[name]}"
+        )
+        assert advice in str(caught.value) and "\n" not in str(caught.value)
+        with pytest.raises(TypeError, match="DataLoader\\(\\) got an unexpected keyword argument 'shufle'"):
+            DataLoader(indexed_data(), device="cpu", shufle=True)
+
     def test_a_subset_serves_its_indices_in_its_order(self, built_dataset):
         dataset = MemmapImageDataset(built_dataset)
         subset = torch.utils.data.Subset(dataset, [7, 2, 19, 2])

@@ -137,6 +137,9 @@ class DataLoader:
             ``device`` is CUDA, and batches arrive on the device already.
         persistent_workers: accepted and type-checked, nothing to set: there are no worker processes
             to keep, and the threads start again in microseconds each epoch.
+        torch_only: torch's ``batch_sampler``, ``collate_fn``, ``worker_init_fn``, ``prefetch_factor``,
+            ``timeout``, ``multiprocessing_context``, ``in_order`` and ``pin_memory_device`` are refused, each
+            in one line saying what to pass instead; any other name is a ``TypeError`` as for any function.
         block_shuffle: with ``shuffle``, the window of the block-aware order in blocks of the image
             file (4 MiB, the cache's): ``0`` shuffles every image uniformly (the stock semantics),
             ``K`` permutes the blocks and shuffles the images of each ``K`` consecutive blocks together
@@ -182,7 +185,9 @@ class DataLoader:
         num_workers: int | None = None,
         pin_memory: bool | None = None,
         persistent_workers: bool | None = None,
+        **torch_only: Any,
     ) -> None:
+        _refuse_torch_only(torch_only)
         threads = _torch_options(threads, num_workers, pin_memory, persistent_workers)
         dataset, sampler = _unwrap(dataset, shuffle, sampler)
         jpeg = isinstance(dataset, MemmapImageDataset) and dataset.storage == "jpeg"
@@ -607,6 +612,28 @@ def _torch_options(
             "(gpuload has no worker processes): pass one of them"
         )
     return max(1, num_workers)
+
+
+# What torch.utils.data.DataLoader takes and this loader does not, and what to do instead.
+_TORCH_ONLY = {
+    "batch_sampler": "pass its sampler and batch_size instead (sampler=bs.sampler, batch_size=bs.batch_size)",
+    "collate_fn": "batches are gathered whole into uint8 [B, 3, H, W] and int64 [B]; transform the batch "
+    "with transform= (on the device) or in your model",
+    "worker_init_fn": "there are no worker processes: set up in your process before the loop",
+    "prefetch_factor": "pass prefetch= (batches prepared ahead, default 3)",
+    "timeout": "the loader's threads have no timeout: leave it out",
+    "multiprocessing_context": "there are no worker processes: leave it out",
+    "in_order": "batches always come in the sampler's order: leave it out",
+    "pin_memory_device": "buffers are pinned whenever device is CUDA: pass device= instead",
+}
+
+
+def _refuse_torch_only(options: dict[str, Any]) -> None:
+    """A stock loader's option that this one does not take: one line with what to pass instead."""
+    for name in options:
+        if name not in _TORCH_ONLY:
+            raise TypeError(f"DataLoader() got an unexpected keyword argument {name!r}")
+        raise UsageError(f"gpuload.DataLoader takes no {name} (torch.utils.data.DataLoader's): {_TORCH_ONLY[name]}")
 
 
 def _unwrap(dataset: object, shuffle: bool, sampler: Iterable[int] | None) -> tuple[object, Iterable[int] | None]:
