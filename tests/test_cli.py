@@ -359,6 +359,9 @@ def test_module_entry_point(photo_folder):
         ["nope"],
         ["push", "--help"],
         ["push", "x"],
+        ["--version"],
+        ["cache", "--help"],
+        ["build-memmap", "s3://bucket/photos"],
     ],
 )
 def test_help_and_argument_errors_never_import_torch_nor_storage_clients(argv):
