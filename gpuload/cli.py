@@ -1,11 +1,16 @@
 """The ``gpuload`` command line: a thin layer over the library calls.
 
-Exit codes: 0 done; 1 an input file failed (``--strict``, or no image could be decoded) or
-``verify`` found problems in a dataset; 2 a user error (bad arguments, paths, a path that holds no
-dataset, a busy or invalid output, a full disk); 130 interrupted. Errors gpuload raises on purpose
+Exit codes: 0 done; 1 an input file failed (``compress``: any file; ``build-memmap``: ``--strict``,
+or no image could be decoded) or ``verify`` found problems in a dataset; 2 a user error (bad
+arguments, paths, a URL where a local path is needed, a path that holds no dataset, a busy or
+invalid output, a full disk); 130 interrupted. Errors gpuload raises on purpose
 (:class:`gpuload.GpuloadError`) and ``OSError``s about the user's paths print one line on stderr;
-anything else is a bug and shows its traceback. The library is imported only by the command that runs, so ``--help`` and argument
-errors never import torch.
+anything else is a bug and shows its traceback. The library is imported only by the command that
+runs, so ``--help``, ``--version`` and argument errors never import torch.
+
+Progress bars are drawn on stderr when it is a terminal; ``--quiet`` turns them off there, and
+``--progress`` draws them into a pipe or a file too. Image sizes are written width x height, as
+photo tools write them (``--size 640x480`` is landscape).
 """
 
 from __future__ import annotations
@@ -20,10 +25,14 @@ import signal
 import sys
 import time
 import warnings
+from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
-from .errors import FileError, GpuloadError
+from . import __version__
+from .errors import FileError, GpuloadError, UsageError
 from .format.manifest import RESIZE_MODES
+from .text import byte_size, count, image_size
 
 __all__ = ["main", "parse_size"]
 
@@ -32,38 +41,125 @@ _USER_OS_ERRORS = (FileNotFoundError, FileExistsError, PermissionError, NotADire
 _USER_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG}
 
 
-def parse_size(text: str) -> tuple[int, int]:
-    """Parse ``"HxW"`` (height by width), e.g. ``"480x640"``.
+class Size(NamedTuple):
+    """A ``--size``: ``height`` and ``width`` (torch's order), and whether it was written with a ``!``."""
+
+    height: int
+    width: int
+    as_written: bool = False
+
+
+def parse_size(text: str) -> Size:
+    """Parse ``"WIDTHxHEIGHT"``, as photo tools write sizes: ``"640x480"`` is landscape, 640 wide.
+
+    A trailing ``!`` keeps a size whose orientation differs from the photos' (see :func:`_check_orientation`).
 
     Example:
-        >>> parse_size("480x640")
-        (480, 640)
+        >>> parse_size("640x480"), parse_size("480x640!")
+        (Size(height=480, width=640, as_written=False), Size(height=640, width=480, as_written=True))
     """
-    parts = text.lower().split("x")
+    body = text.strip().lower()
+    as_written = body.endswith("!")
+    parts = body.removesuffix("!").split("x")
     if len(parts) != 2 or not all(part.strip().isdigit() and int(part) > 0 for part in parts):
-        raise argparse.ArgumentTypeError(f"expected HEIGHTxWIDTH with positive integers, e.g. 480x640, got {text!r}")
-    return int(parts[0]), int(parts[1])
+        raise argparse.ArgumentTypeError(
+            f"expected WIDTHxHEIGHT with positive integers, as photo tools write sizes (640x480 is landscape), got {text!r}"
+        )
+    return Size(int(parts[1]), int(parts[0]), as_written)
 
 
-def _path(text: str) -> Path:
-    """A path argument; an empty one (an unset shell variable) would mean the current folder: refused."""
+def _check_orientation(src: Path, size: Size) -> None:
+    """Refuse a ``--size`` whose orientation is the opposite of every photo's that a look at the first
+    images finds: gpuload read ``--size`` as HEIGHTxWIDTH until issue 30, and a script written for it would now
+    build portrait images of landscape photos (or the reverse) without a word. A size written with a
+    ``!``, a square one, or photos of both orientations pass."""
+    from .errors import DecodeError
+    from .sources.folder import IMG_EXTENSIONS
+    from .writing.decode import read_size
+
+    wanted = (size.width > size.height) - (size.width < size.height)  # 1 landscape, -1 portrait
+    if size.as_written or not wanted:
+        return
+    sizes: Counter[tuple[int, int]] = Counter()
+    for folder, folders, names in os.walk(src):
+        folders.sort()
+        for name in sorted(names):
+            if name.lower().endswith(IMG_EXTENSIONS) and sum(sizes.values()) < _ORIENTATION_SAMPLE:
+                with contextlib.suppress(DecodeError):
+                    sizes[read_size(os.path.join(folder, name))] += 1
+        if sum(sizes.values()) >= _ORIENTATION_SAMPLE:
+            break
+    if not sizes or any((width > height) - (width < height) != -wanted for height, width in sizes):
+        return
+    (height, width), _ = sizes.most_common(1)[0]
+    shape = {1: "landscape", -1: "portrait"}
+    raise UsageError(
+        f"--size {size.width}x{size.height} is WIDTHxHEIGHT ({shape[wanted]}: {size.width} wide, {size.height} high), "
+        f"and the photos of {src} are {shape[-wanted]} (first ones {image_size(height, width)}); earlier gpuload read "
+        f"--size as HEIGHTxWIDTH: pass --size {size.height}x{size.width}, or '--size {size.width}x{size.height}!' "
+        f"for {shape[wanted]} images of {shape[-wanted]} photos"
+    )
+
+
+_ORIENTATION_SAMPLE = 32  # images whose headers the orientation check reads
+
+
+class _Url(str):
+    """A URL given where a command takes a local path: refused by :func:`main` with what the command takes
+    (``Path`` would turn ``s3://bucket/photos`` into the local path ``s3:/bucket/photos``)."""
+
+
+def _path(text: str) -> Path | _Url:
+    """A local path argument; an empty one (an unset shell variable) would mean the current folder: refused."""
+    from .remote.store import is_url
+
     if not text.strip():
         raise argparse.ArgumentTypeError(
             f"a path is empty ({text!r}: an unset shell variable?); give a folder, '.' for this one"
         )
-    return Path(text)
+    return _Url(text) if is_url(text) else Path(text)
+
+
+# What each command that takes local paths says to a URL given for one of them.
+_LOCAL_ONLY = {
+    "compress": "compress reads and writes local folders: copy the photos to a local folder first",
+    "build-memmap": "build-memmap reads and writes local folders: copy the photos to a local folder, build "
+    "there, then gpuload push DATASET URL",
+    "push": "push copies a local dataset folder to a URL: gpuload push DATASET URL",
+    "bench": "bench measures a local dataset: copy it to a local disk first (a dataset at a URL is read with "
+    "gpuload.MemmapImageDataset(URL, cache=...))",
+    "demo": "demo works in a local folder",
+    "verify": "--source-folder is the local folder of the sources",
+    "cache": "the cache is a folder on this node's disk",
+}
+_POSITIONALS = {"src": "SRC", "dst": "DST", "dataset": "DATASET"}
+
+
+def _refuse_urls(args: argparse.Namespace) -> None:
+    """One line for a URL given where the command takes a local path."""
+    for name, value in vars(args).items():
+        if isinstance(value, _Url):
+            from .remote.store import redact
+
+            flag = _POSITIONALS.get(name, "--" + name.replace("_", "-"))
+            raise UsageError(
+                f"{flag} of gpuload {args.command} is a local path, got the URL {redact(value)}; "
+                f"{_LOCAL_ONLY[args.command]}"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     parser = argparse.ArgumentParser(prog="gpuload", description="Get image datasets onto the GPU fast.")
+    parser.add_argument("--version", action="version", version=f"gpuload {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_compress, _add_build, _add_info, _add_verify, _add_push, _add_bench, _add_demo):
+    for add in (_add_compress, _add_build, _add_info, _add_verify, _add_push, _add_bench, _add_cache, _add_demo):
         add(subparsers)
     args = parser.parse_args(argv)
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         try:
+            _refuse_urls(args)
             code = args.run(args)
             sys.stdout.flush()  # here, so that a reader gone (``| head -1``) is caught below
             return code
@@ -107,16 +203,46 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"gpuload: warning: {message}", file=sys.stderr)
 
 
+def _add_progress(parser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--quiet", dest="progress", action="store_false",
+        help="draw no progress bar (the summary, warnings and errors still print)",
+    )  # fmt: skip
+    group.add_argument(
+        "--progress", dest="progress", action="store_true",
+        help="draw progress bars on stderr even when it is not a terminal (default: only on a terminal)",
+    )  # fmt: skip
+    parser.set_defaults(progress=None)
+
+
+def _progress(args) -> bool:
+    """Whether to draw progress bars: as asked, else only where stderr is a terminal (not into CI logs)."""
+    return sys.stderr.isatty() if args.progress is None else args.progress
+
+
 def _add_compress(subparsers) -> None:
-    parser = subparsers.add_parser("compress", help="re-encode a folder of photos with ffmpeg")
+    parser = subparsers.add_parser(
+        "compress",
+        help="re-encode a folder of photos as JPEGs with ffmpeg (exit 0: every file done; 1: some failed, listed)",
+        description="Re-encode every image under SRC as a JPEG under DST, the tree mirrored. Every output is a "
+        "JPEG: a PNG, TIFF, WebP... source is written under the .jpg suffix (photo.png -> photo.jpg), and the "
+        "summary counts them. Exit codes: 0 every file compressed (or already, by an earlier run); 1 one file or "
+        "more failed (each listed; the others are compressed and kept, and a rerun redoes only what is not "
+        "finished); 2 a usage error (bad arguments, paths, a busy DST, a full disk).",
+    )
     parser.add_argument("src", type=_path, help="folder of photos")
-    parser.add_argument("dst", type=_path, help="folder to write (the tree is mirrored)")
+    parser.add_argument(
+        "dst", type=_path, help="folder to write: the tree is mirrored, every output a JPEG (photo.png -> photo.jpg)"
+    )
     parser.add_argument("--quality", "-q", type=int, default=3, help="ffmpeg -q:v, 1 (best) to 31 (default: 3)")
     parser.add_argument("--workers", type=int, default=None, help="ffmpeg processes at once (default: cores)")
     parser.add_argument(
-        "--strict", action="store_true", help="stop at the first file that fails, with exit code 1 (default: skip it)"
-    )
+        "--strict", action="store_true",
+        help="stop at the first file that fails, with exit code 1 (default: go on, list it, and exit with 1 at the end)",
+    )  # fmt: skip
     _add_max_pixels(parser)
+    _add_progress(parser)
     parser.set_defaults(run=_run_compress)
 
 
@@ -125,12 +251,21 @@ def _run_compress(args) -> int:
 
     with _pixel_limit(args):
         report = compress_folder(
-            args.src, args.dst, quality=args.quality, workers=args.workers, strict=args.strict, progress=True
-        )
+            args.src, args.dst, quality=args.quality, workers=args.workers, strict=args.strict,
+            progress=_progress(args),
+        )  # fmt: skip
     for path, error in report.failed:
         print(f"failed: {path}: {error}")
     print(report.summary())
-    return 1 if report.failed and not (report.done or report.skipped) else 0  # not one image compressed
+    if not report.failed:
+        return 0
+    files = report.done + report.skipped + len(report.failed)
+    print(
+        f"gpuload: error: {len(report.failed):,} of {count(files, 'file')} failed (listed above); the others are "
+        "compressed and kept: fix or move away those files, then run again (a rerun redoes only what is not finished)",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def _add_build(subparsers) -> None:
@@ -138,8 +273,11 @@ def _add_build(subparsers) -> None:
     parser.add_argument("src", type=_path, help="ImageFolder: one subfolder per class")
     parser.add_argument("--out", type=_path, default=None, help="dataset folder (default: <SRC>.memmap)")
     parser.add_argument(
-        "--size", type=parse_size, default=None, help="raw: HxW of the stored images (default: their common size)"
-    )
+        "--size", type=parse_size, default=None, metavar="WIDTHxHEIGHT",
+        help="raw: the stored images' size, width x height as photo tools write it: 640x480 is landscape "
+        "(default: the images' common size). Earlier gpuload read HEIGHTxWIDTH: a size whose orientation is the "
+        "opposite of the photos' is refused; end it with ! to keep it ('640x480!')",
+    )  # fmt: skip
     parser.add_argument(
         "--format", choices=("raw", "jpeg"), default="raw",
         help="raw: uint8 pixels at one size (fastest to load); jpeg: the JPEG bytes, each image at its own "
@@ -174,6 +312,7 @@ def _add_build(subparsers) -> None:
         "leave zeroed images, which verify reports)",
     )
     _add_max_pixels(parser)
+    _add_progress(parser)
     parser.set_defaults(run=_run_build)
 
 
@@ -192,21 +331,28 @@ def _run_build(args) -> int:
                 "longer mean those classes; rebuild that dataset (or check it with gpuload verify)"
             )
         classes = reference.classes
+    size = None
+    if args.size is not None:
+        if args.format == "raw" and args.src.is_dir():
+            _check_orientation(args.src, args.size)
+        size = (args.size.height, args.size.width)
     started = time.perf_counter()
     with _pixel_limit(args):
         out = build_memmap(
-            args.src, args.out, format=args.format, size=args.size, resize=args.resize, max_side=args.max_side,
+            args.src, args.out, format=args.format, size=size, resize=args.resize, max_side=args.max_side,
             quality=args.quality, classes=classes, order=args.order, seed=args.seed, workers=args.workers,
-            strict=args.strict, overwrite=args.overwrite, sync=args.sync,
+            strict=args.strict, overwrite=args.overwrite, sync=args.sync, progress=_progress(args),
         )  # fmt: skip
     seconds = time.perf_counter() - started
     dataset = MemmapImageDataset(out)
     nbytes = sum(dataset.manifest.files.values())
-    what = f"3x{'x'.join(map(str, dataset.image_shape[1:]))}" if dataset.image_shape else "JPEGs at their own sizes"
+    if dataset.image_shape:
+        what = f"{count(len(dataset), 'image')} of {image_size(*dataset.image_shape[1:])}"
+    else:
+        what = f"{count(len(dataset), 'JPEG')} at their own sizes"
     print(
-        f"built {out}: {len(dataset)} images of {what} ({nbytes / 1e9:.2f} GB) in "
-        f"{len(dataset.classes)} classes, {len(dataset.skipped)} skipped, {seconds:.1f} s "
-        f"({len(dataset) / seconds:.0f} images/s)"
+        f"built {out}: {what} ({byte_size(nbytes)}) in {count(len(dataset.classes), 'class', 'classes')}, "
+        f"{len(dataset.skipped)} skipped, {seconds:.1f} s ({len(dataset) / seconds:.0f} images/s)"
     )
     for entry in dataset.skipped:
         print(f"skipped: {entry['path']}: {entry['reason']}")
@@ -235,24 +381,25 @@ def _run_info(args) -> int:
         print(json.dumps(info, indent=1))
         return 0
     print(info["path"])
-    on_disk = f"{info['bytes_on_disk'] / 1e9:.2f} GB on disk"
+    on_disk = f"{byte_size(info['bytes_on_disk'])} on disk"
+    skipped = f"{count(info['skipped'], 'file')} skipped"
     if info["storage"] == "raw":
-        shape = "x".join(map(str, info["image_shape"]))
-        print(f"  images:  {info['images']} x {shape} uint8 (raw), {on_disk}")
-        print(f"  source:  {info['source']} (resize: {info['resize']}, {info['skipped']} files skipped)")
+        _, height, width = info["image_shape"]
+        print(f"  images:  {count(info['images'], 'image')} of {image_size(height, width)} (raw uint8), {on_disk}")
+        print(f"  source:  {info['source']} (resize: {info['resize']}, {skipped})")
     else:
         jpeg = info["jpeg"]
-        reencoded = ", ".join(f"{count} {reason}" for reason, count in jpeg["reencoded"].items()) or "none"
-        print(f"  images:  {info['images']} JPEGs, each at its own size, {on_disk}")
-        print(f"  source:  {info['source']} ({info['skipped']} files skipped)")
+        reencoded = ", ".join(f"{number} {reason}" for reason, number in jpeg["reencoded"].items()) or "none"
+        print(f"  images:  {count(info['images'], 'JPEG')}, each at its own size, {on_disk}")
+        print(f"  source:  {info['source']} ({skipped})")
         print(f"  re-encoded at quality {jpeg['quality']} (max side {jpeg['max_side'] or '-'}): {reencoded}")
     if info["empty_classes"]:
         print(f"  classes without images: {', '.join(info['empty_classes'])}")
     print(f"  built:   {info['created']} with gpuload {info['versions'].get('gpuload', '?')}")
     print(f"  classes: {len(info['classes'])}")
     width = max(len(name) for name in info["classes"])
-    for name, count in info["classes"].items():
-        print(f"    {name:<{width}}  {count}")
+    for name, number in info["classes"].items():
+        print(f"    {name:<{width}}  {number}")
     return 0
 
 
@@ -268,9 +415,17 @@ def _add_verify(subparsers) -> None:
         const="all",
         default=0,
         metavar="N",
-        help="also re-decode N random sources (all of them without N) and compare",
+        help="also take N random sources again (all of them without N) and compare them with what the build stored: "
+        "exactly, or within a small tolerance where the decoding libraries changed since the build; a raw and a "
+        "jpeg dataset alike",
     )
+    parser.add_argument(
+        "--source-folder", type=_path, default=None, metavar="DIR",
+        help="with --sources: the folder of the sources where it is now, when it moved since the build "
+        "(default: the one the build recorded, which gpuload info shows)",
+    )  # fmt: skip
     _add_max_pixels(parser, "; for --sources of a dataset whose manifest does not record the build's limit")
+    _add_progress(parser)
     parser.set_defaults(run=_run_verify)
 
 
@@ -308,18 +463,20 @@ def _run_verify(args) -> int:
     if is_url(args.dataset):
         from .remote.dataset import verify_remote
 
-        if args.sources:
+        if args.sources or args.source_folder is not None:
             raise UsageError("--sources compares with the source photos: run it on the local dataset, not a URL")
-        problems = verify_remote(args.dataset)
+        problems = verify_remote(args.dataset, progress=_progress(args))
         args.dataset = redact(args.dataset)
     else:
         from .format.verify import verify_memmap
 
         with _pixel_limit(args):
-            problems = verify_memmap(Path(args.dataset), sources=args.sources)
+            problems = verify_memmap(
+                Path(args.dataset), sources=args.sources, source_folder=args.source_folder, progress=_progress(args)
+            )
     for problem in problems:
         print(f"problem: {problem}")
-    print(f"{args.dataset}: {'OK' if not problems else f'{len(problems)} problems'}")
+    print(f"{args.dataset}: {'OK' if not problems else count(len(problems), 'problem')}; checked {problems.checked}")
     return 1 if problems else 0
 
 
@@ -339,13 +496,15 @@ def _add_push(subparsers) -> None:
         help="read back every object already at URL and compare it with its file, even those the push record "
         "vouches for (default: an object whose size, ETag and checksum were recorded when it was pushed is not read)",
     )
+    _add_progress(parser)
     parser.set_defaults(run=_run_push)
 
 
 def _run_push(args) -> int:
     from .remote.push import push_memmap
 
-    print(push_memmap(args.src, args.url, overwrite=args.overwrite, verify=args.verify).summary())
+    report = push_memmap(args.src, args.url, overwrite=args.overwrite, verify=args.verify, progress=_progress(args))
+    print(report.summary())
     return 0
 
 
@@ -367,11 +526,12 @@ def _add_bench(subparsers) -> None:
         "--augment", type=int, default=None, metavar="SIZE",
         help="also measure a per-sample random resized crop to SIZE + flip, against torchvision's in workers",
     )  # fmt: skip
+    _add_progress(parser)
     parser.set_defaults(run=_run_bench)
 
 
 def _run_bench(args) -> int:
-    from .bench import format_bench, run_bench
+    from .bench import format_bench, run_bench, short_epochs
     from .errors import UsageError
 
     if args.json is not None and not args.json.parent.is_dir():  # before minutes of measuring, not after
@@ -383,8 +543,12 @@ def _run_bench(args) -> int:
         epochs=args.epochs,
         max_batches=args.max_batches,
         augment=args.augment,
+        progress=_progress(args),
     )
     print(format_bench(report))
+    short = short_epochs(report)
+    if short is not None:
+        warnings.warn(short, stacklevel=1)
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     failed = report["failed"]
@@ -401,11 +565,63 @@ def _add_demo(subparsers) -> None:
     parser = subparsers.add_parser("demo", help="run the whole job on a built-in sample (no download)")
     parser.add_argument("--workdir", type=_path, default=None, help="keep the files here (default: a temporary folder)")
     parser.add_argument("--images", type=int, default=500, help="sample images to make (default: 500)")
+    _add_progress(parser)
     parser.set_defaults(run=_run_demo)
 
 
 def _run_demo(args) -> int:
     from .demo import run_demo
 
-    run_demo(args.workdir, images=args.images)
+    run_demo(args.workdir, images=args.images, progress=_progress(args))
+    return 0
+
+
+def _add_cache(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "cache",
+        help="see or clear a node's object-storage cache (the folder given as cache= to MemmapImageDataset)",
+        description="See what a gpuload block cache holds, or clear it. Only a folder that gpuload made as its "
+        "cache is touched. A clear is safe while jobs use the cache: it holds the cache's lock, keeps every block "
+        "that another process is writing at that moment, and what jobs read next is fetched again.",
+    )
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    info = actions.add_parser("info", help="the blocks held, per object, and the bytes")
+    info.add_argument("folder", type=_path, metavar="DIR", help="the cache folder")
+    info.add_argument("--json", action="store_true", help="print JSON")
+    clear = actions.add_parser("clear", help="remove every block (safe while jobs use the cache)")
+    clear.add_argument("folder", type=_path, metavar="DIR", help="the cache folder")
+    parser.set_defaults(run=_run_cache)
+
+
+def _run_cache(args) -> int:
+    from .remote.cache import clear_cache, describe_cache
+
+    if args.action == "clear":
+        result = clear_cache(args.folder)
+        removed, kept = result["removed"], result["kept"]
+        print(
+            f"cleared {result['path']}: {count(removed['blocks'], 'block')} removed ({byte_size(removed['bytes'])})"
+            + (
+                f", {count(kept['blocks'], 'block')} kept ({byte_size(kept['bytes'])}): another process was "
+                "writing them"
+                if kept["blocks"]
+                else ""
+            )
+        )
+        return 0
+    info = describe_cache(args.folder)
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    print(info["path"])
+    print(
+        f"  held:    {count(info['blocks'], 'block')}, {byte_size(info['bytes'])}, of "
+        f"{count(len(info['objects']), 'object')}"
+    )
+    writing = info["being_written"]
+    if writing["blocks"]:
+        print(f"  being written: {count(writing['blocks'], 'block')} ({byte_size(writing['bytes'])} reserved)")
+    for entry in info["objects"]:
+        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry["used"]))
+        print(f"    {entry['url']}  {count(entry['blocks'], 'block')}, {byte_size(entry['bytes'])}, last used {used}")
     return 0

@@ -16,6 +16,7 @@ from .format.verify import verify_memmap
 from .loading.loader import DataLoader
 from .machine import default_workers, machine_line
 from .sample import SAMPLE_CLASSES, make_sample_folder
+from .text import byte_size, count, image_size
 from .writing.build import build_memmap
 from .writing.compress import compress_folder
 
@@ -23,7 +24,11 @@ __all__ = ["run_demo"]
 
 
 def run_demo(
-    workdir: str | os.PathLike | None = None, *, images: int = 500, size: tuple[int, int] = (480, 640)
+    workdir: str | os.PathLike | None = None,
+    *,
+    images: int = 500,
+    size: tuple[int, int] = (480, 640),
+    progress: bool = True,
 ) -> Path:
     """Make sample photos, compress them with ffmpeg, build the memmap, verify it and read it back.
 
@@ -31,6 +36,7 @@ def run_demo(
         workdir: where to keep the files; by default a temporary folder, removed at the end.
         images: how many sample photos to make.
         size: their ``(height, width)``.
+        progress: draw the progress bars of compress and build.
 
     Returns:
         The dataset folder (gone when ``workdir`` is ``None``).
@@ -40,13 +46,13 @@ def run_demo(
     temporary = workdir is None
     root = Path(tempfile.mkdtemp(prefix="gpuload-demo-") if temporary else workdir)
     try:
-        return _steps(root, images, size)
+        return _steps(root, images, size, progress)
     finally:
         if temporary:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def _steps(root: Path, images: int, size: tuple[int, int]) -> Path:
+def _steps(root: Path, images: int, size: tuple[int, int], progress: bool) -> Path:
     print(f"gpuload demo on {machine_line()}\nworking in {root}", flush=True)  # each step as it ends, piped too
     photos, compressed = root / "photos", root / "photos-q3"
     started = time.perf_counter()
@@ -54,20 +60,21 @@ def _steps(root: Path, images: int, size: tuple[int, int]) -> Path:
     make_sample_folder(photos, images_per_class=per_class, size=size)
     before = sum(path.stat().st_size for path in photos.rglob("*.jpg"))
     print(
-        f"1/5 sample: {per_class * len(SAMPLE_CLASSES)} photos of {size[0]}x{size[1]} in {len(SAMPLE_CLASSES)} classes, "
-        f"{before / 1e6:.1f} MB, made from matplotlib's grace_hopper.jpg in {time.perf_counter() - started:.1f} s",
+        f"1/5 sample: {count(per_class * len(SAMPLE_CLASSES), 'photo')} of {image_size(*size)} in "
+        f"{count(len(SAMPLE_CLASSES), 'class', 'classes')}, {byte_size(before)}, made from matplotlib's grace_hopper.jpg "
+        f"in {time.perf_counter() - started:.1f} s",
         flush=True,
     )
 
-    report = compress_folder(photos, compressed, quality=3)
+    report = compress_folder(photos, compressed, quality=3, progress=progress)
     print(f"2/5 compress (ffmpeg -q:v 3): {report.summary()}", flush=True)
 
     started = time.perf_counter()
-    out = build_memmap(compressed, size=size, overwrite=True)
+    out = build_memmap(compressed, size=size, overwrite=True, progress=progress)
     seconds = time.perf_counter() - started
     dataset = MemmapImageDataset(out)
     print(
-        f"3/5 build-memmap: {len(dataset)} images, {dataset.data.images.numel() / 1e9:.2f} GB of uint8 pixels "
+        f"3/5 build-memmap: {count(len(dataset), 'image')}, {byte_size(dataset.data.images.numel())} of uint8 pixels "
         f"in {seconds:.2f} s ({len(dataset) / seconds:.0f} images/s) -> {out}",
         flush=True,
     )

@@ -41,7 +41,11 @@ def test_a_jpeg_dataset_is_measured_cropped_at_decode_time(jpeg_dataset):
         results["gpuload_decode"]["images_per_second"] * 3 * 16 * 16 / 1e9
     )
     table = format_bench(report)
-    assert "jpeg images decoded to 3x16x16" in table and "RandomResizedCropDecode" in table and "whole decode" in table
+    assert (
+        "20 jpeg images decoded to crops of 16x16 uint8 RGB" in table
+        and "RandomResizedCropDecode" in table
+        and "whole decode" in table
+    )
     assert report["stock_loader_reads"] == "the sources" and report["reencoded"] == {}  # stored as they were
 
 
@@ -257,3 +261,25 @@ def test_a_json_path_in_a_missing_folder_is_refused_before_measuring(built_datas
     monkeypatch.setattr(gpuload.bench, "run_bench", None)  # measuring would fail the test
     code = main(["bench", str(built_dataset), "--json", str(tmp_path / "missing" / "bench.json")])
     assert code == 2 and "its folder" in capsys.readouterr().err
+
+
+def test_each_figure_shows_its_spread_and_short_epochs_are_said(built_dataset, capsys):
+    """A small dataset: the table gives each contender's min-max over the epochs, and a warning says
+    the rates are too short to trust (one such run read a limit of 295 images/s below a loader's 4,992)."""
+    from gpuload.bench import short_epochs
+
+    report = run_bench(built_dataset, batch_size=4, device="cpu", epochs=2, max_batches=2, progress=False)
+    table = format_bench(report)
+    assert "min-max of the epochs" in table.splitlines()[2]
+    gpuload_row = next(line for line in table.splitlines() if line.startswith("gpuload.DataLoader"))
+    low, high = report["results"]["gpuload"]["min"], report["results"]["gpuload"]["max"]
+    assert f"{low:,.0f}-{high:,.0f}" in gpuload_row
+    warning = short_epochs(report)
+    assert warning.startswith(f"the timed epochs of {report['timed_images']} images lasted ")
+    assert "too short for steady rates" in warning and "images or more (or a larger --max-batches)" in warning
+    assert short_epochs({**report, "timed_images": 10**9}) is None  # long epochs: no warning
+
+
+def test_the_command_warns_on_a_small_dataset(built_dataset, capsys):
+    assert main(["bench", str(built_dataset), "--batch-size", "4", "--epochs", "1", "--max-batches", "2"]) in (0, 1)
+    assert "gpuload: warning: the timed epochs of " in capsys.readouterr().err

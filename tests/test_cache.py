@@ -381,3 +381,132 @@ class TestFaults:
         for thread in threads:
             thread.join()
         assert overlaps == [1, 1, 1, 1]
+
+
+class TestInfoAndClear:
+    """describe_cache and clear_cache (``gpuload cache info|clear``): only a gpuload cache, safely while in use."""
+
+    def filled(self, path: Path) -> tuple[BlockCache, cache_module.Namespace]:
+        cache = BlockCache(path, "1MB")
+        space = cache.namespace("s3://b/photos.jpeg/data.memmap", "1", block_size=100)
+        for index in (0, 1):
+            with cache.writing(space, index):
+                assert cache.put(space, index, bytes([index]) * 100)
+        return cache, space
+
+    def test_info_lists_what_is_held_and_changes_nothing(self, tmp_path):
+        cache, space = self.filled(tmp_path / "cache")
+        before = files_on_disk(cache)
+        info = cache_module.describe_cache(tmp_path / "cache")
+        assert (info["blocks"], info["bytes"], info["being_written"]) == (2, 200, {"blocks": 0, "bytes": 0})
+        assert [(entry["url"], entry["blocks"], entry["bytes"]) for entry in info["objects"]] == [
+            ("s3://b/photos.jpeg/data.memmap", 2, 200)
+        ]
+        assert files_on_disk(cache) == before and cache.usage() == 200
+
+    def test_clear_removes_the_blocks_and_the_cache_opens_as_before(self, tmp_path):
+        cache, space = self.filled(tmp_path / "cache")
+        result = cache_module.clear_cache(tmp_path / "cache")
+        assert result["removed"] == {"blocks": 2, "bytes": 200} and result["kept"] == {"blocks": 0, "bytes": 0}
+        assert files_on_disk(cache) == {} and cache.usage() == 0
+        assert (tmp_path / "cache" / MARKER).is_file()
+        again = BlockCache(tmp_path / "cache", "1MB")
+        with again.writing(space, 0):
+            assert again.put(space, 0, b"a" * 100) and again.get(space, 0, 100) == b"a" * 100
+
+    @pytest.mark.parametrize("function", ["describe_cache", "clear_cache"])
+    def test_a_folder_that_is_not_a_cache_is_refused_and_left_alone(self, tmp_path, function):
+        (tmp_path / "photos" / "objects" / "x").mkdir(parents=True)
+        (tmp_path / "photos" / "objects" / "x" / "0").write_bytes(b"mine")
+        with pytest.raises(UsageError, match=r"is not a gpuload cache \(no gpuload-cache.json\): nothing was touched"):
+            getattr(cache_module, function)(tmp_path / "photos")
+        assert (tmp_path / "photos" / "objects" / "x" / "0").read_bytes() == b"mine"
+        with pytest.raises(FileNotFoundError, match="does not exist; pass the folder given as cache="):
+            getattr(cache_module, function)(tmp_path / "nowhere")
+
+    def test_a_cache_others_may_write_is_refused_and_left_alone(self, tmp_path):
+        cache, _ = self.filled(tmp_path / "cache")
+        (tmp_path / "cache").chmod(0o777)
+        with pytest.raises(UsageError, match="writable by other users"):
+            cache_module.clear_cache(tmp_path / "cache")
+        assert len(files_on_disk(cache)) == 2
+
+    def test_a_block_another_process_is_writing_is_kept_and_counted(self, tmp_path):
+        """A writer in another process between its reservation and its rename: clear leaves its block (and
+        its stripe) alone, removes the rest, and the bytes counted afterwards are what is on disk."""
+        cache, space = self.filled(tmp_path / "cache")
+        writing = next(
+            i for i in range(2, 100) if cache.stripe(space, i) not in {cache.stripe(space, j) for j in (0, 1)}
+        )
+        child = textwrap.dedent(f"""
+            import os, sys
+            import gpuload.remote.cache as module
+            cache = module.BlockCache({str(tmp_path / "cache")!r}, "1MB")
+            space = cache.namespace("s3://b/photos.jpeg/data.memmap", "1", block_size=100)
+            real = module._write_all
+            def slow(fd, data):
+                os.pwrite(fd, data[:10], 0)
+                print("writing", flush=True)
+                sys.stdin.readline()  # the parent clears meanwhile
+                real(fd, data)
+            module._write_all = slow
+            with cache.writing(space, {writing}):
+                assert cache.put(space, {writing}, b"w" * 100)
+            print("written", flush=True)
+        """)
+        process = subprocess.Popen(
+            [sys.executable, "-c", child],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        try:
+            assert process.stdout.readline() == "writing\n"
+            result = cache_module.clear_cache(tmp_path / "cache")
+            assert result["removed"] == {"blocks": 2, "bytes": 200}
+            assert result["kept"] == {"blocks": 1, "bytes": 100}  # the reservation of the block being written
+            assert cache.usage() == 100
+            process.stdin.write("go\n")
+            process.stdin.flush()
+            assert process.stdout.readline() == "written\n"
+            assert process.wait(10) == 0
+        finally:
+            process.kill()
+            process.stdin.close()
+            process.stdout.close()
+        assert files_on_disk(cache) == {f"{space.key[:6]}/{writing}": 100}
+        assert cache.usage() == 100 and cache.get(space, writing, 100) == b"w" * 100
+
+    def test_clear_waits_for_the_cache_lock_another_process_holds(self, tmp_path):
+        cache, _ = self.filled(tmp_path / "cache")
+        child = textwrap.dedent(f"""
+            import sys
+            import gpuload.remote.cache as module
+            with module._cache_lock(module.Path({str(tmp_path / "cache")!r})):
+                print("locked", flush=True)
+                sys.stdin.readline()
+        """)
+        process = subprocess.Popen(
+            [sys.executable, "-c", child],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        results = []
+        try:
+            assert process.stdout.readline() == "locked\n"
+            clearing = threading.Thread(target=lambda: results.append(cache_module.clear_cache(tmp_path / "cache")))
+            clearing.start()
+            clearing.join(0.5)
+            assert clearing.is_alive() and len(files_on_disk(cache)) == 2  # waiting, nothing removed
+            process.stdin.write("go\n")
+            process.stdin.flush()
+            clearing.join(10)
+            assert process.wait(10) == 0
+        finally:
+            process.kill()
+            process.stdin.close()
+            process.stdout.close()
+        assert results[0]["removed"]["blocks"] == 2 and files_on_disk(cache) == {}

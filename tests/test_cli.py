@@ -1,6 +1,8 @@
+import argparse
 import errno
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,6 +13,7 @@ import pytest
 from conftest import write_bad_file
 from PIL import Image
 
+import gpuload
 import gpuload.cli
 import gpuload.writing.compress
 import gpuload.writing.decode
@@ -46,10 +49,10 @@ class TestBuildMemmap:
     def test_builds_and_prints_a_summary(self, capsys, photo_copy):
         write_bad_file(photo_copy / "face", "empty.jpg")
         code, out, _ = run(
-            capsys, "build-memmap", str(photo_copy), "--size", "24x32", "--resize", "stretch", "--workers", "1"
+            capsys, "build-memmap", str(photo_copy), "--size", "32x24", "--resize", "stretch", "--workers", "1"
         )
         assert code == 0
-        assert f"built {photo_copy}.memmap: 20 images of 3x24x32" in out
+        assert f"built {photo_copy}.memmap: 20 images of 32x24 (" in out
         assert "1 skipped" in out and "skipped: face/empty.jpg: empty file (0 bytes)" in out
 
     def test_the_jpeg_order_and_its_seed(self, capsys, photo_folder, tmp_path):
@@ -116,7 +119,7 @@ class TestBuildMemmap:
         with pytest.raises(SystemExit) as exit_info:
             main(["build-memmap", str(photo_folder), "--size", size])
         assert exit_info.value.code == 2
-        assert "expected HEIGHTxWIDTH" in capsys.readouterr().err
+        assert "expected WIDTHxHEIGHT" in capsys.readouterr().err
 
 
 class TestMaxPixels:
@@ -140,7 +143,7 @@ class TestMaxPixels:
 
     def test_verify_of_a_dataset_that_does_not_record_the_limit(self, capsys, photo_folder, tmp_path, monkeypatch):
         out = tmp_path / "old"
-        assert run(capsys, "build-memmap", str(photo_folder), "--out", str(out), "--size", "24x32")[0] == 0
+        assert run(capsys, "build-memmap", str(photo_folder), "--out", str(out), "--size", "32x24")[0] == 0
         (out / "manifest.json").chmod(0o644)
         manifest = json.loads((out / "manifest.json").read_text())
         del manifest["max_image_pixels"]
@@ -160,7 +163,7 @@ class TestMaxPixels:
 class TestJpegFormat:
     def test_build_info_and_classes_from(self, capsys, photo_copy, built_dataset, tmp_path):
         code, out, _ = run(capsys, "build-memmap", str(photo_copy), "--out", str(tmp_path / "j"), "--format", "jpeg")
-        assert code == 0 and "20 images of JPEGs at their own sizes" in out
+        assert code == 0 and "20 JPEGs at their own sizes (" in out
         code, out, _ = run(capsys, "info", str(tmp_path / "j"))
         assert code == 0 and "20 JPEGs, each at its own size" in out and "re-encoded at quality 90" in out
         (photo_copy / "extra").mkdir()
@@ -178,7 +181,7 @@ class TestJpegFormat:
         (flat / "a.jpg").write_bytes((photo_folder / "face" / "0000.jpg").read_bytes())
         code, _, err = run(capsys, "build-memmap", str(flat), "--classes-from", str(built_dataset))
         assert code == 2 and err == (
-            f"gpuload: error: {flat} holds 1 images and no class folder, so it would be one class named 'val', which "
+            f"gpuload: error: {flat} holds 1 image and no class folder, so it would be one class named 'val', which "
             "is not in the given classes (background, collar, face, sleeve_left, sleeve_right); pass the folder that "
             "holds one folder per class, or name this folder after its class\n"
         )
@@ -227,7 +230,7 @@ class TestJpegFormat:
         )
         assert code == 2 and err == (
             "gpuload: error: max_side applies only to format='jpeg' (--format jpeg), got max_side=100 with "
-            "format='raw'; a raw build stores every image at one size: give that size (--size HxW) and leave "
+            "format='raw'; a raw build stores every image at one size: give that size (--size WIDTHxHEIGHT) and leave "
             "max_side out\n"
         )
         assert not (tmp_path / "r").exists()
@@ -247,7 +250,7 @@ class TestInfoAndVerify:
     def test_info(self, capsys, built_dataset):
         code, out, _ = run(capsys, "info", str(built_dataset))
         assert code == 0
-        assert "images:  20 x 3x48x64 uint8" in out and "face          4" in out
+        assert "images:  20 images of 64x48 (raw uint8)" in out and "face          4" in out
 
     def test_info_json(self, capsys, built_dataset):
         code, out, _ = run(capsys, "info", str(built_dataset), "--json")
@@ -255,11 +258,11 @@ class TestInfoAndVerify:
 
     def test_verify_ok(self, capsys, built_dataset):
         code, out, _ = run(capsys, "verify", str(built_dataset), "--sources", "3")
-        assert code == 0 and out.endswith(": OK\n")
+        assert code == 0 and ": OK; checked " in out
 
     def test_verify_all_sources(self, capsys, built_dataset):
         code, out, _ = run(capsys, "verify", str(built_dataset), "--sources")
-        assert code == 0 and out.endswith(": OK\n")
+        assert code == 0 and ": OK; checked " in out
 
     def test_verify_exits_1_on_problems(self, capsys, built_dataset, tmp_path):
         copy = Path(shutil.copytree(built_dataset, tmp_path / "copy"))
@@ -267,14 +270,18 @@ class TestInfoAndVerify:
         with open(copy / "images.memmap", "r+b") as file:
             file.write(b"\xff" * 16)  # damage image 0
         code, out, _ = run(capsys, "verify", str(copy))
-        assert code == 1 and "problem: 1 images do not match their build checksum: 0 (" in out
-        assert out.endswith("1 problems\n")
+        assert code == 1 and "problem: 1 image does not match its build checksum: 0 (" in out
+        assert out.splitlines()[-1].startswith(f"{copy}: 1 problem; checked the manifest")
 
     def test_verify_of_a_dataset_whose_manifest_was_lost_exits_1(self, capsys, built_dataset, tmp_path):
         copy = Path(shutil.copytree(built_dataset, tmp_path / "copy"))
         (copy / "manifest.json").unlink()
         code, out, _ = run(capsys, "verify", str(copy))
-        assert code == 1 and "manifest.json is missing" in out and out.endswith("1 problems\n")
+        assert (
+            code == 1
+            and "manifest.json is missing" in out
+            and out.splitlines()[-1].startswith(f"{copy}: 1 problem; checked the manifest")
+        )
 
     @pytest.mark.parametrize(
         ("make", "message"),
@@ -301,7 +308,7 @@ class TestCompress:
     def test_prints_failures_and_summary(self, capsys, photo_copy, tmp_path):
         write_bad_file(photo_copy / "face", "notes.jpg")
         code, out, _ = run(capsys, "compress", str(photo_copy), str(tmp_path / "q"))
-        assert code == 0
+        assert code == 1
         assert f"failed: {photo_copy / 'face' / 'notes.jpg'}:" in out
         assert "20 done, 0 skipped, 1 failed" in out
 
@@ -352,6 +359,9 @@ def test_module_entry_point(photo_folder):
         ["nope"],
         ["push", "--help"],
         ["push", "x"],
+        ["--version"],
+        ["cache", "--help"],
+        ["build-memmap", "s3://bucket/photos"],
     ],
 )
 def test_help_and_argument_errors_never_import_torch_nor_storage_clients(argv):
@@ -403,3 +413,166 @@ def test_a_broken_pipe_that_is_not_stdout_is_a_traceback(monkeypatch):
     monkeypatch.setattr(gpuload.cli, "_run_info", broken)
     with pytest.raises(BrokenPipeError):
         main(["info", "anything"])
+
+
+class TestBasics:
+    """What a newcomer meets first: the version, progress in logs, URLs, sizes, plurals, lock files."""
+
+    def test_version(self, capsys):
+        with pytest.raises(SystemExit) as exited:
+            main(["--version"])
+        assert exited.value.code == 0 and capsys.readouterr().out == f"gpuload {gpuload.__version__}\n"
+
+    @pytest.mark.parametrize(("flag", "drawn"), [((), False), (("--quiet",), False), (("--progress",), True)])
+    def test_progress_bars_only_on_a_terminal_unless_asked(self, capsys, photo_folder, tmp_path, flag, drawn):
+        code, _, err = run(capsys, "build-memmap", str(photo_folder), "--out", str(tmp_path / "out"), *flag)
+        assert code == 0 and ("build-memmap: 100%" in err) == drawn  # capsys's stderr is no terminal
+
+    def test_quiet_draws_nothing_on_a_terminal(self, capsys, photo_folder, tmp_path, monkeypatch):
+        monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+        assert gpuload.cli._progress(argparse.Namespace(progress=None))  # a terminal: drawn by default
+        code, _, err = run(capsys, "compress", str(photo_folder), str(tmp_path / "q"), "--quiet")
+        assert code == 0 and "%|" not in err
+
+    @pytest.mark.parametrize(
+        ("argv", "flag", "advice"),
+        [
+            (["build-memmap", "s3://bucket/photos"], "SRC", "build-memmap reads and writes local folders"),
+            (["build-memmap", "src", "--out", "gs://bucket/x"], "--out", "build-memmap reads and writes local"),
+            (["compress", "s3://bucket/photos", "q"], "SRC", "compress reads and writes local folders"),
+            (["compress", "src", "https://host/q"], "DST", "compress reads and writes local folders"),
+            (["bench", "s3://bucket/photos.memmap"], "DATASET", "bench measures a local dataset"),
+        ],
+    )
+    def test_a_url_where_a_local_path_is_needed_is_one_line(self, capsys, tmp_path, monkeypatch, argv, flag, advice):
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / "src").mkdir()
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and out == "" and err.count("\n") == 1
+        assert err.startswith(f"gpuload: error: {flag} of gpuload {argv[0]} is a local path, got the URL ")
+        assert advice in err and sorted(os.listdir(tmp_path)) == ["src"]  # no ./s3:/bucket folder made
+
+    def test_no_lock_file_is_left_after_a_run_done_or_failed(self, capsys, photo_copy, tmp_path):
+        out = tmp_path / "out"
+        assert run(capsys, "build-memmap", str(photo_copy), "--out", str(out / "ds"))[0] == 0
+        assert run(capsys, "build-memmap", str(photo_copy), "--out", str(out / "ds"))[0] == 2  # exists: refused
+        write_bad_file(photo_copy / "face", "notes.jpg")
+        assert run(capsys, "compress", str(photo_copy), str(out / "q"))[0] == 1
+        assert run(capsys, "build-memmap", str(photo_copy), "--out", str(out / "s"), "--strict")[0] == 1
+        assert sorted(os.listdir(out)) == ["ds", "q"] and not list(photo_copy.parent.glob(".*.lock"))
+
+    def test_one_is_singular_and_small_sizes_are_not_zero_gb(self, capsys, tmp_path):
+        (tmp_path / "src" / "cat").mkdir(parents=True)
+        Image.new("RGB", (64, 48), (200, 10, 10)).save(tmp_path / "src" / "cat" / "a.jpg")
+        code, out, _ = run(capsys, "build-memmap", str(tmp_path / "src"), "--out", str(tmp_path / "ds"))
+        assert code == 0 and re.match(rf"built {tmp_path / 'ds'}: 1 image of 64x48 \([\d.]+ KB\) in 1 class, ", out)
+        code, out, _ = run(capsys, "info", str(tmp_path / "ds"))
+        assert "images:  1 image of 64x48 (raw uint8), " in out and "GB" not in out
+
+    def test_a_size_is_width_x_height_and_the_old_order_is_refused(self, capsys, photo_folder, tmp_path):
+        code, out, err = run(capsys, "build-memmap", str(photo_folder), "--out", str(tmp_path / "a"), "--size", "32x24")
+        assert code == 0 and "images of 32x24 (" in out
+        assert gpuload.MemmapImageDataset(tmp_path / "a").image_shape == (3, 24, 32)
+        code, _, err = run(capsys, "build-memmap", str(photo_folder), "--out", str(tmp_path / "b"), "--size", "24x32")
+        assert code == 2 and err.count("\n") == 1 and not (tmp_path / "b").exists()
+        assert err.startswith(
+            "gpuload: error: --size 24x32 is WIDTHxHEIGHT (portrait: 24 wide, 32 high), and the photos of "
+        ) and err.rstrip().endswith("pass --size 32x24, or '--size 24x32!' for portrait images of landscape photos")
+        for size, shape in (("24x32!", (3, 32, 24)), ("16x16", (3, 16, 16))):  # kept as written; square: no doubt
+            out_path = tmp_path / size.strip("!")
+            assert run(capsys, "build-memmap", str(photo_folder), "--out", str(out_path), "--size", size)[0] == 0
+            assert gpuload.MemmapImageDataset(out_path).image_shape == shape
+
+    def test_size_help_says_width_x_height(self, capsys):
+        with pytest.raises(SystemExit):
+            main(["build-memmap", "--help"])
+        assert "WIDTHxHEIGHT" in capsys.readouterr().out
+
+
+class TestCompressContract:
+    def test_exit_0_when_every_file_is_done(self, capsys, photo_folder, tmp_path):
+        code, out, err = run(capsys, "compress", str(photo_folder), str(tmp_path / "q"))
+        assert code == 0 and "20 done, 0 skipped, 0 failed" in out and "error" not in err
+        assert run(capsys, "compress", str(photo_folder), str(tmp_path / "q"))[0] == 0  # all done earlier: skipped
+
+    def test_exit_1_when_some_failed_with_a_line_on_stderr(self, capsys, photo_copy, tmp_path):
+        write_bad_file(photo_copy / "face", "notes.jpg")
+        code, out, err = run(capsys, "compress", str(photo_copy), str(tmp_path / "q"))
+        assert code == 1 and "20 done, 0 skipped, 1 failed" in out
+        assert err.splitlines()[-1].startswith("gpuload: error: 1 of 21 files failed (listed above); the others")
+        assert len(list((tmp_path / "q").rglob("*.jpg"))) == 20  # kept
+
+    def test_a_png_written_as_jpg_is_said_in_help_and_summary(self, capsys, photo_copy, tmp_path):
+        Image.open(photo_copy / "face" / "0000.jpg").save(photo_copy / "face" / "drawing.png")
+        code, out, _ = run(capsys, "compress", str(photo_copy), str(tmp_path / "q"))
+        assert code == 0 and out.rstrip().endswith("; 1 PNG or other non-JPEG source written as .jpg")
+        assert (tmp_path / "q" / "face" / "drawing.jpg").is_file()
+        with pytest.raises(SystemExit):
+            main(["compress", "--help"])
+        assert "photo.png -> photo.jpg" in capsys.readouterr().out
+
+
+class TestVerifySays:
+    @pytest.mark.parametrize("fixture", ["built_dataset", "jpeg_dataset"])
+    def test_what_it_checked_a_raw_and_a_jpeg_dataset_alike(self, capsys, request, photo_folder, fixture):
+        dataset = request.getfixturevalue(fixture)
+        code, out, _ = run(capsys, "verify", str(dataset), "--sources", "3")
+        assert code == 0 and out.startswith(f"{dataset}: OK; checked the manifest and the ")
+        assert ", 20 labels, 20 images against their build checksum" in out
+        assert out.rstrip().endswith(f"3 of 20 sources in {photo_folder} taken again and compared exactly")
+
+    @pytest.mark.parametrize("format", ["raw", "jpeg"])
+    def test_a_changed_source_is_found_in_a_raw_and_a_jpeg_dataset(self, capsys, photo_copy, tmp_path, format):
+        out = tmp_path / "ds"
+        assert run(capsys, "build-memmap", str(photo_copy), "--out", str(out), "--format", format)[0] == 0
+        Image.new("RGB", (64, 48), (0, 0, 255)).save(photo_copy / "face" / "0001.jpg")  # same size, other pixels
+        code, stdout, _ = run(capsys, "verify", str(out), "--sources")
+        assert (
+            code == 1 and f"differs from its source {photo_copy / 'face' / '0001.jpg'} (mean pixel difference" in stdout
+        )
+        assert stdout.splitlines()[-1].startswith(f"{out}: 1 problem; checked ")
+
+    def test_sources_that_moved_are_found_with_source_folder(self, capsys, photo_copy, tmp_path):
+        out = tmp_path / "ds"
+        assert run(capsys, "build-memmap", str(photo_copy), "--out", str(out), "--format", "jpeg")[0] == 0
+        moved = photo_copy.rename(tmp_path / "moved")
+        code, _, err = run(capsys, "verify", str(out), "--sources")
+        assert code == 2 and err == (
+            f"gpuload: error: {photo_copy}, the folder it was built from, is not a folder (moved or deleted?); pass "
+            "the folder where the sources are now (--source-folder DIR, source_folder= in Python), or leave --sources out\n"
+        )
+        code, stdout, _ = run(capsys, "verify", str(out), "--sources", "--source-folder", str(moved))
+        assert code == 0 and stdout.rstrip().endswith(f"20 of 20 sources in {moved} taken again and compared exactly")
+        code, _, err = run(capsys, "verify", str(out), "--source-folder", str(moved))
+        assert code == 2 and "pass sources too (--sources [N] with --source-folder)" in err
+
+
+class TestCache:
+    def filled(self, path: Path) -> Path:
+        from gpuload.remote.cache import BlockCache
+
+        cache = BlockCache(path, "1MB")
+        space = cache.namespace("s3://bucket/photos.jpeg/data.memmap", "1", block_size=4)
+        with cache.writing(space, 0):
+            assert cache.put(space, 0, b"abcd")
+        return path
+
+    def test_info_and_clear(self, capsys, tmp_path):
+        cache = self.filled(tmp_path / "cache")
+        code, out, _ = run(capsys, "cache", "info", str(cache))
+        assert code == 0 and out.splitlines()[:2] == [str(cache), "  held:    1 block, 4 bytes, of 1 object"]
+        assert "s3://bucket/photos.jpeg/data.memmap  1 block, 4 bytes, last used " in out
+        assert json.loads(run(capsys, "cache", "info", str(cache), "--json")[1])["blocks"] == 1
+        code, out, _ = run(capsys, "cache", "clear", str(cache))
+        assert code == 0 and out == f"cleared {cache}: 1 block removed (4 bytes)\n"
+        assert (
+            run(capsys, "cache", "info", str(cache))[1].splitlines()[1] == "  held:    0 blocks, 0 bytes, of 0 objects"
+        )
+
+    @pytest.mark.parametrize("action", ["info", "clear"])
+    def test_a_folder_that_is_not_a_cache_is_one_line_and_untouched(self, capsys, tmp_path, action):
+        (tmp_path / "photos").mkdir()
+        (tmp_path / "photos" / "a.jpg").write_bytes(b"mine")
+        code, out, err = run(capsys, "cache", action, str(tmp_path / "photos"))
+        assert code == 2 and out == "" and err.count("\n") == 1 and "is not a gpuload cache" in err
+        assert (tmp_path / "photos" / "a.jpg").read_bytes() == b"mine"

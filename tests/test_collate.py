@@ -74,7 +74,7 @@ class TestJpegDatasets:
             next(iter(loader))
         assert str(caught.value) == (
             f"{copy}: image {damaged} ({MemmapImageDataset(copy).table.path(damaged)}) decodes to "
-            f"{SIZE[0]}x{SIZE[1]} where its recorded size is {SIZE[0] + 1}x{SIZE[1]}: shapes.memmap is damaged; "
+            f"{SIZE[1]}x{SIZE[0]} where its recorded size is {SIZE[1]}x{SIZE[0] + 1}: shapes.memmap is damaged; "
             "run gpuload verify, then rebuild the dataset"
         )
 

@@ -343,8 +343,8 @@ class TestFullDisk:
         monkeypatch.setattr(gpuload.writing.compress.os, "fsync", fsync)
         with pytest.raises(
             OSError,
-            match=r"not enough disk space to write .*\.jpg: it needs [0-9,]+ bytes \(0\.00 GB\) and its disk has "
-            r"[0-9,]+ bytes \([0-9.]+ GB\) free; free space there and run again \(what is finished is kept\), or "
+            match=r"not enough disk space to write .*\.jpg: it needs [0-9,]+ bytes \([0-9.]+ KB\) and its disk has "
+            r"[0-9,]+ bytes \([0-9.]+ [KMGT]B\) free; free space there and run again \(what is finished is kept\), or "
             r"choose another DST$",
         ):
             compress_folder(photo_folder, tmp_path / "q", workers=1, progress=False)
@@ -370,7 +370,7 @@ class TestFullDisk:
             compress_folder(photo_folder, tmp_path / "q", workers=1, progress=False)
         assert caught.value.errno == errno.ENOSPC and str(caught.value) == (
             f"[Errno 28] no free inode left to write {tmp_path / 'q' / 'background' / '0000.jpg'} (its disk has "
-            "52,428,800 bytes (0.05 GB) free, but all its 1,000 inodes are taken: each file or folder takes one, "
+            "52,428,800 bytes (52.4 MB) free, but all its 1,000 inodes are taken: each file or folder takes one, "
             "whatever its size); delete files there and run again (what is finished is kept), or choose another DST"
         )
 
@@ -489,7 +489,7 @@ def test_summary_line():
     report = CompressReport(
         done=3, skipped=1, failed=[("a", "b")], bytes_before=4_000_000, bytes_after=1_000_000, seconds=2
     )
-    assert report.summary() == "3 done, 1 skipped, 1 failed: 4.0 MB -> 1.0 MB (4.0x smaller) in 2.0 s"
+    assert report.summary() == "3 done, 1 skipped, 1 failed: 4 MB -> 1 MB (4.0x smaller) in 2.0 s"
 
 
 def test_ffmpeg_is_real():

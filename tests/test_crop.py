@@ -414,7 +414,7 @@ class TestDecodeBatch:
             "_batch_decoder",
             lambda device: lambda blobs, names: [image.transpose(1, 2) for image in real_decoder(device)(blobs, names)],
         )
-        with pytest.raises(DatasetError, match=r"image 0 .*decodes to 640x480 where its recorded size is 480x640"):
+        with pytest.raises(DatasetError, match=r"image 0 .*decodes to 480x640 where its recorded size is 640x480"):
             decode_batch(varied_jpegs, torch.tensor([0]), CenterCropDecode(32), seed=0, epoch=0,
                          device=torch.device(device))  # fmt: skip
 

@@ -459,3 +459,7 @@ class TestPinnedVersion2:
             MemmapImageDataset(PINNED_V2 / "jpeg.memmap"), batch_size=2, device="cpu", decode=decode
         )
         assert [images.shape for images, _ in jpeg] == [(2, 3, 12, 16), (2, 3, 12, 16)]
+
+
+def test_repr_writes_the_size_width_x_height(built_dataset):
+    assert f"size={SIZE[1]}x{SIZE[0]}, classes=5)" in repr(MemmapImageDataset(built_dataset))

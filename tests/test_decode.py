@@ -225,6 +225,11 @@ class TestCheckTarget:
         with pytest.raises(ValueError, match="more than PIL.Image.MAX_IMAGE_PIXELS"):
             check_target((100_000, 100_000), "crop")
 
+    def test_the_size_in_the_message_is_width_x_height(self, monkeypatch):
+        monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+        with pytest.raises(ValueError, match=r"^size 64x48 has 3,072 pixels per image, more than PIL"):
+            check_target((48, 64), "crop")  # (height, width): 64 wide
+
 
 class TestDecodeInto:
     @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ def test_demo_runs_the_whole_job_and_reports_each_step(tmp_path, capsys):
     printed = capsys.readouterr().out
     for step in ("1/5 sample", "2/5 compress", "3/5 build-memmap", "4/5 verify: OK", "5/5 read back"):
         assert step in printed
+    assert "1/5 sample: 10 photos of 32x24 in 5 classes, " in printed and " KB, made from " in printed  # width x height
     assert len(MemmapImageDataset(out)) == 10
 
 

@@ -1,9 +1,15 @@
 import errno
 import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
+import gpuload
 import gpuload.writing.files
+from gpuload.errors import BusyError
 from gpuload.writing.files import OutputLock, no_room
 
 
@@ -53,7 +59,7 @@ class Statvfs:
         (
             0,
             "no free inode left to write {out}: its lock file {lock} could not be created (its disk has 52,428,800 "
-            "bytes (0.05 GB) free, but all its 1,000 inodes are taken: each file or folder takes one, whatever its "
+            "bytes (52.4 MB) free, but all its 1,000 inodes are taken: each file or folder takes one, whatever its "
             "size); delete files there or choose an output on another disk",
         ),
     ],
@@ -76,7 +82,7 @@ class TestNoRoom:
     def test_no_free_inode_while_bytes_remain(self, monkeypatch):
         monkeypatch.setattr(gpuload.writing.files.os, "statvfs", lambda path: Statvfs(12_800, free_inodes=0))
         assert no_room("/", "to write x", "there or write to another disk", needed="a new file") == (
-            "no free inode left to write x (its disk has 52,428,800 bytes (0.05 GB) free, but all its 1,000 inodes "
+            "no free inode left to write x (its disk has 52,428,800 bytes (52.4 MB) free, but all its 1,000 inodes "
             "are taken: each file or folder takes one, whatever its size); delete files there or write to another disk"
         )
 
@@ -86,7 +92,7 @@ class TestNoRoom:
         stats.f_files = 0
         monkeypatch.setattr(gpuload.writing.files.os, "statvfs", lambda path: stats)
         assert no_room("/", "to write x", "there", needed="10 bytes") == (
-            "not enough disk space to write x: it needs 10 bytes and its disk has 0 bytes (0.00 GB) free; free space there"
+            "not enough disk space to write x: it needs 10 bytes and its disk has 0 bytes free; free space there"
         )
 
     def test_the_disk_of_a_path_not_made_yet_is_that_of_its_nearest_folder(self, tmp_path, monkeypatch):
@@ -94,3 +100,63 @@ class TestNoRoom:
         monkeypatch.setattr(gpuload.writing.files.os, "statvfs", lambda path: asked.append(path) or Statvfs(1))
         no_room(tmp_path / "a" / "b", "to write b", "there")
         assert asked == [tmp_path]
+
+
+class TestOutputLock:
+    """The lock file beside an output is gone after a run, done or failed, and never shared by two runs."""
+
+    def test_no_lock_file_is_left_after_a_run_done_or_failed(self, tmp_path):
+        with OutputLock(tmp_path / "out"):
+            assert os.listdir(tmp_path) == [".out.lock"]
+        with pytest.raises(RuntimeError), OutputLock(tmp_path / "out"):
+            raise RuntimeError("a failed run")
+        assert os.listdir(tmp_path) == []
+
+    def test_a_run_that_opened_the_file_as_the_holder_removed_it_locks_a_new_one(self, tmp_path, monkeypatch):
+        """The race of removing a lock file: a second run opens the file, the first removes it and lets
+        go, the second takes the lock of the removed file; it must see that and lock the file at the name,
+        or a third run would create a new file and hold "the" lock at the same time."""
+        out = tmp_path / "out"
+        first = OutputLock(out).__enter__()
+        real_open = OutputLock._open
+
+        def open_as_the_holder_finishes(self):
+            fd = real_open(self)
+            if first._fd != -1:
+                first.__exit__(None, None, None)
+            return fd
+
+        monkeypatch.setattr(OutputLock, "_open", open_as_the_holder_finishes)
+        with OutputLock(out) as second:
+            assert os.path.samestat(os.fstat(second._fd), os.stat(second.lock_path))
+            with pytest.raises(BusyError, match=f"another gpuload run is writing {out}"):
+                OutputLock(out).__enter__()
+        assert os.listdir(tmp_path) == []
+
+    def test_runs_in_two_processes_never_hold_it_at_once(self, tmp_path):
+        """Two processes take and leave the lock of one output hundreds of times: each, while it holds it,
+        creates a file that must not exist (O_EXCL) and removes it."""
+        child = textwrap.dedent(f"""
+            import os
+            from pathlib import Path
+            from gpuload.errors import BusyError
+            from gpuload.writing.files import OutputLock
+            out, held, taken = Path({str(tmp_path / "out")!r}), {str(tmp_path / "held")!r}, 0
+            for _ in range(400):
+                try:
+                    with OutputLock(out):
+                        os.close(os.open(held, os.O_CREAT | os.O_EXCL | os.O_WRONLY))  # FileExistsError: shared
+                        os.unlink(held)
+                        taken += 1
+                except BusyError:
+                    pass
+            print(taken)
+        """)
+        env = {**os.environ, "PYTHONPATH": str(Path(gpuload.__file__).parent.parent)}
+        runs = [
+            subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True, env=env)
+            for _ in range(2)
+        ]
+        outputs = [run.communicate(timeout=120)[0] for run in runs]
+        assert [run.returncode for run in runs] == [0, 0] and all(int(taken) > 0 for taken in outputs)
+        assert os.listdir(tmp_path) == []

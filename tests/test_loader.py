@@ -1396,3 +1396,86 @@ class TestBlockShuffle:
         assert len(served) <= length + (world_size - 1) + (new_world_size - 1)  # the padding, at most
         if saved["epoch"] == 3 or (new_world_size, new_batch_size) == (world_size, batch_size):
             assert [batches + rest for (batches, _), rest in zip(first, resumed)] == uninterrupted
+
+
+class TestTorchDropIn:
+    """What a call written for torch.utils.data.DataLoader gets: its options, a Subset, a ConcatDataset."""
+
+    def test_num_workers_sets_the_threads_and_pin_memory_and_persistent_workers_set_nothing(self):
+        stock = {"num_workers": 4, "pin_memory": True, "persistent_workers": True}
+        loader = DataLoader(indexed_data(), batch_size=4, shuffle=True, seed=0, device="cpu", **stock)
+        assert loader.threads == 4 and len(served_indices(loader)) == 23
+        assert DataLoader(indexed_data(), num_workers=0, device="cpu").threads == 1  # torch's "main process"
+        assert DataLoader(indexed_data(), num_workers=3, threads=3, device="cpu").threads == 3
+
+    @pytest.mark.parametrize(
+        "arguments, error, message",
+        [
+            ({"num_workers": 2, "threads": 3}, ValueError, "num_workers=2 and threads=3 both set the loader's"),
+            ({"num_workers": -1}, ValueError, "num_workers must be 0 or more, got -1"),
+            ({"num_workers": 2.0}, TypeError, "num_workers must be an int, got float"),
+            ({"pin_memory": "yes"}, TypeError, "pin_memory must be True or False, got str: 'yes'"),
+            ({"persistent_workers": 1}, TypeError, "persistent_workers must be True or False, got int: 1"),
+        ],
+    )
+    def test_bad_torch_options_are_one_line(self, arguments, error, message):
+        with pytest.raises(error, match=re.escape(message)):
+            DataLoader(indexed_data(), device="cpu", **arguments)
+
+    @pytest.mark.parametrize(
+        "name, value, advice",
+        [
+            ("collate_fn", lambda batch: batch, "batches are gathered whole into uint8 [B, 3, H, W] and int64 [B]"),
+            ("prefetch_factor", 4, "pass prefetch= (batches prepared ahead, default 3)"),
+            ("multiprocessing_context", "spawn", "there are no worker processes: leave it out"),
+        ],
+    )
+    def test_a_stock_option_it_does_not_take_says_what_to_pass(self, name, value, advice):
+        with pytest.raises(UsageError) as caught:
+            DataLoader(indexed_data(), device="cpu", **{name: value})
+        assert str(caught.value) == (
+            f"gpuload.DataLoader takes no {name} (torch.utils.data.DataLoader's): {loader_module._TORCH_ONLY[name]}"
+        )
+        assert advice in str(caught.value) and "\n" not in str(caught.value)
+        with pytest.raises(TypeError, match="DataLoader\\(\\) got an unexpected keyword argument 'shufle'"):
+            DataLoader(indexed_data(), device="cpu", shufle=True)
+
+    def test_a_subset_serves_its_indices_in_its_order(self, built_dataset):
+        dataset = MemmapImageDataset(built_dataset)
+        subset = torch.utils.data.Subset(dataset, [7, 2, 19, 2])
+        loader = DataLoader(subset, batch_size=3, device="cpu")
+        batches = list(loader)
+        assert [labels.tolist() for _, labels in batches] == [
+            [int(dataset.targets[i]) for i in (7, 2, 19)],
+            [int(dataset.targets[2])],
+        ]
+        assert torch.equal(batches[0][0][1], dataset[2][0]) and len(loader) == 2
+
+    def test_a_subset_of_a_subset_and_a_sampler_of_positions_in_it(self):
+        inner = torch.utils.data.Subset(indexed_data(), [20, 10, 5, 1])
+        subset = torch.utils.data.Subset(inner, [3, 0, 2])  # 1, 20, 5
+        assert served_indices(DataLoader(subset, batch_size=2, device="cpu")) == [1, 20, 5]
+        loader = DataLoader(subset, batch_size=2, sampler=[2, 2, 0], device="cpu")
+        assert served_indices(loader) == [5, 5, 1] and len(loader) == 2
+        assert served_indices(DataLoader(subset, sampler=iter([1]), device="cpu")) == [20]
+
+    def test_a_shuffled_subset_is_refused_saying_what_subset_random_sampler_gives(self):
+        subset = torch.utils.data.Subset(indexed_data(), [3, 1])
+        with pytest.raises(UsageError) as caught:
+            DataLoader(subset, shuffle=True, device="cpu")
+        message = str(caught.value)
+        assert "\n" not in message and message.startswith(
+            "gpuload.DataLoader shuffles a whole dataset, got a Subset with shuffle=True: pass DataLoader("
+            "subset.dataset, sampler=torch.utils.data.SubsetRandomSampler(subset.indices)) (a new permutation"
+        )
+        loader = DataLoader(subset.dataset, sampler=torch.utils.data.SubsetRandomSampler(subset.indices), device="cpu")
+        assert sorted(served_indices(loader)) == [1, 3]  # what the message says works
+
+    def test_a_concat_dataset_is_refused_in_one_line(self):
+        both = torch.utils.data.ConcatDataset([indexed_data(), indexed_data()])
+        with pytest.raises(UsageError, match=r"^gpuload.DataLoader reads one dataset, got a ConcatDataset of 2: build"):
+            DataLoader(both, device="cpu")
+
+    def test_a_subset_of_another_dataset_is_refused(self):
+        with pytest.raises(TypeError, match="needs a Subset of a MemmapImageDataset or an ImageData, got one of list"):
+            DataLoader(torch.utils.data.Subset([1, 2, 3], [0]), device="cpu")

@@ -210,7 +210,7 @@ class TestRefusals:
         data[len(data) // 2] ^= 0xFF
         (copy / "data.memmap").write_bytes(bytes(data))
         with pytest.raises(
-            DatasetError, match=r"is not intact, so it is not pushed: 1 images do not match their build checksum"
+            DatasetError, match=r"is not intact, so it is not pushed: 1 image does not match its build checksum"
         ):
             push_memmap(copy, target.url, store=target, progress=False)
         assert target.list() == {}
@@ -253,7 +253,7 @@ class TestRefusals:
         push_memmap(built_dataset, target.url, store=target, progress=False)
         (tmp_path / "notes.txt").write_text("mine")
         target.put("notes.txt", tmp_path / "notes.txt")
-        with pytest.raises(UsageError, match=r"also 1 objects it does not list \(first 'notes.txt'\)"):
+        with pytest.raises(UsageError, match=r"also 1 object it does not list \(first 'notes.txt'\)"):
             push_memmap(jpeg_dataset, target.url, store=target, overwrite=True, progress=False)
         assert "notes.txt" in target.list() and "images.memmap" in target.list()
 
@@ -297,10 +297,10 @@ class TestCommandLine:
         out = capsys.readouterr().out
         assert out.startswith(f"pushed to {s3.url('photos.jpeg')}: 9 objects uploaded") and "0 already there" in out
         assert main(["push", str(jpeg_dataset), s3.url("photos.jpeg")]) == 0
-        assert "0 objects uploaded (0.00 GB), 9 already there, 0 removed" in capsys.readouterr().out
+        assert "0 objects uploaded (0 bytes), 9 already there, 0 removed" in capsys.readouterr().out
         assert main(["push", "--verify", str(jpeg_dataset), s3.url("photos.jpeg")]) == 0
         assert (
-            "0 objects uploaded (0.00 GB), 9 already there, 0 removed, 9 read back to compare"
+            "0 objects uploaded (0 bytes), 9 already there, 0 removed, 9 read back to compare"
             in capsys.readouterr().out
         )
 
@@ -402,7 +402,7 @@ class TestLargeObjects:
             client.create_multipart_upload(Bucket=s3.bucket, Key=key)
         store = open_store(s3.url("photos.jpeg"), backend=backend, retry=FAST_RETRY)
         report = push_memmap(jpeg_dataset, store.url, store=store, progress=False)
-        assert report.aborted == ["images.memmap"] and "1 unfinished uploads aborted" in report.summary()
+        assert report.aborted == ["images.memmap"] and "1 unfinished upload aborted" in report.summary()
         assert unfinished(s3) == ["photos.jpeg/notes.bin"]
 
 

@@ -32,7 +32,7 @@ def test_flipped_byte_is_found_and_named(writable_copy):
     data[3 * 48 * 64 * 5 + 100] ^= 0xFF  # a byte of image 5
     images.write_bytes(bytes(data))
     problems = verify_memmap(writable_copy, progress=False)
-    assert problems == ["1 images do not match their build checksum: 5 (collar/0001.jpg)"]
+    assert problems == ["1 image does not match its build checksum: 5 (collar/0001.jpg)"]
 
 
 def test_pixels_lost_in_a_power_cut_are_found(writable_copy):
@@ -213,7 +213,7 @@ class TestJpeg:
         raw[len(raw) // 2] ^= 0x01
         data.write_bytes(bytes(raw))
         problems = verify_memmap(copy, sources=sources, progress=False)
-        assert len(problems) == 1 and problems[0].startswith("1 images do not match their build checksum:")
+        assert len(problems) == 1 and problems[0].startswith("1 image does not match its build checksum:")
 
     @pytest.mark.parametrize("decode", ["RandomResizedCropDecode", "CenterCropDecode", "decode_batch"])
     @pytest.mark.parametrize("height", [12, 2**24 + 24, 2**30], ids=["half", "huge", "overflowing"])
@@ -238,7 +238,7 @@ class TestJpeg:
             "shapes.memmap differs from what was built (its digest differs): each image's size is damaged; "
             "rebuild the dataset"
         )
-        assert len(problems) == 2 and problems[1].startswith("1 images differ from their size in shapes.memmap: 4 (")
+        assert len(problems) == 2 and problems[1].startswith("1 image differs from its size in shapes.memmap: 4 (")
         if decode == "decode_batch":  # the batched path of gpu=True, on its CPU fallback
             from gpuload.loading.crop import decode_batch
 
@@ -256,7 +256,7 @@ class TestJpeg:
 
         with pytest.raises(
             DatasetError,
-            match=rf"image 4 .* decodes to {real[0]}x{real[1]} where its recorded size is {height}x{real[1]}: shapes.memmap is damaged",
+            match=rf"image 4 .* decodes to {real[1]}x{real[0]} where its recorded size is {real[1]}x{height}: shapes.memmap is damaged",
         ):
             load()
         assert torch.is_tensor(MemmapImageDataset(copy)[4][0])

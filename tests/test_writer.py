@@ -39,8 +39,8 @@ class TestFullDisk:
             BlockWriter(path, capacity=2 * 10**9, name=name)
         assert caught.value.errno == errno.ENOSPC
         assert str(caught.value) == (
-            f"[Errno 28] not enough disk space to write {name or path}: it needs 2,000,000,000 bytes (2.00 GB) and its disk "
-            "has 4,096,000 bytes (0.00 GB) free; free space there or write to another disk"
+            f"[Errno 28] not enough disk space to write {name or path}: it needs 2,000,000,000 bytes (2 GB) and its disk "
+            "has 4,096,000 bytes (4.1 MB) free; free space there or write to another disk"
         )
 
     def test_a_write_past_the_reservation(self, tmp_path, monkeypatch):
@@ -53,8 +53,8 @@ class TestFullDisk:
                 writer.write(np.zeros(10, np.uint8))
         assert caught.value.errno == errno.ENOSPC
         assert str(caught.value) == (
-            f"[Errno 28] not enough disk space to write {path}: it needs 10 bytes (0.00 GB) beyond the 4 written and "
-            "its disk has 0 bytes (0.00 GB) free; free space there or write to another disk"
+            f"[Errno 28] not enough disk space to write {path}: it needs 10 bytes beyond the 4 written and "
+            "its disk has 0 bytes free; free space there or write to another disk"
         )
 
     def test_no_room_for_a_new_file_names_it(self, tmp_path, monkeypatch):
@@ -71,7 +71,7 @@ class TestFullDisk:
         assert caught.value.errno == errno.ENOSPC
         assert str(caught.value) == (
             "[Errno 28] not enough disk space to write dataset/out.bin: it needs a new file and its disk has "
-            "0 bytes (0.00 GB) free; free space there or write to another disk"
+            "0 bytes free; free space there or write to another disk"
         )
 
     def test_no_free_inode_is_not_called_a_lack_of_space(self, tmp_path, monkeypatch):
@@ -87,7 +87,7 @@ class TestFullDisk:
             BlockWriter(tmp_path / "out.bin", capacity=10, name="dataset/out.bin")
         assert caught.value.errno == errno.ENOSPC
         assert str(caught.value) == (
-            "[Errno 28] no free inode left to write dataset/out.bin (its disk has 52,428,800 bytes (0.05 GB) free, "
+            "[Errno 28] no free inode left to write dataset/out.bin (its disk has 52,428,800 bytes (52.4 MB) free, "
             "but all its 1,000 inodes are taken: each file or folder takes one, whatever its size); delete files "
             "there or write to another disk"
         )

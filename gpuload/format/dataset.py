@@ -21,6 +21,7 @@ from tensordict import tensorclass
 
 from ..errors import DatasetError, UsageError
 from ..remote.store import is_url
+from ..text import image_size
 from .manifest import Manifest
 from .table import SampleTable
 
@@ -512,8 +513,8 @@ class MemmapImageDataset(torch.utils.data.Dataset):
             found, recorded = self[index][0].shape[1:], shapes[index]
             if tuple(found) != tuple(recorded):
                 raise DatasetError(
-                    f"{self.describe(index)} decodes to {found[0]}x{found[1]} where its recorded size is "
-                    f"{recorded[0]}x{recorded[1]}: shapes.memmap is damaged; run gpuload verify, then rebuild the dataset"
+                    f"{self.describe(index)} decodes to {image_size(*found)} where its recorded size is "
+                    f"{image_size(*recorded)}: shapes.memmap is damaged; run gpuload verify, then rebuild the dataset"
                 )
         return not others.size
 
@@ -597,7 +598,7 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         raise DatasetError(message)
 
     def __repr__(self) -> str:
-        size = "x".join(map(str, self.image_shape[1:])) if self.image_shape else "each its own"
+        size = image_size(*self.image_shape[1:]) if self.image_shape else "each its own"
         return (
             f"{type(self).__name__}({str(self.path)!r}, storage={self.storage!r}, images={len(self)}, "
             f"size={size}, classes={len(self.classes)})"

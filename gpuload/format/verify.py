@@ -14,13 +14,23 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from ..errors import DatasetError, DecodeError, UsageError
+from ..text import count, either
 from ..writing.decode import decode_image, read_bytes
 from ..writing.jpeg import frame_size, store_jpeg
 from .dataset import MemmapImageDataset, decode_jpeg_bytes, storage_order
 from .manifest import MANIFEST_NAME, holds_build_files
 from .table import file_digest
 
-__all__ = ["describe_memmap", "verify_memmap"]
+__all__ = ["Verification", "describe_memmap", "verify_memmap"]
+
+
+class Verification(list):
+    """The problems that a verify found, one line each (an empty list: none), and in ``checked`` what it
+    checked, in words for a person."""
+
+    def __init__(self, problems: list[str] = (), checked: str = "") -> None:
+        super().__init__(problems)
+        self.checked = checked
 
 
 def describe_memmap(path: str | os.PathLike) -> dict:
@@ -46,24 +56,37 @@ _HOLDS = {
 
 
 def verify_memmap(
-    path: str | os.PathLike, *, sources: int | Literal["all"] = 0, seed: int = 0, progress: bool = True
-) -> list[str]:
-    """Check a dataset; returns the problems found, an empty list when it is intact.
+    path: str | os.PathLike,
+    *,
+    sources: int | Literal["all"] = 0,
+    seed: int = 0,
+    progress: bool = True,
+    source_folder: str | os.PathLike | None = None,
+) -> Verification:
+    """Check a dataset; returns the problems found, an empty list when it is intact (a
+    :class:`Verification`, whose ``checked`` says what was checked).
 
     Checks that the manifest is valid and unedited (the digest of every field that gives the
     data its meaning), that the files match it (sizes, dtypes, shapes), that every label is in
     range and equals the recorded one, and that every image has the checksum recorded at build
     time: a power cut that lost pixels (zeros) or a flipped bit on disk shows up here. With
     ``sources``, also takes that many randomly chosen source images again (``"all"``: every one)
-    the way the build did and compares: a raw image's pixels exactly, a jpeg image's stored bytes
-    exactly, the pixels of a source that no longer gives those bytes within a small tolerance. The
-    sources are decoded with the build's pixel limit where its manifest records it (else with
-    ``PIL.Image.MAX_IMAGE_PIXELS`` as it is).
+    the way the build did, and compares, a raw dataset and a jpeg one alike: a source matches when
+    it gives exactly what the build stored (a raw image's pixels; a jpeg image's bytes, kept as
+    they were or re-encoded). Where the decoding libraries differ from the build's (gpuload, torch,
+    Pillow, simplejpeg; a raw dataset of format version 1), whose rounding may differ, a source
+    also matches when its pixels are within a small tolerance of the stored ones. A source that
+    does not match is a problem naming its mean and largest pixel difference. The sources are
+    decoded with the build's pixel limit where its manifest records it (else with
+    ``PIL.Image.MAX_IMAGE_PIXELS`` as it is), from ``source_folder`` when they moved since the
+    build (the manifest's ``source`` otherwise).
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
+        FileNotFoundError: ``path`` does not exist, or with ``sources``, the folder of the sources
+            (``source_folder``, or the one the build recorded) does not.
         UsageError: ``path`` holds no dataset at all (a file, a folder with neither a manifest nor
-            a labels file), or bad ``sources``. A dataset too damaged to open is a problem instead.
+            a labels file), or bad ``sources``, or ``source_folder`` without ``sources``. A dataset
+            too damaged to open is a problem instead.
 
     Example:
         >>> import tempfile
@@ -74,13 +97,27 @@ def verify_memmap(
     """
     if sources != "all" and (not isinstance(sources, int) or isinstance(sources, bool) or sources < 0):
         raise UsageError(f"sources must be a number of images to re-decode or 'all', got {sources!r}")
+    if source_folder is not None and not sources:
+        raise UsageError(
+            f"source_folder ({source_folder}) says where the sources are for comparing them; pass sources too "
+            "(--sources [N] with --source-folder)"
+        )
     path = Path(path)
     _check_holds_a_dataset(path)
     try:
         dataset = MemmapImageDataset(path)
     except DatasetError as error:
-        return [str(error)]
+        return Verification([str(error)], "the manifest and the files it lists, as far as they open")
     manifest = dataset.manifest
+    root = None
+    if sources:
+        root = Path(manifest.source if source_folder is None else source_folder)
+        if not root.is_dir():
+            where = "the folder given for its sources" if source_folder is not None else "the folder it was built from"
+            raise FileNotFoundError(
+                f"{root}, {where}, is not a folder (moved or deleted?); pass the folder where the sources are now "
+                "(--source-folder DIR, source_folder= in Python), or leave --sources out"
+            )
     problems = [
         f"manifest.json: the field {name!r} was changed after the build (its digest differs); rebuild the dataset"
         for name in manifest.edited_fields()
@@ -99,18 +136,47 @@ def verify_memmap(
             resized.append(index)
     if bad:
         shown = ", ".join(f"{index} ({dataset.table.path(index)})" for index in bad[:5])
-        problems.append(f"{len(bad)} images do not match their build checksum: {shown}")
+        problems.append(
+            f"{count(len(bad), 'image')} {either(len(bad), 'does not match its', 'do not match their')} build checksum: {shown}"
+        )
     if resized:
         shown = ", ".join(f"{index} ({dataset.table.path(index)})" for index in resized[:5])
-        problems.append(f"{len(resized)} images differ from their size in shapes.memmap: {shown}")
+        problems.append(
+            f"{count(len(resized), 'image')} {either(len(resized), 'differs from its', 'differ from their')} size in shapes.memmap: {shown}"
+        )
+    checked = [
+        f"the manifest and the {count(len(manifest.files), 'file')} it lists (digests, sizes)",
+        f"{count(len(dataset), 'label')}",
+        f"{count(len(dataset), 'image')} against {either(len(dataset), 'its', 'their')} build checksum"
+        + (" and recorded size" if dataset.storage == "jpeg" else ""),
+    ]
     if sources:
         from ..writing.decode import pixel_limit
 
-        count = len(dataset) if sources == "all" else sources
+        compared = min(len(dataset), len(dataset) if sources == "all" else sources)
+        exact = _decoded_alike(manifest)
         recorded = manifest.max_image_pixels  # the build's pixel limit: its sources decoded within it
         with pixel_limit(Image.MAX_IMAGE_PIXELS if recorded is None else recorded or None):
-            problems += _compare_sources(dataset, count, seed, skip=set(bad) | set(resized))
-    return problems
+            problems += _compare_sources(dataset, compared, seed, set(bad) | set(resized), root, exact)
+        checked.append(
+            f"{compared:,} of {count(len(dataset), 'source')} in {root} taken again "
+            + (
+                "and compared exactly"
+                if exact
+                else f"and compared within a mean pixel difference of {_TOLERANCE:g}, as the decoding libraries differ from the build's"
+            )
+        )
+    return Verification(problems, ", ".join(checked))
+
+
+def _decoded_alike(manifest) -> bool:
+    """Whether sources are decoded now as the build decoded them: the same gpuload, torch, Pillow and
+    simplejpeg (another version may round differently), and a format that stores today's pixels."""
+    from ..writing.build import library_versions
+
+    now = library_versions()
+    same = all(manifest.versions.get(name) == now[name] for name in ("gpuload", "torch", "pillow", "simplejpeg"))
+    return same and manifest.format_version > 1
 
 
 def _check_holds_a_dataset(path: Path) -> None:
@@ -133,47 +199,49 @@ def _stored_bytes(dataset: MemmapImageDataset, index: int):
     return dataset._jpegs.read(int(dataset.data.starts[index]), int(dataset.data.lengths[index]))
 
 
-def _compare_sources(dataset: MemmapImageDataset, count: int, seed: int, skip: set[int]) -> list[str]:
-    """Compare ``count`` random sources with what the build stored (see :func:`_compare_raw` and
-    :func:`_compare_jpeg`). Images in ``skip`` were already found damaged."""
-    manifest = dataset.manifest
-    root = Path(manifest.source)
+def _compare_sources(
+    dataset: MemmapImageDataset, number: int, seed: int, skip: set[int], root: Path, exact: bool
+) -> list[str]:
+    """Compare ``number`` random sources under ``root`` with what the build stored, exactly or (not
+    ``exact``) within :data:`_TOLERANCE` (see :func:`_compare_raw` and :func:`_compare_jpeg`). Images
+    in ``skip`` were already found damaged."""
     compare = _compare_jpeg if dataset.storage == "jpeg" else _compare_raw
     problems = []
-    for index in sorted(random.Random(seed).sample(range(len(dataset)), min(count, len(dataset)))):
+    for index in sorted(random.Random(seed).sample(range(len(dataset)), min(number, len(dataset)))):
         if index in skip:
             continue
         path = root / dataset.table.path(index)
         try:
-            problem = compare(dataset, index, path)
+            differences = compare(dataset, index, path)
         except DecodeError as error:
-            problem = f"source of image {index} cannot be decoded: {error}"
-        if problem is not None:
-            problems.append(problem)
+            problems.append(f"source of image {index} cannot be decoded: {error}")
+            continue
+        if differences is not None and (exact or differences.mean() > _TOLERANCE):
+            problems.append(
+                f"image {index} differs from its source {path} (mean pixel difference {differences.mean():.1f}, "
+                f"largest {differences.max()})"
+            )
     return problems
 
 
-def _compare_raw(dataset: MemmapImageDataset, index: int, path: Path) -> str | None:
-    """Decode the source again: the stored pixels exactly (a raw build of gpuload 0.1, whose
-    resampler differed: within :data:`_TOLERANCE`)."""
+def _compare_raw(dataset: MemmapImageDataset, index: int, path: Path) -> np.ndarray | None:
+    """Decode the source again as the build did: ``None`` where it gives the stored pixels, else the
+    absolute differences."""
     stored = dataset[index][0].numpy()
     decoded = decode_image(path, stored.shape[1:], dataset.manifest.resize).numpy()
     if np.array_equal(stored, decoded):
         return None
-    difference = np.abs(stored.astype(np.int16) - decoded)
-    if dataset.manifest.format_version > 1:
-        return f"image {index} differs from its source {path} (largest pixel difference {difference.max()})"
-    return _beyond_tolerance(index, path, float(difference.mean()))
+    return np.abs(stored.astype(np.int16) - decoded)
 
 
-def _compare_jpeg(dataset: MemmapImageDataset, index: int, path: Path) -> str | None:
-    """Store the source again as the build did: an unchanged source gives the recorded bytes, kept
-    as they were or re-encoded (deterministic, at the recorded quality and max side).
+def _compare_jpeg(dataset: MemmapImageDataset, index: int, path: Path) -> np.ndarray | None:
+    """Store the source again as the build did: ``None`` where an unchanged source gives the recorded
+    bytes, kept as they were or re-encoded (deterministic, at the recorded quality and max side).
 
-    Only where they differ are pixels compared, within :data:`_TOLERANCE` of the new re-encode (a
-    library version that re-encodes differently) or of the source's own decode. The source's decode
-    alone is no fair reference for a re-encoded image: on a tiny one, 4:2:0 chroma over a few
-    pixels and the 8x8 blocks lose more than the tolerance, even at quality 100.
+    Else the absolute differences of the stored pixels from the closer of two references: the new
+    re-encode (which another library version rounds differently) and the source's own decode. The
+    source's decode alone is no fair reference for a re-encoded image: on a tiny one, 4:2:0 chroma
+    over a few pixels and the 8x8 blocks lose more than the tolerance, even at quality 100.
     """
     recorded, data = int(dataset.table.checksums[index]), read_bytes(path)  # read once
     if xxhash.xxh3_64_intdigest(data) == recorded:
@@ -186,13 +254,7 @@ def _compare_jpeg(dataset: MemmapImageDataset, index: int, path: Path) -> str | 
     references = [decode_image(path, stored.shape[1:], "stretch", data=data).numpy()]
     if again.shape == stored.shape[1:]:
         references.append(decode_jpeg_bytes(again.data, lambda: str(path)).transpose(2, 0, 1))
-    return _beyond_tolerance(index, path, min(float(np.abs(stored - pixels).mean()) for pixels in references))
-
-
-def _beyond_tolerance(index: int, path: Path, difference: float) -> str | None:
-    if difference <= _TOLERANCE:
-        return None
-    return f"image {index} differs from its source {path} (mean pixel difference {difference:.1f})"
+    return min((np.abs(stored - pixels) for pixels in references), key=lambda difference: float(difference.mean()))
 
 
 _TOLERANCE = 10.0  # mean absolute difference (0..255) allowed for another encoder's or resampler's rounding;

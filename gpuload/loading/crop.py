@@ -34,6 +34,7 @@ import torch
 
 from ..errors import DatasetError, UsageError
 from ..format.dataset import MemmapImageDataset, decode_jpeg_bytes
+from ..text import image_size
 from ..transforms.augment import (
     CROP_DRAWS,
     centre_offset,
@@ -297,9 +298,9 @@ def _check_size(found: Sequence[int], expected: tuple[int, int], shape: list[int
     """An image must decode (or its header say it does) at the size the dataset's index records (at
     the DCT scale asked for): else ``shapes.memmap`` was damaged, and a crop computed from it would be wrong."""
     if tuple(found) != tuple(expected):
-        scaled = "" if tuple(expected) == tuple(shape) else f" gives {expected[0]}x{expected[1]}"
+        scaled = "" if tuple(expected) == tuple(shape) else f" gives {image_size(*expected)}"
         raise DatasetError(
-            f"{name()} decodes to {found[0]}x{found[1]} where its recorded size is {shape[0]}x{shape[1]}{scaled}: "
+            f"{name()} decodes to {image_size(*found)} where its recorded size is {image_size(*shape)}{scaled}: "
             f"shapes.memmap is damaged; run gpuload verify, then rebuild the dataset"
         )
 

@@ -84,7 +84,14 @@ class DataLoader:
     uniform shuffle (each image a ranged read, or its block's).
 
     Args:
-        dataset: a :class:`MemmapImageDataset`, or an :class:`ImageData` with ``images`` and ``labels``.
+        dataset: a :class:`MemmapImageDataset`, or an :class:`ImageData` with ``images`` and ``labels``,
+            or a ``torch.utils.data.Subset`` of one: its images in the Subset's order (the Subset's
+            indices become the ``sampler``; a ``sampler`` given too picks positions in the Subset).
+            A Subset with ``shuffle=True`` is refused: pass the whole dataset with
+            ``sampler=torch.utils.data.SubsetRandomSampler(subset.indices)`` (a new permutation of those
+            indices every epoch, drawn from torch's global generator: no mid-epoch resume, no sharding
+            over ranks), or build a dataset of those images. A ``ConcatDataset`` is refused: build one
+            dataset from all the class folders.
         batch_size: images per batch.
         shuffle: visit the images in a new random order every epoch.
         sampler: an iterable of indices to use instead (``shuffle`` must be ``False``).
@@ -123,6 +130,16 @@ class DataLoader:
             dataset needs one (its images have their own sizes) and decodes only what the crop
             needs; a raw dataset reads only the crop's rows: on a CPU the cheapest place to crop,
             and only the crop crosses to the device.
+        num_workers: accepted so that a stock ``torch.utils.data.DataLoader`` call runs unchanged:
+            gpuload has no worker processes, and ``num_workers`` sets ``threads`` (``0``, "in the main
+            process" for torch, gives one background thread). Leave both out for the tuned default.
+        pin_memory: accepted and type-checked, nothing to set: the host buffers are pinned whenever
+            ``device`` is CUDA, and batches arrive on the device already.
+        persistent_workers: accepted and type-checked, nothing to set: there are no worker processes
+            to keep, and the threads start again in microseconds each epoch.
+        torch_only: torch's ``batch_sampler``, ``collate_fn``, ``worker_init_fn``, ``prefetch_factor``,
+            ``timeout``, ``multiprocessing_context``, ``in_order`` and ``pin_memory_device`` are refused, each
+            in one line saying what to pass instead; any other name is a ``TypeError`` as for any function.
         block_shuffle: with ``shuffle``, the window of the block-aware order in blocks of the image
             file (4 MiB, the cache's): ``0`` shuffles every image uniformly (the stock semantics),
             ``K`` permutes the blocks and shuffles the images of each ``K`` consecutive blocks together
@@ -165,7 +182,14 @@ class DataLoader:
         transform: Callable[..., torch.Tensor] | None = None,
         decode: RandomResizedCropDecode | CenterCropDecode | None = None,
         block_shuffle: int | None = None,
+        num_workers: int | None = None,
+        pin_memory: bool | None = None,
+        persistent_workers: bool | None = None,
+        **torch_only: Any,
     ) -> None:
+        _refuse_torch_only(torch_only)
+        threads = _torch_options(threads, num_workers, pin_memory, persistent_workers)
+        dataset, sampler = _unwrap(dataset, shuffle, sampler)
         jpeg = isinstance(dataset, MemmapImageDataset) and dataset.storage == "jpeg"
         remote = isinstance(dataset, MemmapImageDataset) and dataset.remote
         gpu_decode = decode is not None and getattr(decode, "gpu", False)
@@ -567,6 +591,100 @@ def _check_image_data(data: ImageData, decode: object) -> None:
         )
     if decode is not None and images.shape[1] != 3:
         raise UsageError(f"decode= crops RGB images [N, 3, H, W], got {images.shape[1]} channels")
+
+
+def _torch_options(
+    threads: int | None, num_workers: int | None, pin_memory: bool | None, persistent_workers: bool | None
+) -> int | None:
+    """The threads asked for, from ``threads`` or torch's ``num_workers`` (see :class:`DataLoader`);
+    ``pin_memory`` and ``persistent_workers`` checked (they set nothing)."""
+    for name, value in (("pin_memory", pin_memory), ("persistent_workers", persistent_workers)):
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {type(value).__name__}: {value!r}")
+    if num_workers is None:
+        return threads
+    _check_int("num_workers", num_workers)
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be 0 or more, got {num_workers}")
+    if threads is not None and threads != max(1, num_workers):
+        raise ValueError(
+            f"num_workers={num_workers} and threads={threads} both set the loader's background threads "
+            "(gpuload has no worker processes): pass one of them"
+        )
+    return max(1, num_workers)
+
+
+# What torch.utils.data.DataLoader takes and this loader does not, and what to do instead.
+_TORCH_ONLY = {
+    "batch_sampler": "pass its sampler and batch_size instead (sampler=bs.sampler, batch_size=bs.batch_size)",
+    "collate_fn": "batches are gathered whole into uint8 [B, 3, H, W] and int64 [B]; transform the batch "
+    "with transform= (on the device) or in your model",
+    "worker_init_fn": "there are no worker processes: set up in your process before the loop",
+    "prefetch_factor": "pass prefetch= (batches prepared ahead, default 3)",
+    "timeout": "the loader's threads have no timeout: leave it out",
+    "multiprocessing_context": "there are no worker processes: leave it out",
+    "in_order": "batches always come in the sampler's order: leave it out",
+    "pin_memory_device": "buffers are pinned whenever device is CUDA: pass device= instead",
+}
+
+
+def _refuse_torch_only(options: dict[str, Any]) -> None:
+    """A stock loader's option that this one does not take: one line with what to pass instead."""
+    for name in options:
+        if name not in _TORCH_ONLY:
+            raise TypeError(f"DataLoader() got an unexpected keyword argument {name!r}")
+        raise UsageError(f"gpuload.DataLoader takes no {name} (torch.utils.data.DataLoader's): {_TORCH_ONLY[name]}")
+
+
+def _unwrap(dataset: object, shuffle: bool, sampler: Iterable[int] | None) -> tuple[object, Iterable[int] | None]:
+    """A ``Subset`` of a gpuload dataset as the dataset and a sampler of the Subset's indices (see
+    :class:`DataLoader`); anything else as given."""
+    if isinstance(dataset, torch.utils.data.ConcatDataset):
+        raise UsageError(
+            f"gpuload.DataLoader reads one dataset, got a ConcatDataset of {len(dataset.datasets)}: build one "
+            "dataset from all their class folders (gpuload build-memmap over a folder that holds them), or use "
+            "one loader per dataset"
+        )
+    if not isinstance(dataset, torch.utils.data.Subset):
+        return dataset, sampler
+    indices, inner = torch.as_tensor(list(dataset.indices), dtype=torch.int64), dataset.dataset
+    while isinstance(inner, torch.utils.data.Subset):  # a Subset of a Subset: positions in the inner one
+        indices, inner = torch.as_tensor(list(inner.indices), dtype=torch.int64)[indices], inner.dataset
+    if shuffle:
+        raise UsageError(
+            "gpuload.DataLoader shuffles a whole dataset, got a Subset with shuffle=True: pass "
+            "DataLoader(subset.dataset, sampler=torch.utils.data.SubsetRandomSampler(subset.indices)) (a new "
+            "permutation of those indices each epoch, from torch's global generator: no mid-epoch resume, no "
+            "sharding over ranks), or build a dataset of those images"
+        )
+    if not isinstance(inner, (MemmapImageDataset, ImageData)):
+        raise TypeError(
+            f"DataLoader needs a Subset of a MemmapImageDataset or an ImageData, got one of {type(inner).__name__}"
+        )
+    if sampler is None:
+        return inner, indices.tolist()
+    if not hasattr(sampler, "__len__"):  # an iterator of positions: mapped as it goes
+        return inner, (int(indices[position]) for position in sampler)
+    return inner, _SubsetSampler(sampler, indices)
+
+
+@dataclass
+class _SubsetSampler:
+    """A sampler of positions in a Subset, giving the indices of the Subset's dataset."""
+
+    positions: Iterable[int]
+    indices: torch.Tensor
+
+    def __iter__(self) -> Iterator[int]:
+        for position in self.positions:
+            yield int(self.indices[position])
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.positions, "set_epoch"):
+            self.positions.set_epoch(epoch)
 
 
 def _largest_batch(batch_size: int, sampler: Iterable[int] | None, length: int) -> int:

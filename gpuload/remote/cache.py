@@ -67,7 +67,7 @@ import xxhash
 
 from ..errors import BusyError, UsageError
 
-__all__ = ["CACHE_FORMAT", "CACHE_VERSION", "BlockCache", "Namespace", "parse_bytes"]
+__all__ = ["CACHE_FORMAT", "CACHE_VERSION", "BlockCache", "Namespace", "clear_cache", "describe_cache", "parse_bytes"]
 
 CACHE_FORMAT = "gpuload.cache"
 CACHE_VERSION = 1
@@ -158,10 +158,9 @@ class BlockCache:
         self._claim_folder()
         (self.path / "locks").mkdir(exist_ok=True)
         (self.path / "objects").mkdir(exist_ok=True)
-        self._usage_path = self.path / "usage"
         self._warned: set[str] = set()
-        with self._cache_lock() as fd:
-            self._write_usage(fd, self._recount())
+        with _cache_lock(self.path) as fd:
+            _write_usage(fd, _recount(self.path))
             self._evict(fd, 0)
 
     # -- namespaces and blocks -----------------------------------------------------------------------------
@@ -258,7 +257,7 @@ class BlockCache:
             return False
         temporary = space.folder / f"{index}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
         try:
-            with self._cache_lock() as lock:
+            with _cache_lock(self.path) as lock:
                 if not self._evict(lock, length):
                     return False
                 try:
@@ -271,7 +270,7 @@ class BlockCache:
                         raise
                 except OSError as error:
                     return self._full(error, f"a block of {length:,} bytes")
-                self._write_usage(lock, self._read_usage(lock) + length)
+                _write_usage(lock, _read_usage(lock) + length)
         except BusyError as error:
             self._warn_once("cache-lock", f"{error}; blocks are read uncached meanwhile")
             return False
@@ -284,8 +283,8 @@ class BlockCache:
             if fd >= 0:
                 os.close(fd)
             temporary.unlink(missing_ok=True)
-            with self._cache_lock() as lock:
-                self._write_usage(lock, max(0, self._read_usage(lock) - length))
+            with _cache_lock(self.path) as lock:
+                _write_usage(lock, max(0, _read_usage(lock) - length))
             if isinstance(error, OSError):
                 return self._full(error, f"a block of {length:,} bytes")
             raise
@@ -294,18 +293,18 @@ class BlockCache:
     def drop(self, space: Namespace, index: int) -> None:
         """Remove block ``index`` (it failed a checksum): the next read fetches it again. Hold :meth:`writing`."""
         path = space.folder / str(index)
-        with self._cache_lock() as lock:
+        with _cache_lock(self.path) as lock:
             try:
                 size = path.stat().st_size
                 path.unlink()
             except FileNotFoundError:
                 return
-            self._write_usage(lock, max(0, self._read_usage(lock) - size))
+            _write_usage(lock, max(0, _read_usage(lock) - size))
 
     def usage(self) -> int:
         """Bytes held now: blocks and the reservations of blocks being written."""
-        with self._cache_lock() as lock:
-            return self._read_usage(lock)
+        with _cache_lock(self.path) as lock:
+            return _read_usage(lock)
 
     def __repr__(self) -> str:
         return f"BlockCache({str(self.path)!r}, size={self.limit:,})"
@@ -324,38 +323,11 @@ class BlockCache:
             ) from None
         if not self.path.is_dir():
             raise UsageError(f"the cache {self.path} is not a folder; pass a folder for gpuload's cache")
-        self._check_private()
+        _check_private(self.path)
         if marker.is_file():
-            self._check_marker(marker)
+            _check_marker(self.path)
         else:
             self._mark_new_folder(marker)
-
-    def _check_private(self) -> None:
-        """Blocks are read back as data: a folder that another user owns or may write could feed them in."""
-        stat = self.path.stat()
-        if stat.st_uid != os.geteuid():
-            raise UsageError(
-                f"the cache {self.path} belongs to another user (uid {stat.st_uid}, you are uid {os.geteuid()}): "
-                "blocks they put there would be read as your data; pass a cache folder of your own"
-            )
-        if stat.st_mode & 0o022:
-            raise UsageError(
-                f"the cache {self.path} is writable by other users (mode {oct(stat.st_mode & 0o777)}); blocks they "
-                f"put there would be read as your data: run chmod go-w {self.path}, or pass a folder of your own"
-            )
-
-    def _check_marker(self, marker: Path) -> None:
-        try:
-            found = json.loads(marker.read_text())
-        except (OSError, ValueError):
-            found = None
-        if not isinstance(found, dict) or found.get("format") != CACHE_FORMAT:
-            raise UsageError(f"{marker} is not a gpuload cache marker; pass another cache folder")
-        if found.get("version") != CACHE_VERSION:
-            raise UsageError(
-                f"{self.path} is a gpuload cache of version {found.get('version')!r}, this gpuload uses version "
-                f"{CACHE_VERSION}; pass another cache folder or delete this one"
-            )
 
     def _mark_new_folder(self, marker: Path) -> None:
         """Claim a folder with no marker: only an empty one (a user's folder is never evicted from)."""
@@ -363,7 +335,7 @@ class BlockCache:
         if entries and marker.is_file():
             # Another BlockCache creating this folder at the same moment (ranks start together) wrote
             # the marker, then its folders, since the marker was looked for: theirs, not a user's.
-            self._check_marker(marker)
+            _check_marker(self.path)
             return
         if entries:
             raise UsageError(
@@ -376,75 +348,15 @@ class BlockCache:
         except OSError as error:
             raise _unwritable(self.path, error) from None
 
-    @contextmanager
-    def _cache_lock(self) -> Iterator[int]:
-        """The cache-wide lock (the ``usage`` file's), held for an accounting step or an eviction.
-
-        Raises:
-            BusyError: another process held it for more than :data:`CACHE_LOCK_WAIT` seconds.
-        """
-        try:
-            fd = _lock(self._usage_path, CACHE_LOCK_WAIT)
-        except OSError as error:  # a read-only disk, a folder we may not write
-            raise _unwritable(self.path, error) from None
-        if fd is None:
-            raise BusyError(
-                f"the cache {self.path} is locked: its lock was held for more than {CACHE_LOCK_WAIT:g} s by another "
-                f"process of this node (stuck or stopped?); find it with fuser -v {self._usage_path} and end it"
-            )
-        try:
-            yield fd
-        finally:
-            _unlock(fd)
-
-    @staticmethod
-    def _read_usage(fd: int) -> int:
-        text = os.pread(fd, 32, 0).strip()
-        return int(text) if text.isdigit() else 0
-
-    @staticmethod
-    def _write_usage(fd: int, value: int) -> None:
-        data = f"{value:020d}\n".encode()  # fixed width: one write replaces the number whole
-        os.pwrite(fd, data, 0)
-
-    def _files(self) -> Iterator[tuple[Path, os.stat_result]]:
-        for space in os.scandir(self.path / "objects"):
-            if not space.is_dir(follow_symlinks=False):
-                continue
-            for entry in os.scandir(space.path):
-                if not entry.name.startswith((".", "object.json")) and entry.is_file(follow_symlinks=False):
-                    try:
-                        yield Path(entry.path), entry.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
-
-    def _recount(self) -> int:
-        """Count the bytes on disk again (under the cache lock), removing temporaries of dead writers."""
-        total = 0
-        for path, stat in self._files():
-            match = _TEMPORARY.fullmatch(path.name)
-            if match is not None and self._stripe_free(path.parent.name, int(match[1])):
-                path.unlink(missing_ok=True)  # its writer died: nobody holds its stripe
-                continue
-            total += stat.st_size
-        return total
-
-    def _stripe_free(self, key: str, index: int) -> bool:
-        fd = _lock(self.path / "locks" / str(_stripe(key, index)), 0)
-        if fd is None:
-            return False
-        _unlock(fd)
-        return True
-
     def _evict(self, lock: int, needed: int) -> bool:
         """Make room for ``needed`` more bytes (under the cache lock): remove the least recently used
         blocks down to 90 % of the limit less ``needed``. ``False`` where blocks being written take the room."""
-        used = self._read_usage(lock)
+        used = _read_usage(lock)
         if used + needed <= self.limit:
             return True
         target = min(self.limit - needed, int(self.limit * 0.9))
         blocks = sorted(
-            ((stat.st_mtime, path, stat.st_size) for path, stat in self._files() if ".tmp-" not in path.name),
+            ((stat.st_mtime, path, stat.st_size) for path, stat in _files(self.path) if ".tmp-" not in path.name),
             key=lambda item: item[0],
         )
         for _, path, size in blocks:
@@ -455,7 +367,7 @@ class BlockCache:
             except FileNotFoundError:
                 continue
             used -= size
-        self._write_usage(lock, max(0, used))
+        _write_usage(lock, max(0, used))
         return used + needed <= self.limit
 
     def _full(self, error: OSError, what: str) -> bool:
@@ -480,6 +392,225 @@ class BlockCache:
 
 def _stripe(key: str, index: int) -> int:
     return xxhash.xxh3_64_intdigest(f"{key}/{index}".encode()) % STRIPES
+
+
+def describe_cache(path: str | os.PathLike) -> dict:
+    """What the cache folder ``path`` holds: its blocks and bytes per object version, and the blocks being
+    written now; read without a lock, changing nothing (see :func:`clear_cache`).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        UsageError: ``path`` is not a gpuload cache (see :func:`clear_cache`).
+
+    Example:
+        >>> import tempfile
+        >>> cache = BlockCache(tempfile.mkdtemp(), "1MiB")
+        >>> cache.put(cache.namespace("s3://bucket/photos.jpeg/data.memmap", "10:abc", block_size=4), 0, b"abcd")
+        True
+        >>> info = describe_cache(cache.path)
+        >>> info["blocks"], info["bytes"], [(o["url"], o["blocks"]) for o in info["objects"]]
+        (1, 4, [('s3://bucket/photos.jpeg/data.memmap', 1)])
+    """
+    folder = _existing_cache(path)
+    objects: dict[str, dict] = {}
+    writing = written = 0
+    for file, stat in _files(folder):
+        if _TEMPORARY.fullmatch(file.name):
+            writing, written = writing + 1, written + stat.st_size
+            continue
+        if not file.name.isdigit():
+            continue
+        entry = objects.get(file.parent.name)
+        if entry is None:
+            entry = objects[file.parent.name] = {**_object_record(file.parent), "blocks": 0, "bytes": 0, "used": 0.0}
+        entry["blocks"] += 1
+        entry["bytes"] += stat.st_size
+        entry["used"] = max(entry["used"], stat.st_mtime)
+    listed = sorted(objects.values(), key=lambda entry: -entry["used"])  # the most recently used first
+    return {
+        "path": str(folder),
+        "blocks": sum(entry["blocks"] for entry in listed),
+        "bytes": sum(entry["bytes"] for entry in listed),
+        "objects": listed,
+        "being_written": {"blocks": writing, "bytes": written},
+    }
+
+
+def clear_cache(path: str | os.PathLike) -> dict:
+    """Remove every block of the cache folder ``path``, safely while other processes use it.
+
+    Only a folder that a :class:`BlockCache` made is touched (its marker, owned by this user, not
+    writable by others). The whole clear holds the cache-wide lock, so no block is reserved or
+    evicted meanwhile; each block is removed under its stripe lock, taken without waiting: a block
+    whose stripe another process holds (it is writing or dropping that block) is kept and counted
+    in ``kept``, and so is its temporary file. Temporary files of dead writers are removed. A
+    reader that has a block open keeps reading it (a removed file lives on while open); its next
+    read fetches the block again. Afterwards the bytes held are counted again. The marker, the lock
+    files and each object's folder stay (another process may be writing into one): the cache opens as before.
+
+    Returns:
+        ``{"path", "removed": {"blocks", "bytes"}, "kept": {"blocks", "bytes"}}``.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        UsageError: ``path`` is not a gpuload cache, is another version's, another user's, or
+            writable by others: nothing is removed.
+        BusyError: another process held the cache-wide lock for more than :data:`CACHE_LOCK_WAIT` s.
+
+    Example:
+        >>> import tempfile
+        >>> cache = BlockCache(tempfile.mkdtemp(), "1MiB")
+        >>> cache.put(cache.namespace("s3://bucket/photos.jpeg/data.memmap", "10:abc", block_size=4), 0, b"abcd")
+        True
+        >>> clear_cache(cache.path)["removed"], cache.usage(), describe_cache(cache.path)["blocks"]
+        ({'blocks': 1, 'bytes': 4}, 0, 0)
+    """
+    folder = _existing_cache(path)
+    removed, kept = {"blocks": 0, "bytes": 0}, {"blocks": 0, "bytes": 0}
+    with _cache_lock(folder) as lock:
+        for file, stat in _files(folder):
+            temporary = _TEMPORARY.fullmatch(file.name)
+            if temporary is None and not file.name.isdigit():
+                continue  # not a block: not ours to remove
+            index = int(temporary[1] if temporary else file.name)
+            stripe = _lock(folder / "locks" / str(_stripe(file.parent.name, index)), 0)
+            counted = kept
+            if stripe is not None:
+                try:
+                    file.unlink(missing_ok=True)
+                    counted = removed
+                finally:
+                    _unlock(stripe)
+            if counted is removed and temporary:
+                continue  # a dead writer's: not a block
+            counted["blocks"] += 1
+            counted["bytes"] += stat.st_size
+        _write_usage(lock, _recount(folder))
+    return {"path": str(folder), "removed": removed, "kept": kept}
+
+
+def _existing_cache(path: str | os.PathLike) -> Path:
+    """The folder of an existing gpuload cache (marker, owner and mode checked), changing nothing."""
+    folder = Path(path).expanduser().absolute()
+    if not folder.exists():
+        raise FileNotFoundError(f"{folder} does not exist; pass the folder given as cache= to MemmapImageDataset")
+    if not folder.is_dir():
+        raise UsageError(f"{folder} is not a folder; pass the folder given as cache= to MemmapImageDataset")
+    if not (folder / MARKER).is_file():
+        raise UsageError(
+            f"{folder} is not a gpuload cache (no {MARKER}): nothing was touched; pass the folder given as cache= "
+            "to MemmapImageDataset"
+        )
+    _check_private(folder)
+    _check_marker(folder)
+    return folder
+
+
+def _object_record(space: Path) -> dict:
+    """Which object version a namespace folder holds, from its ``object.json`` (written for people)."""
+    try:
+        record = json.loads((space / "object.json").read_text())
+    except (OSError, ValueError):
+        record = None
+    if not isinstance(record, dict):
+        return {"url": f"(unknown object: {space.name})", "version": "", "block_size": 0}
+    return {key: record.get(key, "") for key in ("url", "version", "block_size")}
+
+
+def _check_private(folder: Path) -> None:
+    """Blocks are read back as data: a folder that another user owns or may write could feed them in."""
+    stat = folder.stat()
+    if stat.st_uid != os.geteuid():
+        raise UsageError(
+            f"the cache {folder} belongs to another user (uid {stat.st_uid}, you are uid {os.geteuid()}): "
+            "blocks they put there would be read as your data; pass a cache folder of your own"
+        )
+    if stat.st_mode & 0o022:
+        raise UsageError(
+            f"the cache {folder} is writable by other users (mode {oct(stat.st_mode & 0o777)}); blocks they "
+            f"put there would be read as your data: run chmod go-w {folder}, or pass a folder of your own"
+        )
+
+
+def _check_marker(folder: Path) -> None:
+    marker = folder / MARKER
+    try:
+        found = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        found = None
+    if not isinstance(found, dict) or found.get("format") != CACHE_FORMAT:
+        raise UsageError(f"{marker} is not a gpuload cache marker; pass another cache folder")
+    if found.get("version") != CACHE_VERSION:
+        raise UsageError(
+            f"{folder} is a gpuload cache of version {found.get('version')!r}, this gpuload uses version "
+            f"{CACHE_VERSION}; pass another cache folder or delete this one"
+        )
+
+
+@contextmanager
+def _cache_lock(folder: Path) -> Iterator[int]:
+    """The cache-wide lock (the ``usage`` file's), held for an accounting step, an eviction or a clear.
+
+    Raises:
+        BusyError: another process held it for more than :data:`CACHE_LOCK_WAIT` seconds.
+    """
+    usage = folder / "usage"
+    try:
+        fd = _lock(usage, CACHE_LOCK_WAIT)
+    except OSError as error:  # a read-only disk, a folder we may not write
+        raise _unwritable(folder, error) from None
+    if fd is None:
+        raise BusyError(
+            f"the cache {folder} is locked: its lock was held for more than {CACHE_LOCK_WAIT:g} s by another "
+            f"process of this node (stuck or stopped?); find it with fuser -v {usage} and end it"
+        )
+    try:
+        yield fd
+    finally:
+        _unlock(fd)
+
+
+def _read_usage(fd: int) -> int:
+    text = os.pread(fd, 32, 0).strip()
+    return int(text) if text.isdigit() else 0
+
+
+def _write_usage(fd: int, value: int) -> None:
+    data = f"{value:020d}\n".encode()  # fixed width: one write replaces the number whole
+    os.pwrite(fd, data, 0)
+
+
+def _files(folder: Path) -> Iterator[tuple[Path, os.stat_result]]:
+    """Every block and temporary block file of the cache ``folder``, with its ``stat``."""
+    for space in os.scandir(folder / "objects"):
+        if not space.is_dir(follow_symlinks=False):
+            continue
+        for entry in os.scandir(space.path):
+            if not entry.name.startswith((".", "object.json")) and entry.is_file(follow_symlinks=False):
+                try:
+                    yield Path(entry.path), entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+
+
+def _recount(folder: Path) -> int:
+    """Count the bytes on disk again (under the cache lock), removing temporaries of dead writers."""
+    total = 0
+    for path, stat in _files(folder):
+        match = _TEMPORARY.fullmatch(path.name)
+        if match is not None and _stripe_free(folder, path.parent.name, int(match[1])):
+            path.unlink(missing_ok=True)  # its writer died: nobody holds its stripe
+            continue
+        total += stat.st_size
+    return total
+
+
+def _stripe_free(folder: Path, key: str, index: int) -> bool:
+    fd = _lock(folder / "locks" / str(_stripe(key, index)), 0)
+    if fd is None:
+        return False
+    _unlock(fd)
+    return True
 
 
 # Every flock this process holds (fd -> the thread lock taken with it): a process forked meanwhile (a

@@ -24,10 +24,12 @@ import xxhash
 
 from ..errors import DatasetError, UsageError
 from ..format.manifest import MANIFEST_NAME, Manifest
+from ..text import count, either
 from .file import RemoteFile
 from .store import ObjectInfo, Store, open_store
 
 if TYPE_CHECKING:
+    from ..format.verify import Verification
     from .cache import BlockCache, Namespace
 from ..format.table import SampleTable
 
@@ -296,8 +298,9 @@ def describe_remote(url: str) -> dict:
     return index.manifest.describe(index.store.display, size, index.labels)
 
 
-def verify_remote(url: str, *, progress: bool = True) -> list[str]:
-    """Check the dataset at ``url`` as ``gpuload verify`` checks a folder; returns the problems found.
+def verify_remote(url: str, *, progress: bool = True) -> Verification:
+    """Check the dataset at ``url`` as ``gpuload verify`` checks a folder; returns the problems found (a
+    :class:`gpuload.format.verify.Verification`, whose ``checked`` says what was checked).
 
     Reads every image once (ranged reads, no cache) and compares its checksum; also the manifest's
     digests, the objects' sizes, the labels and the index.
@@ -307,6 +310,7 @@ def verify_remote(url: str, *, progress: bool = True) -> list[str]:
     """
     from tqdm.auto import tqdm
 
+    from ..format.verify import Verification
     from ..writing.jpeg import frame_size
 
     store = open_store(url)
@@ -315,20 +319,20 @@ def verify_remote(url: str, *, progress: bool = True) -> list[str]:
     except DatasetError as error:
         if "is not a gpuload dataset" in str(error):
             raise UsageError(f"{error}; pass the URL that gpuload push wrote") from None
-        return [str(error)]
+        return Verification([str(error)], "the manifest and the objects it lists, as far as they open")
     manifest = index.manifest
     problems = [
         f"manifest.json: the field {name!r} was changed after the build (its digest differs); rebuild the dataset"
         for name in manifest.edited_fields()
     ]
     checksums, bad, resized = index.checksums(), [], []
-    count = len(manifest)
+    images = len(manifest)
     with (
         index.image_file(workers=8) as file,
-        tqdm(total=count, desc="checksums", unit="img", disable=not progress, file=sys.stderr) as bar,
+        tqdm(total=images, desc="checksums", unit="img", disable=not progress, file=sys.stderr) as bar,
     ):
-        for first in range(0, count, _BATCH):
-            positions = range(first, min(count, first + _BATCH))
+        for first in range(0, images, _BATCH):
+            positions = range(first, min(images, first + _BATCH))
             ranges = [(int(index.starts[i]), int(index.lengths[i])) for i in positions]
             for position, data in zip(positions, file.read_many(ranges)):
                 if xxhash.xxh3_64_intdigest(data) != checksums[position]:
@@ -338,8 +342,19 @@ def verify_remote(url: str, *, progress: bool = True) -> list[str]:
             bar.update(len(positions))
     if bad:
         shown = ", ".join(f"{i} ({index.table.path(i)})" for i in bad[:5])
-        problems.append(f"{len(bad)} images do not match their build checksum: {shown}")
+        problems.append(
+            f"{count(len(bad), 'image')} {either(len(bad), 'does not match its', 'do not match their')} "
+            f"build checksum: {shown}"
+        )
     if resized:
         shown = ", ".join(f"{i} ({index.table.path(i)})" for i in resized[:5])
-        problems.append(f"{len(resized)} images differ from their size in shapes.memmap: {shown}")
-    return problems
+        problems.append(
+            f"{count(len(resized), 'image')} {either(len(resized), 'differs from its', 'differ from their')} "
+            f"size in shapes.memmap: {shown}"
+        )
+    checked = (
+        f"the manifest and the {count(len(index.objects), 'object')} it lists (sizes, ETags, digests), "
+        f"{count(images, 'label')}, {count(images, 'image')} read once against {either(images, 'its', 'their')} "
+        "build checksum" + (" and recorded size" if index.shapes is not None else "")
+    )
+    return Verification(problems, checked)

@@ -60,6 +60,7 @@ import xxhash
 
 from ..errors import DatasetError, UsageError
 from ..format.manifest import ARRAYS, MANIFEST_NAME, Manifest
+from ..text import byte_size, count
 from ..writing.files import OutputLock, resolve
 from .dataset import PUSH_MARKER, read_remote_manifest
 from .file import RemoteFile
@@ -105,10 +106,10 @@ class PushReport:
 
     def summary(self) -> str:
         return (
-            f"pushed to {self.url}: {len(self.uploaded)} objects uploaded ({self.bytes_uploaded / 1e9:.2f} GB), "
+            f"pushed to {self.url}: {count(len(self.uploaded), 'object')} uploaded ({byte_size(self.bytes_uploaded)}), "
             f"{len(self.skipped)} already there, {len(self.removed)} removed"
             + (f", {len(self.read_back)} read back to compare" if self.read_back else "")
-            + (f", {len(self.aborted)} unfinished uploads aborted" if self.aborted else "")
+            + (f", {count(len(self.aborted), 'unfinished upload')} aborted" if self.aborted else "")
             + f", {self.seconds:.1f} s"
         )
 
@@ -278,7 +279,7 @@ def _check_target(
             foreign = sorted(set(existing) - ours)  # a dataset's names, but no push of ours wrote them
         if foreign:
             raise UsageError(
-                f"{store.display} holds {len(existing)} objects and is not a gpuload dataset (it holds {foreign[0]!r}, "
+                f"{store.display} holds {count(len(existing), 'object')} and is not a gpuload dataset (it holds {foreign[0]!r}, "
                 f"no manifest.json and no {PUSH_MARKER} of an unfinished push); push writes only to an empty "
                 "location or over a gpuload dataset (--overwrite): choose another URL or empty it yourself"
             )
@@ -290,7 +291,7 @@ def _check_target(
     foreign = sorted(set(existing) - owned)
     if foreign:
         raise UsageError(
-            f"{store.display} holds a gpuload dataset and also {len(foreign)} objects it does not list (first "
+            f"{store.display} holds a gpuload dataset and also {count(len(foreign), 'object')} it does not list (first "
             f"{foreign[0]!r}); --overwrite replaces only a location that holds nothing but a gpuload dataset: "
             "choose another URL or remove them yourself"
         )

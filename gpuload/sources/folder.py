@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..format.table import SampleTable, TableWriter
+from ..text import count
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolderIndex", "ScannedSamples", "scan_image_folder", "shown_names", "walk_images"]
 
@@ -224,7 +225,7 @@ def _scan_flat_folder(root: Path, classes: Sequence[str] | None, into: str | os.
     if root.name not in names:
         shown = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
         raise UsageError(
-            f"{root} holds {len(files)} images and no class folder, so it would be one class named {root.name!r}, "
+            f"{root} holds {count(len(files), 'image')} and no class folder, so it would be one class named {root.name!r}, "
             f"which is not in the given classes ({shown}); pass the folder that holds one folder per class, or "
             "name this folder after its class"
         )

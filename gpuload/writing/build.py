@@ -37,9 +37,11 @@ from ..format.manifest import (
 from ..format.table import TABLE_FILES, TableWriter, file_digest
 from ..machine import limit_torch_threads, resolve_workers
 from ..sources.folder import ImageFolderIndex, scan_image_folder, shown_names
+from ..text import count, either, image_size
 from .decode import Resize, check_target, decode_into, read_size
 from .files import (
     OutputLock,
+    byte_count,
     check_apart,
     check_not_written,
     fsync_file,
@@ -157,7 +159,7 @@ def build_memmap(
     if max_side is not None and format != "jpeg":
         raise UsageError(
             f"max_side applies only to format='jpeg' (--format jpeg), got max_side={max_side!r} with format='raw'; "
-            "a raw build stores every image at one size: give that size (--size HxW) and leave max_side out"
+            "a raw build stores every image at one size: give that size (--size WIDTHxHEIGHT) and leave max_side out"
         )
     if max_side is not None and not _positive_int(max_side):
         raise UsageError(f"max_side must be a positive integer, got {max_side!r}")
@@ -245,20 +247,21 @@ def _build(
     expected = _estimated_bytes(index) if format == "jpeg" and max_side is None else 0  # scaled down: unknown
     _check_free_space(out.parent, index, size, max_side, expected)
     skipped = [{"path": index.samples[position][0], "reason": reason} for position, reason in unreadable.items()]
-    count = len(index.samples)
+    images = len(index.samples)
     if format == "raw":
-        store: _Store = _RawStore(tmp, out, pool, size, resize, workers, sync, count - len(unreadable))
-        store.layout(count, None)
+        store: _Store = _RawStore(tmp, out, pool, size, resize, workers, sync, images - len(unreadable))
+        store.layout(images, None)
     else:
         store = _JpegStore(tmp, out, pool, max_side, quality, workers, sync, expected)
-        store.layout(count, None if order == "source" else seed)
-    todo = (position for position in store.order(count) if position not in unreadable)
-    kept = _write(store, index, todo, count - len(unreadable), skipped, strict, progress)
+        store.layout(images, None if order == "source" else seed)
+    todo = (position for position in store.order(images) if position not in unreadable)
+    kept = _write(store, index, todo, images - len(unreadable), skipped, strict, progress)
     empty = _empty_classes(index, store)
     emptied = sorted(set(empty) - set(index.empty_classes))
     if emptied:
         warnings.warn(
-            f"{len(emptied)} classes have no image left in {out}, all of their files skipped: "
+            f"{count(len(emptied), 'class', 'classes')} {either(len(emptied), 'has', 'have')} no image left in {out}, "
+            f"all of {either(len(emptied), 'its', 'their')} files skipped: "
             f"{shown_names(emptied)}; their labels are kept",
             stacklevel=3,
         )
@@ -370,10 +373,10 @@ def _common_size(
     if not sizes:
         raise DecodeError(index.root, f"no image could be read; first problem: {next(iter(unreadable.values()))}")
     if len(sizes) > 1:
-        common = ", ".join(f"{h}x{w} ({n} images)" for (h, w), n in sizes.most_common(5))
+        common = ", ".join(f"{image_size(h, w)} ({count(n, 'image')})" for (h, w), n in sizes.most_common(5))
         raise UsageError(
-            f"the images of {index.root} have {len(sizes)} different sizes (most common: {common}); "
-            f"pass size=(height, width) (--size HxW) and choose a resize mode (crop, pad or stretch)"
+            f"the images of {index.root} have {len(sizes)} different sizes, width x height (most common: {common}); "
+            f"pass size=(height, width) (--size WIDTHxHEIGHT) and choose a resize mode (crop, pad or stretch)"
         )
     return next(iter(sizes)), unreadable
 
@@ -393,7 +396,7 @@ def _check_free_space(
     smaller by an unknown amount, and nothing is checked); and a few dozen bytes of index per image."""
     count = len(index.samples)
     if size is not None:
-        needed, what = count * (3 * size[0] * size[1] + 48), f"{count} images of 3x{size[0]}x{size[1]} bytes"
+        needed, what = count * (3 * size[0] * size[1] + 48), f"{count:,} images of {image_size(*size)}x3 bytes"
         advice = "choose a smaller size (--size) or another out"
     elif max_side is None:
         needed, what = jpeg_bytes + 48 * count, f"the JPEG bytes of {count} images (estimated)"
@@ -404,8 +407,7 @@ def _check_free_space(
     if needed > free:
         raise OSError(
             errno.ENOSPC,
-            f"the dataset needs {needed:,} bytes ({needed / 1e6:,.1f} MB: {what}) but {folder} has "
-            f"{free:,} bytes ({free / 1e6:,.1f} MB) free; {advice}",
+            f"the dataset needs {byte_count(needed)} ({what}) but {folder} has {byte_count(free)} free; {advice}",
         )
 
 
@@ -686,7 +688,7 @@ def _finish(
         count=kept,
         table={name: file_digest(tmp / name) for name in INDEX_FILES[storage]},
         skipped=sorted(skipped, key=lambda entry: entry["path"]),
-        versions=_versions(),
+        versions=library_versions(),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         storage=storage,
         max_image_pixels=Image.MAX_IMAGE_PIXELS or 0,
@@ -711,7 +713,8 @@ def _empty_classes(index: ImageFolderIndex, store: _Store) -> list[str]:
     return sorted(name for label, name in enumerate(index.classes) if not counts[label])
 
 
-def _versions() -> dict[str, str]:
+def library_versions() -> dict[str, str]:
+    """The versions of gpuload and of the libraries that decode, resize and encode, as a build records them."""
     from importlib.metadata import version
 
     import PIL

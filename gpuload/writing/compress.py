@@ -20,6 +20,7 @@ from ..errors import CompressError, DecodeError, UsageError
 from ..format.manifest import dataset_around
 from ..machine import resolve_workers
 from ..sources.folder import IMG_EXTENSIONS, walk_images
+from ..text import byte_size, count
 from .decode import check_image, read_bytes, upright_pixels
 from .files import (
     OutputLock,
@@ -64,6 +65,8 @@ class CompressReport:
         bytes_before: total size of the sources of the ``done`` and ``skipped`` files.
         bytes_after: total size of their outputs.
         seconds: wall time of the run.
+        renamed: of the ``done`` and ``skipped`` files, those whose source is not a JPEG (PNG, TIFF,
+            WebP...): their output is a JPEG under the ``.jpg`` suffix (``photo.png`` -> ``photo.jpg``).
     """
 
     done: int = 0
@@ -72,13 +75,22 @@ class CompressReport:
     bytes_before: int = 0
     bytes_after: int = 0
     seconds: float = 0.0
+    renamed: int = 0
 
     def summary(self) -> str:
-        """One line for a human, e.g. ``"2000 done, 0 skipped, 0 failed: 353.2 MB -> 86.1 MB (4.1x smaller) in 25.3 s"``."""
+        """One line for a human.
+
+        Example:
+            >>> CompressReport(done=2000, bytes_before=353_200_000, bytes_after=86_100_000, seconds=25.3, renamed=1).summary()
+            '2000 done, 0 skipped, 0 failed: 353 MB -> 86.1 MB (4.1x smaller) in 25.3 s; 1 PNG or other non-JPEG source written as .jpg'
+        """
         ratio = f" ({self.bytes_before / self.bytes_after:.1f}x smaller)" if self.bytes_after else ""
+        renamed = ""
+        if self.renamed:
+            renamed = f"; {count(self.renamed, 'PNG or other non-JPEG source', 'PNG or other non-JPEG sources')} written as .jpg"
         return (
             f"{self.done} done, {self.skipped} skipped, {len(self.failed)} failed: "
-            f"{self.bytes_before / 1e6:.1f} MB -> {self.bytes_after / 1e6:.1f} MB{ratio} in {self.seconds:.1f} s"
+            f"{byte_size(self.bytes_before)} -> {byte_size(self.bytes_after)}{ratio} in {self.seconds:.1f} s{renamed}"
         )
 
 
@@ -121,7 +133,8 @@ def compress_folder(
 ) -> CompressReport:
     """Re-encode every image under ``src`` into ``dst`` with ffmpeg's JPEG encoder at ``-q:v quality``.
 
-    The folder tree is mirrored; outputs are JPEGs (a ``.png`` becomes ``.jpg``), upright
+    The folder tree is mirrored; outputs are JPEGs (a PNG, TIFF, WebP... source is written under the
+    ``.jpg`` suffix: ``photo.png`` becomes ``photo.jpg``, counted in the report's ``renamed``), upright
     (EXIF orientation applied), without metadata, and with a restart marker at every MCU row (a few
     bytes per row, +4.5 % on 640x480 photos at ``-q:v 3``, for the same pixels), so that the training crops of a jpeg dataset built from them
     decode only the rows of their box. Every source is first decoded once by
@@ -180,6 +193,7 @@ def compress_folder(
                 report.skipped += 1
                 report.bytes_before += source.stat().st_size
                 report.bytes_after += target.stat().st_size
+                report.renamed += _renamed(source)
             else:
                 todo.append((source, target))
         with (
@@ -200,6 +214,7 @@ def compress_folder(
                         report.done += 1
                         report.bytes_before += source.stat().st_size
                         report.bytes_after += target.stat().st_size
+                        report.renamed += _renamed(source)
                     bar.update()
             except BaseException:
                 pool.shutdown(wait=True, cancel_futures=True)
@@ -214,6 +229,11 @@ def _fail(report: CompressReport, source: Path, reason: str, strict: bool) -> No
     report.failed.append((str(source), reason))
 
 
+def _renamed(source: Path) -> bool:
+    """Whether ``source`` is not a JPEG by name: its output, a JPEG, gets the ``.jpg`` suffix."""
+    return source.suffix.lower() not in _JPEG_SUFFIXES
+
+
 def _plan(src: Path, dst: Path) -> list[tuple[Path, Path, str]]:
     """``(source, target, problem)`` for every image under ``src``, in sorted order."""
     names, _ = walk_images(src, exclude=dst)  # a link in SRC to DST would compress its own outputs again
@@ -222,7 +242,7 @@ def _plan(src: Path, dst: Path) -> list[tuple[Path, Path, str]]:
     jobs, claimed = [], {}
     for name in sorted(names):
         source, relative = src / name, Path(name)
-        if relative.suffix.lower() not in _JPEG_SUFFIXES:
+        if _renamed(relative):
             relative = relative.with_suffix(".jpg")
         target = dst / relative
         if target in claimed:

@@ -35,6 +35,7 @@ from PIL import ExifTags, Image
 
 from ..errors import DecodeError, UsageError
 from ..format.manifest import RESIZE_MODES
+from ..text import image_size
 
 __all__ = [
     "JPEG_COLORSPACES",
@@ -99,7 +100,7 @@ def check_target(size: tuple[int, int] | None, resize: str) -> tuple[int, int] |
     limit = Image.MAX_IMAGE_PIXELS
     if limit and height * width > limit:
         raise UsageError(
-            f"size {height}x{width} has {height * width:,} pixels per image, more than "
+            f"size {image_size(height, width)} has {height * width:,} pixels per image, more than "
             f"PIL.Image.MAX_IMAGE_PIXELS = {limit:,}; choose a smaller size, or raise the limit: --max-pixels N "
             "on the command line, PIL.Image.MAX_IMAGE_PIXELS = N in Python"
         )

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import BusyError, UsageError
+from ..text import byte_size
 
 __all__ = [
     "OutputLock",
@@ -87,10 +88,10 @@ def byte_count(count: int) -> str:
     """``count`` bytes, for a person.
 
     Example:
-        >>> byte_count(52_428_800)
-        '52,428,800 bytes (0.05 GB)'
+        >>> byte_count(52_428_800), byte_count(10)
+        ('52,428,800 bytes (52.4 MB)', '10 bytes')
     """
-    return f"{count:,} bytes ({count / 1e9:.2f} GB)"
+    return byte_size(count) if count < 1000 else f"{count:,} bytes ({byte_size(count)})"
 
 
 def _nearest_existing(disk: int | str | os.PathLike) -> int | Path:
@@ -153,9 +154,12 @@ _DISK_REFUSALS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.E
 class OutputLock:
     """An exclusive ``flock`` on ``.<name>.lock`` beside ``path``, held for one run that writes ``path``.
 
-    A second run on the same output fails at once instead of racing the first. The lock is
-    released by the kernel when the process dies, so a lock file left behind never blocks a
-    later run; it stays (removing it would race with a run that just opened it).
+    A second run on the same output fails at once instead of racing the first. The lock file is
+    removed when the run ends, done or failed, while the lock is still held; a run that opened
+    the file just before and takes the lock after finds that the name no longer leads to the file
+    it locked, and starts over with a new one (so two runs never both believe they hold it). A
+    process killed outright leaves the file; the kernel released its lock, so it never blocks a
+    later run, and the next run to finish removes it.
 
     Raises:
         BusyError: another process holds the lock.
@@ -176,9 +180,32 @@ class OutputLock:
         self._fd = -1
 
     def __enter__(self) -> OutputLock:
+        while True:
+            fd = self._open()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise BusyError(
+                    f"another gpuload run is writing {self.path} (it holds {self.lock_path}); "
+                    f"wait for it to finish or choose another output"
+                ) from None
+            if _same_file(fd, self.lock_path):
+                self._fd = fd
+                return self
+            os.close(fd)  # the run that held it removed the name meanwhile: lock the file there now
+
+    def __exit__(self, *exc_info) -> None:
+        try:
+            self.lock_path.unlink(missing_ok=True)  # while still held: see the class's docstring
+        finally:
+            os.close(self._fd)  # closing releases the lock
+            self._fd = -1
+
+    def _open(self) -> int:
         try:
             self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            return os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as error:  # a read-only disk, a full one, no free inode, a folder we may not write
             if error.errno not in _DISK_REFUSALS:
                 raise
@@ -196,20 +223,16 @@ class OutputLock:
                 f"cannot write {self.path}: its lock file {self.lock_path} could not be created "
                 f"({error.strerror}: {error.filename}); choose an output on a writable disk with free space",
             ) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise BusyError(
-                f"another gpuload run is writing {self.path} (it holds {self.lock_path}); "
-                f"wait for it to finish or choose another output"
-            ) from None
-        self._fd = fd
-        return self
 
-    def __exit__(self, *exc_info) -> None:
-        os.close(self._fd)  # closing releases the lock
-        self._fd = -1
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(fd)
+    return (found.st_dev, found.st_ino) == (opened.st_dev, opened.st_ino)
 
 
 def check_not_written(path: Path) -> None:
