@@ -51,6 +51,9 @@ _LAZY = {
     "IMAGENET_STD": ".transforms.normalize",
     "Normalize": ".transforms.normalize",
     "RandomResizedCrop": ".transforms.augment",
+    "AutoAugment": ".transforms.policies",
+    "RandAugment": ".transforms.policies",
+    "TrivialAugmentWide": ".transforms.policies",
     "default_workers": ".machine",
     "describe_machine": ".machine",
     "machine_line": ".machine",
@@ -62,6 +65,7 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "SAMPLE_CLASSES",
+    "AutoAugment",
     "BlockCache",
     "BusyError",
     "CenterCropDecode",
@@ -79,12 +83,14 @@ __all__ = [
     "MemmapImageDataset",
     "Normalize",
     "ObjectChangedError",
+    "RandAugment",
     "RandomResizedCrop",
     "RandomResizedCropDecode",
     "RemoteError",
     "RemoteFile",
     "RemoteRawData",
     "Retry",
+    "TrivialAugmentWide",
     "UsageError",
     "build_memmap",
     "compress_folder",
@@ -127,6 +133,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from .sample import SAMPLE_CLASSES, make_sample_folder
     from .transforms.augment import RandomResizedCrop
     from .transforms.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
+    from .transforms.policies import AutoAugment, RandAugment, TrivialAugmentWide
     from .writing.build import build_memmap
     from .writing.compress import CompressReport, compress_folder, find_ffmpeg
     from .writing.decode import decode_image
