@@ -54,6 +54,7 @@ _LAZY = {
     "AutoAugment": ".transforms.policies",
     "RandAugment": ".transforms.policies",
     "TrivialAugmentWide": ".transforms.policies",
+    "RandomErasing": ".transforms.erasing",
     "default_workers": ".machine",
     "describe_machine": ".machine",
     "machine_line": ".machine",
@@ -84,6 +85,7 @@ __all__ = [
     "Normalize",
     "ObjectChangedError",
     "RandAugment",
+    "RandomErasing",
     "RandomResizedCrop",
     "RandomResizedCropDecode",
     "RemoteError",
@@ -132,6 +134,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from .remote.store import Retry, open_store
     from .sample import SAMPLE_CLASSES, make_sample_folder
     from .transforms.augment import RandomResizedCrop
+    from .transforms.erasing import RandomErasing
     from .transforms.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
     from .transforms.policies import AutoAugment, RandAugment, TrivialAugmentWide
     from .writing.build import build_memmap

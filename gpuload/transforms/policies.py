@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
+from .checks import check_int, is_number
 from .draws import index, uniforms
 from .functional import (
     AUTOCONTRAST,
@@ -107,7 +108,7 @@ class _Policy(nn.Module):
             if (
                 not fills
                 or len(fills) not in (1, 3)
-                or not all(_number(value) and 0 <= value <= 255 for value in fills)
+                or not all(is_number(value) and 0 <= value <= 255 for value in fills)
             ):
                 raise UsageError(f"fill must be None, a number or 3 numbers (one per channel) in 0..255, got {fill!r}")
             fill = tuple(float(value) for value in fills)
@@ -173,7 +174,7 @@ class TrivialAugmentWide(_Policy):
         fill: float | Sequence[float] | None = None,
     ) -> None:
         super().__init__(interpolation=interpolation, fill=fill)
-        self.num_magnitude_bins = _check_int("num_magnitude_bins", num_magnitude_bins, low=2)
+        self.num_magnitude_bins = check_int("num_magnitude_bins", num_magnitude_bins, low=2)
 
     def layers(self, draws: torch.Tensor, height: int, width: int) -> list[_Layer]:
         table = _torchvision_table(self.num_magnitude_bins, height, width, draws.device, wide=True)
@@ -220,9 +221,9 @@ class RandAugment(_Policy):
         fill: float | Sequence[float] | None = None,
     ) -> None:
         super().__init__(interpolation=interpolation, fill=fill)
-        self.num_ops = _check_int("num_ops", num_ops, low=0)
-        self.num_magnitude_bins = _check_int("num_magnitude_bins", num_magnitude_bins, low=2)
-        self.magnitude = _check_int("magnitude", magnitude, low=0)
+        self.num_ops = check_int("num_ops", num_ops, low=0)
+        self.num_magnitude_bins = check_int("num_magnitude_bins", num_magnitude_bins, low=2)
+        self.magnitude = check_int("magnitude", magnitude, low=0)
         if magnitude >= num_magnitude_bins:
             raise UsageError(f"magnitude must be a bin in [0, {num_magnitude_bins}), got {magnitude}")
         self.config: _TimmConfig | None = None
@@ -398,7 +399,7 @@ class _TimmConfig:
         return cls(
             text,
             options["m"],
-            _check_int("n", int(options["n"]), low=0),
+            check_int("n", int(options["n"]), low=0),
             options["p"],
             std,
             options["mmax"],
@@ -454,13 +455,3 @@ def _timm_op(name: str, level: torch.Tensor, negate: torch.Tensor, height: int, 
         ops[plain] = (code, enhance)
         ops[plain + "Increasing"] = (code, increasing)
     return ops[name]
-
-
-def _check_int(name: str, value: object, *, low: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise UsageError(f"{name} must be an int of at least {low}, got {value!r}")
-    return value
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
