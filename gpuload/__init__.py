@@ -55,6 +55,7 @@ _LAZY = {
     "RandAugment": ".transforms.policies",
     "TrivialAugmentWide": ".transforms.policies",
     "RandomErasing": ".transforms.erasing",
+    "MixUpCutMix": ".transforms.mix",
     "default_workers": ".machine",
     "describe_machine": ".machine",
     "machine_line": ".machine",
@@ -82,6 +83,7 @@ __all__ = [
     "ImageData",
     "JpegData",
     "MemmapImageDataset",
+    "MixUpCutMix",
     "Normalize",
     "ObjectChangedError",
     "RandAugment",
@@ -135,6 +137,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from .sample import SAMPLE_CLASSES, make_sample_folder
     from .transforms.augment import RandomResizedCrop
     from .transforms.erasing import RandomErasing
+    from .transforms.mix import MixUpCutMix
     from .transforms.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
     from .transforms.policies import AutoAugment, RandAugment, TrivialAugmentWide
     from .writing.build import build_memmap
