@@ -56,6 +56,7 @@ _LAZY = {
     "TrivialAugmentWide": ".transforms.policies",
     "RandomErasing": ".transforms.erasing",
     "MixUpCutMix": ".transforms.mix",
+    "Recipe": ".transforms.recipe",
     "default_workers": ".machine",
     "describe_machine": ".machine",
     "machine_line": ".machine",
@@ -90,6 +91,7 @@ __all__ = [
     "RandomErasing",
     "RandomResizedCrop",
     "RandomResizedCropDecode",
+    "Recipe",
     "RemoteError",
     "RemoteFile",
     "RemoteRawData",
@@ -140,6 +142,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from .transforms.mix import MixUpCutMix
     from .transforms.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
     from .transforms.policies import AutoAugment, RandAugment, TrivialAugmentWide
+    from .transforms.recipe import Recipe
     from .writing.build import build_memmap
     from .writing.compress import CompressReport, compress_folder, find_ffmpeg
     from .writing.decode import decode_image

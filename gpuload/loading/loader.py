@@ -210,6 +210,13 @@ class DataLoader:
                 "decode must be a gpuload.RandomResizedCropDecode (training) or a gpuload.CenterCropDecode "
                 f"(evaluation), got {type(decode).__name__}: {decode!r}"
             )
+        if decode is not None and _crops(transform):
+            raise UsageError(
+                f"decode={type(decode).__name__}(...) crops each image in the loader, and the transform crops it "
+                "again (a gpuload.RandomResizedCrop with crop=True; its eval() zooms a 224 crop 1.14x): crop once, "
+                "with decode= or in the transform (RandomResizedCrop(crop=False) keeps its flip and jitter), or "
+                "build both from one gpuload.Recipe"
+            )
         if jpeg and decode is None:
             raise UsageError(
                 "a jpeg dataset's images have their own sizes: pass decode=gpuload.RandomResizedCropDecode(224) "
@@ -518,6 +525,17 @@ class Position:
     def advance(self, samples: int) -> None:
         """Count a batch of ``samples`` served on every rank."""
         self.global_position = min(self.global_position + samples * self.world_size, self.end)
+
+
+def _crops(transform: object) -> bool:
+    """Whether ``transform`` (or the module ``torch.compile`` wrapped) crops: holds a cropping
+    :class:`gpuload.RandomResizedCrop`."""
+    from ..transforms.augment import RandomResizedCrop
+
+    module = getattr(transform, "_orig_mod", transform)
+    return isinstance(module, torch.nn.Module) and any(
+        isinstance(part, RandomResizedCrop) and part.crop for part in module.modules()
+    )
 
 
 def _draw_seed(generator: torch.Generator | None, *, broadcast: bool, dataset: object = None) -> int:
