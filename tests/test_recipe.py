@@ -194,3 +194,9 @@ class TestRecipe:
     def test_bad_arguments(self, make, message):
         with pytest.raises(UsageError, match=message):
             make()
+
+
+def test_the_readme_augmentation_example_runs():
+    namespace = {"__name__": "readme"}
+    exec(compile(readme_block("### Augmentation recipes"), "README.md", "exec"), namespace)
+    assert namespace["floats"].shape == (8, 3, 64, 64) and namespace["targets"].shape == (8, 4)
