@@ -9,6 +9,7 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 
 from gpuload import UsageError
+from gpuload.transforms import functional
 from gpuload.transforms.functional import OPS, affine, affine_matrices, apply_op, apply_ops, op_codes
 
 SIZES = [(224, 224), (176, 176), (131, 257), (300, 200)]
@@ -100,8 +101,12 @@ class TestParity:
 
 
 class TestBatch:
-    def test_each_sample_gets_its_own_op_and_value_as_if_alone(self):
-        """A batch of every op with its own value: each sample as torchvision's op on it alone."""
+    @pytest.mark.parametrize("branchless", [False, True], ids=["grouped", "branchless"])
+    def test_each_sample_gets_its_own_op_and_value_as_if_alone(self, branchless, monkeypatch):
+        """A batch of every op with its own value: each sample as torchvision's op on it alone, whether the
+        samples of each op are computed apart (eager on a CPU) or all ops on all samples in one branchless
+        pass (on a GPU and under ``torch.compile``; forced here eagerly)."""
+        monkeypatch.setattr(functional, "_traced", lambda: branchless)
         images = torch.stack([photo_tensor(96, 128), photo_tensor(96, 128).flip(2)] * 8)[: len(OPS) - 1]
         names = [name for name in OPS if name != "solarize_add"]
         values = [0.0, 0.3, -0.4, 11, -9, 33.0, 1.4, 0.3, 1.8, 0.2, 3, 140.0, 0.0, 0.0, 0.0]

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UsageError
+from .augment import _traced
 
 __all__ = ["OPS", "affine", "affine_matrices", "apply_op", "apply_ops", "op_codes"]
 
@@ -81,6 +82,7 @@ OPS = (
     INVERT,
     SOLARIZE_ADD,
 ) = range(len(OPS))
+_GEOMETRIC = (SHEAR_X, SHEAR_Y, TRANSLATE_X, TRANSLATE_Y, ROTATE)
 INTERPOLATIONS = ("nearest", "bilinear")
 _GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
 _SHARPEN = ((1.0, 1.0, 1.0), (1.0, 5.0, 1.0), (1.0, 1.0, 1.0))  # torchvision's adjust_sharpness kernel, / 13
@@ -151,11 +153,25 @@ def apply_ops(
     batch, channels, height, width = images.shape
     layout = torch.channels_last if _is_channels_last(images) else torch.contiguous_format
     values = values.to(torch.float64)  # as torchvision's magnitudes, Python floats
-    matrices = _op_matrices(ops, values, height, width)
-    pixels, masks = affine(
-        images.to(torch.float32), matrices, interpolation=interpolation, fill=fill, masks=masks, mask_fill=mask_fill
-    )
-    pixels = _colour(pixels, ops, values)
+    geometry = {"interpolation": interpolation, "fill": fill, "mask_fill": mask_fill}
+    if images.device.type == "cpu" and not _traced():
+        # Eager on a CPU: the samples of each op apart, with that op's arithmetic only (a fraction of the
+        # branchless pass's, which a GPU or a compiled graph runs: no host synchronisation there).
+        pixels = images.to(torch.float32, copy=True)  # written in place, sample by sample
+        moved = None if masks is None else masks.clone()
+        for code in ops.unique().tolist():
+            if code == IDENTITY:
+                continue
+            rows = (ops == code).nonzero().squeeze(1)
+            part, part_masks = _apply(
+                pixels[rows], ops[rows], values[rows], {code}, masks=None if masks is None else masks[rows], **geometry
+            )
+            pixels[rows] = part
+            if moved is not None:
+                moved[rows] = part_masks
+        masks = moved
+    else:
+        pixels, masks = _apply(images.to(torch.float32), ops, values, set(range(len(OPS))), masks=masks, **geometry)
     out = pixels if images.is_floating_point() else pixels.to(torch.uint8)
     out = out.contiguous(memory_format=layout)
     return out if masks is None else (out, masks)
@@ -262,6 +278,27 @@ def _sample(pixels: torch.Tensor, grid: torch.Tensor, mode: str, fill: torch.Ten
     return (pixels - fill) * inside + fill
 
 
+def _apply(
+    pixels: torch.Tensor,
+    ops: torch.Tensor,
+    values: torch.Tensor,
+    present: set[int],
+    *,
+    interpolation: str,
+    fill: float | Sequence[float] | None,
+    masks: torch.Tensor | None,
+    mask_fill: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each sample's op on float ``pixels``, with the arithmetic of the ops in ``present`` only (the
+    codes that may occur in ``ops``): the geometry through one ``grid_sample``, then the colour ops."""
+    if present & set(_GEOMETRIC):
+        matrices = _op_matrices(ops, values, pixels.shape[-2], pixels.shape[-1])
+        pixels, masks = affine(
+            pixels, matrices, interpolation=interpolation, fill=fill, masks=masks, mask_fill=mask_fill
+        )
+    return _colour(pixels, ops, values, present), masks
+
+
 def _op_matrices(ops: torch.Tensor, values: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """The inverse matrix of each sample's op: its geometry, or the identity for a colour op."""
     zero = torch.zeros_like(values)
@@ -276,8 +313,9 @@ def _op_matrices(ops: torch.Tensor, values: torch.Tensor, height: int, width: in
     )
 
 
-def _colour(pixels: torch.Tensor, ops: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """The colour ops, each neutral where a sample has another: whole numbers 0..255 in, and out.
+def _colour(pixels: torch.Tensor, ops: torch.Tensor, values: torch.Tensor, present: set[int]) -> torch.Tensor:
+    """The colour ops, each neutral where a sample has another: whole numbers 0..255 in, and out; the
+    stages of ops not in ``present`` are left out.
 
     The statistics (the mean grey of ``contrast``, the extremes of ``autocontrast``, the histogram of
     ``equalize``) are taken from the input, as each sample has one op."""
@@ -287,29 +325,36 @@ def _colour(pixels: torch.Tensor, ops: torch.Tensor, values: torch.Tensor) -> to
     # as addcmul rounds, clamped, truncated to uint8) with their degenerate image d: black (brightness),
     # the mean grey (contrast), the grey (color), the blur (sharpness, which torchvision computes as
     # x + (1 - f) * (d - x), and only inside the border).
-    factor = torch.where((ops >= BRIGHTNESS) & (ops <= SHARPNESS), values, one)
-    keep, rest = column(factor.to(torch.float32)), column((1 - factor).to(torch.float32))
-    gray = _gray(pixels).floor()
-    mean = gray.mean(dim=(-3, -2, -1), keepdim=True)
-    degenerate = torch.where(column(ops == CONTRAST), mean, torch.where(column(ops == COLOR), gray, 0.0))
-    blended = torch.addcmul(pixels * keep, degenerate, rest)
-    sharpened = torch.addcmul(pixels, _blur(pixels) - pixels, rest)
-    pixels = torch.where(column(ops == SHARPNESS), sharpened, blended).clamp(0, 255).trunc()
-    # posterize: keep the top `bits` bits
-    step = column(torch.where(ops == POSTERIZE, torch.exp2(8 - values), one).to(torch.float32))
-    pixels = torch.floor(pixels / step) * step
-    # solarize and invert: invert the pixels at or above the threshold
-    threshold = column(torch.where(ops == SOLARIZE, values, torch.where(ops == INVERT, 0.0, 256.0)).to(torch.float32))
-    pixels = torch.where(pixels >= threshold, 255 - pixels, pixels)
-    # solarize_add: add to the pixels below 128 (timm's SolarizeAdd)
-    added = column(torch.where(ops == SOLARIZE_ADD, values, 0.0).to(torch.float32))
-    pixels = torch.where(pixels < 128, (pixels + added).clamp(max=255), pixels)
-    # autocontrast: each channel's range stretched to 0..255
-    low, high = pixels.amin(dim=(-2, -1), keepdim=True), pixels.amax(dim=(-2, -1), keepdim=True)
-    flat = (high == low) | ~column(ops == AUTOCONTRAST)
-    scale = torch.where(flat, 1.0, (high - low) * (1.0 / 255))
-    pixels = ((pixels - torch.where(flat, 0.0, low)) / scale).clamp(0, 255).trunc()
-    return torch.where(column(ops == EQUALIZE), _equalize(pixels), pixels)
+    if present & {BRIGHTNESS, COLOR, CONTRAST, SHARPNESS}:
+        factor = torch.where((ops >= BRIGHTNESS) & (ops <= SHARPNESS), values, one)
+        keep, rest = column(factor.to(torch.float32)), column((1 - factor).to(torch.float32))
+        degenerate = pixels.new_zeros(())
+        if present & {COLOR, CONTRAST}:
+            gray = _gray(pixels).floor()
+            mean = gray.mean(dim=(-3, -2, -1), keepdim=True)
+            degenerate = torch.where(column(ops == CONTRAST), mean, torch.where(column(ops == COLOR), gray, 0.0))
+        blended = torch.addcmul(pixels * keep, degenerate, rest)
+        if SHARPNESS in present:
+            sharpened = torch.addcmul(pixels, _blur(pixels) - pixels, rest)
+            blended = torch.where(column(ops == SHARPNESS), sharpened, blended)
+        pixels = blended.clamp(0, 255).trunc()
+    if POSTERIZE in present:  # keep the top `bits` bits
+        step = column(torch.where(ops == POSTERIZE, torch.exp2(8 - values), one).to(torch.float32))
+        pixels = torch.floor(pixels / step) * step
+    if present & {SOLARIZE, INVERT}:  # invert the pixels at or above the threshold
+        threshold = torch.where(ops == SOLARIZE, values, torch.where(ops == INVERT, 0.0, 256.0))
+        pixels = torch.where(pixels >= column(threshold.to(torch.float32)), 255 - pixels, pixels)
+    if SOLARIZE_ADD in present:  # add to the pixels below 128 (timm's SolarizeAdd)
+        added = column(torch.where(ops == SOLARIZE_ADD, values, 0.0).to(torch.float32))
+        pixels = torch.where(pixels < 128, (pixels + added).clamp(max=255), pixels)
+    if AUTOCONTRAST in present:  # each channel's range stretched to 0..255
+        low, high = pixels.amin(dim=(-2, -1), keepdim=True), pixels.amax(dim=(-2, -1), keepdim=True)
+        flat = (high == low) | ~column(ops == AUTOCONTRAST)
+        scale = torch.where(flat, 1.0, (high - low) * (1.0 / 255))
+        pixels = ((pixels - torch.where(flat, 0.0, low)) / scale).clamp(0, 255).trunc()
+    if EQUALIZE in present:
+        pixels = torch.where(column(ops == EQUALIZE), _equalize(pixels), pixels)
+    return pixels
 
 
 def _per_sample(values: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
+from .augment import _traced
 from .checks import check_int, check_probability, is_number
 from .draws import uniforms
 
@@ -119,9 +120,10 @@ class MixUpCutMix(nn.Module):
             inside = (ys >= top) & (ys < bottom) & (xs >= left) & (xs < right)
             partner = images.roll(1, 0) if self.pairing == "roll" else images.flip(0)
             weight = lam.to(torch.float32)
-            blend = images.to(torch.float32) * weight + partner.to(torch.float32) * (1 - weight)
-            blend = blend.to(images.dtype) if images.is_floating_point() else blend.round().to(images.dtype)
-            images = torch.where(cutmix, torch.where(inside, partner, images), blend)
+            if images.device.type == "cpu" and not _traced():  # eager on a CPU: only the drawn one
+                images = torch.where(inside, partner, images) if bool(cutmix) else _blend(images, partner, weight)
+            else:
+                images = torch.where(cutmix, torch.where(inside, partner, images), _blend(images, partner, weight))
             others = targets.roll(1, 0) if self.pairing == "roll" else targets.flip(0)
             targets = targets * weight + others * (1 - weight)
         smoothing = self.label_smoothing
@@ -172,6 +174,12 @@ class MixUpCutMix(nn.Module):
             f"switch_prob={self.switch_prob}, prob={self.prob}, label_smoothing={self.label_smoothing}, "
             f"pairing={self.pairing!r}"
         )
+
+
+def _blend(images: torch.Tensor, partner: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """MixUp's ``weight * images + (1 - weight) * partner``, in the images' dtype (uint8: rounded)."""
+    blend = torch.lerp(partner.to(torch.float32), images.to(torch.float32), weight)
+    return blend.to(images.dtype) if images.is_floating_point() else blend.round().to(images.dtype)
 
 
 def _check(images: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[int, int, int]:
