@@ -8,6 +8,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from gpuload import IMAGENET_MEAN, IMAGENET_STD, Normalize, RandomErasing, UsageError
+from gpuload.transforms import erasing
 
 HEIGHT, WIDTH = 48, 64
 
@@ -47,7 +48,10 @@ class TestDistribution:
 class TestPixels:
     @pytest.mark.parametrize("size", [(96, 128), (75, 131)])
     @pytest.mark.parametrize("value", [0, (124, 116, 104)])
-    def test_each_sample_is_torchvisions_erase_of_its_rectangle(self, size, value):
+    @pytest.mark.parametrize("branchless", [False, True], ids=["each", "branchless"])
+    def test_each_sample_is_torchvisions_erase_of_its_rectangle(self, size, value, branchless, monkeypatch):
+        """Eager on a CPU each rectangle is written apart; on a GPU and compiled, one masked pass (forced here)."""
+        monkeypatch.setattr(erasing, "_traced", lambda: branchless)
         images = torch.stack([photo_tensor(*size), photo_tensor(*size).flip(2)] * 8)
         erase = RandomErasing(p=0.7, value=value)
         draws = torch.rand((len(images), erase.draws), generator=torch.Generator().manual_seed(1))

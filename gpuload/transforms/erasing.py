@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
+from .augment import _traced
 from .checks import check_probability, is_number
 from .draws import uniforms
 
@@ -99,7 +100,10 @@ class RandomErasing(nn.Module):
         if not self.training:
             return images
         draws = uniforms(batch, self.draws, device=images.device, generator=generator, uniform=uniform)
-        top, left, rows, columns = self.boxes(draws, height, width).unbind(1)
+        boxes = self.boxes(draws, height, width)
+        if images.device.type == "cpu" and not _traced():  # eager on a CPU: write the erased rectangles only
+            return self._erase_each(images, boxes.tolist(), generator)
+        top, left, rows, columns = boxes.unbind(1)
         ys = torch.arange(height, device=images.device).view(1, height, 1)
         xs = torch.arange(width, device=images.device).view(1, 1, width)
         inside = (ys >= top.view(-1, 1, 1)) & (ys < (top + rows).view(-1, 1, 1))
@@ -113,6 +117,22 @@ class RandomErasing(nn.Module):
             return torch.where(inside, noise, images)
         fill = torch.tensor(self.fill, device=images.device).view(1, -1, 1, 1).to(images.dtype)
         return torch.where(inside, fill, images)
+
+    def _erase_each(
+        self, images: torch.Tensor, boxes: list[list[int]], generator: torch.Generator | None
+    ) -> torch.Tensor:
+        """The batch with each sample's rectangle filled, sample by sample (a copy where one is erased)."""
+        erased = [(sample, box) for sample, box in enumerate(boxes) if box[2] > 0]
+        if not erased:
+            return images
+        out = images.clone()
+        for sample, (top, left, rows, columns) in erased:
+            area = out[sample, :, top : top + rows, left : left + columns]
+            if self.fill is None:
+                area.copy_(torch.randn(area.shape, dtype=images.dtype, generator=generator))
+            else:
+                area.copy_(torch.tensor(self.fill, dtype=images.dtype).view(-1, 1, 1).expand_as(area))
+        return out
 
     def boxes(self, draws: torch.Tensor, height: int, width: int) -> torch.Tensor:
         """Each sample's rectangle from its ``[B, draws]`` uniforms: int64 ``[B, 4]``, ``top, left, height,
