@@ -134,8 +134,10 @@ class TestMasks:
     @pytest.mark.parametrize(
         "name, value", [("rotate", 30.0), ("shear_x", 0.5), ("translate_y", -13), ("shear_y", 0.2)]
     )
-    def test_masks_follow_the_geometry_by_their_nearest_pixel(self, name, value):
+    @pytest.mark.parametrize("branchless", [False, True], ids=["grouped", "branchless"])
+    def test_masks_follow_the_geometry_by_their_nearest_pixel(self, name, value, branchless, monkeypatch):
         """torchvision moves a ``tv_tensors.Mask`` with the same affine, nearest, its fill 0."""
+        monkeypatch.setattr(functional, "_traced", lambda: branchless)
         image = photo_tensor(64, 80)
         masks = (photo_tensor(64, 80)[0] // 64).to(torch.int64)[None]  # 4 classes
         out, moved = apply_op(image[None], name, value, interpolation="bilinear", masks=masks)
