@@ -121,7 +121,7 @@ class Recipe(nn.Module):
             size,
             crop=crop,
             augment=RandAugment.timm(config),
-            erasing=RandomErasing(p=0.25, value="random"),
+            erasing=RandomErasing(p=0.25, scale=(0.02, 1 / 3), ratio=(0.3, 1 / 0.3), value="random"),  # timm's
             mix=MixUpCutMix.timm(num_classes),
         )
 
