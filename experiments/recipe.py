@@ -44,7 +44,7 @@ from ._common import (
     synchronize,
     write_result,
 )
-from ._photos import make_photo_set
+from ._photos import CAMERA_QUALITY, make_photo_set
 
 SIZE = 224
 
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     device = resolve_device(args.device)
     if args.quick:
         args.images, args.batch_size, args.repeats = 40, 8, 1
-    originals = args.workdir / f"originals-{args.images}-varied"  # the JPEGs as photographed: no re-encode
+    originals = args.workdir / f"photos-{args.images}-varied"  # the JPEGs as photographed: no re-encode
     if not originals.exists():
         make_photo_set(originals, args.images)  # made under a temporary name, renamed when complete
     store = args.workdir / f"{originals.name}.jpeg"
@@ -199,6 +199,8 @@ def main(argv: list[str] | None = None) -> None:
             "batch_size": args.batch_size,
             "images": len(dataset),
             "workers": gpuload.default_workers(),
+            "photos": f"{len(dataset):,} crops of real photographs at ImageNet-like sizes (experiments._photos), "
+            f"JPEG quality {CAMERA_QUALITY} as made",
             "recipe_torch_threads": 1 if device.type == "cpu" else threads,
             "quick": args.quick,
             "rows": rows,
