@@ -304,6 +304,23 @@ def _train_augment(result: dict, into: dict[str, str]) -> None:
     into["train_augment.device"] = result["device_name"]
 
 
+def _recipe(result: dict, into: dict[str, str]) -> None:
+    rows = {row["contender"]: row for row in result["rows"]}
+    for name, row in rows.items():
+        into[f"recipe.{name}"] = count(row["images_per_second"]["median"])
+        into[f"recipe.{name}.cpu"] = f"{row['core_seconds_per_1000']['median']:.1f}"
+    if {"gpuload", "stock"} <= rows.keys():
+        rates = {name: rows[name]["images_per_second"]["median"] for name in ("gpuload", "stock")}
+        costs = {name: rows[name]["core_seconds_per_1000"]["median"] for name in ("gpuload", "stock")}
+        into["recipe.gpuload_x_stock"] = times(rates["gpuload"] / rates["stock"])
+        into["recipe.cpu_share"] = percent(costs["gpuload"] / costs["stock"])
+        into["recipe.cpu_verdict"] = "met" if costs["gpuload"] <= costs["stock"] else "not met"
+    into["recipe.device"] = result["device_name"]
+    into["recipe.images"] = count(result["images"])
+    into["recipe.batch_size"] = count(result["batch_size"])
+    into["recipe.workers"] = count(result["workers"])
+
+
 def _remote_reads(result: dict, into: dict[str, str]) -> None:
     blocks = {(row["client"], row["block_MiB"], row["latency_ms"]): row for row in result["blocks"]}
     ranges = {(row["client"], row["latency_ms"]): row["ranges_per_s"] for row in result["small_ranges"]}
@@ -452,6 +469,7 @@ SECTIONS: dict[str, Callable[[dict, dict[str, str]], None]] = {
     "jpeg_quality": _jpeg_quality,
     "train_order": _train_order,
     "train_augment": _train_augment,
+    "recipe": _recipe,
     "remote_loading": _remote_loading,
     "remote_reads": _remote_reads,
     "scale": _scale,

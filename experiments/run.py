@@ -41,6 +41,7 @@ EXPERIMENTS = (
     "memmap_vs_folder",
     "gpu_preprocess",
     "train_augment",
+    "recipe",
     "jpeg_store",
     "remote_reads",
     "remote_loading",

@@ -51,6 +51,12 @@ _LAZY = {
     "IMAGENET_STD": ".transforms.normalize",
     "Normalize": ".transforms.normalize",
     "RandomResizedCrop": ".transforms.augment",
+    "AutoAugment": ".transforms.policies",
+    "RandAugment": ".transforms.policies",
+    "TrivialAugmentWide": ".transforms.policies",
+    "RandomErasing": ".transforms.erasing",
+    "MixUpCutMix": ".transforms.mix",
+    "Recipe": ".transforms.recipe",
     "default_workers": ".machine",
     "describe_machine": ".machine",
     "machine_line": ".machine",
@@ -62,6 +68,7 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "SAMPLE_CLASSES",
+    "AutoAugment",
     "BlockCache",
     "BusyError",
     "CenterCropDecode",
@@ -77,14 +84,19 @@ __all__ = [
     "ImageData",
     "JpegData",
     "MemmapImageDataset",
+    "MixUpCutMix",
     "Normalize",
     "ObjectChangedError",
+    "RandAugment",
+    "RandomErasing",
     "RandomResizedCrop",
     "RandomResizedCropDecode",
+    "Recipe",
     "RemoteError",
     "RemoteFile",
     "RemoteRawData",
     "Retry",
+    "TrivialAugmentWide",
     "UsageError",
     "build_memmap",
     "compress_folder",
@@ -126,7 +138,11 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from .remote.store import Retry, open_store
     from .sample import SAMPLE_CLASSES, make_sample_folder
     from .transforms.augment import RandomResizedCrop
+    from .transforms.erasing import RandomErasing
+    from .transforms.mix import MixUpCutMix
     from .transforms.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
+    from .transforms.policies import AutoAugment, RandAugment, TrivialAugmentWide
+    from .transforms.recipe import Recipe
     from .writing.build import build_memmap
     from .writing.compress import CompressReport, compress_folder, find_ffmpeg
     from .writing.decode import decode_image

@@ -32,6 +32,7 @@ PLOTTED = {
     "jpeg_quality": ["jpeg_quality", "jpeg_quality_crops"],
     "jpeg_store": ["jpeg_store"],
     "memmap_vs_folder": ["memmap_vs_folder"],
+    "recipe": ["recipe"],
     "remote_loading": ["remote_loading"],
     "train_augment": ["train_augment"],
     "train_order": ["train_order", "train_order_trace"],

@@ -20,6 +20,7 @@ from ..machine import default_workers
 from .crop import CenterCropDecode, RandomResizedCropDecode, crop_raw, crop_remote_raw, decode_crops
 from .device import check_gpu_decode, current_device, resolve_device
 from .order import distributed_rank, epoch_order
+from .per_image import PerImage
 from .pipeline import (
     BatchTransform,
     EpochIterator,
@@ -38,7 +39,7 @@ __all__ = ["DataLoader"]
 _FIXED = frozenset(
     {
         "dataset", "batch_size", "sampler", "drop_last", "device", "prefetch", "threads", "transform", "decode",
-        "block_shuffle",
+        "block_shuffle", "per_image",
     }
 )  # fmt: skip
 _STATE_KEYS = ("epoch", "global_position", "batch_size", "world_size", "dataset_length", "seed")
@@ -146,6 +147,10 @@ class DataLoader:
             (see :func:`gpuload.loading.order.block_sequence`). ``None`` (default): 32 for a dataset at a
             URL read through a cache, else 0. Images stored by class (ImageFolder order) fill a window
             with about ``K`` blocks' worth of classes: raise ``K`` for more mixing.
+        per_image: a callable run on each uint8 image ``[3, H, W]`` of a batch in the loader's threads,
+            after the ``decode`` crop and before the copy to the device, returning it the same size (any
+            torchvision v2 transform works): each image's draws are seeded by (seed, epoch, index), so
+            they replay after a resume; see :mod:`gpuload.loading.per_image` for what it costs.
 
     Raises:
         TypeError: an argument of the wrong type (``batch_size=4.0``, ``shuffle=None``...).
@@ -182,6 +187,7 @@ class DataLoader:
         transform: Callable[..., torch.Tensor] | None = None,
         decode: RandomResizedCropDecode | CenterCropDecode | None = None,
         block_shuffle: int | None = None,
+        per_image: Callable[..., torch.Tensor] | None = None,
         num_workers: int | None = None,
         pin_memory: bool | None = None,
         persistent_workers: bool | None = None,
@@ -234,6 +240,17 @@ class DataLoader:
                 "decode must be a gpuload.RandomResizedCropDecode (training) or a gpuload.CenterCropDecode "
                 f"(evaluation), got {type(decode).__name__}: {decode!r}"
             )
+        if per_image is not None and not callable(per_image):
+            raise TypeError(f"per_image must be callable, got {type(per_image).__name__}: {per_image!r}")
+        if per_image is not None and decode is not None and decode.gpu:
+            raise UsageError("per_image runs on the host, and gpu=True decodes on the GPU: pass gpu=False")
+        if decode is not None and _crops(transform):
+            raise UsageError(
+                f"decode={type(decode).__name__}(...) crops each image in the loader, and the transform crops it "
+                "again (a gpuload.RandomResizedCrop with crop=True; its eval() zooms a 224 crop 1.14x): crop once, "
+                "with decode= or in the transform (RandomResizedCrop(crop=False) keeps its flip and jitter), or "
+                "build both from one gpuload.Recipe"
+            )
         if jpeg and decode is None:
             raise UsageError(
                 "a jpeg dataset's images have their own sizes: pass decode=gpuload.RandomResizedCropDecode(224) "
@@ -268,7 +285,9 @@ class DataLoader:
         self._order_world_size: int | None = None  # the world size that started a loaded state's epoch
         # The seed decides the order and the random draws of transforms and decoded crops; when it decides
         # nothing (an unshuffled loader, as for validation on rank 0 only), no collective is made.
-        random = shuffle or transform is not None or isinstance(decode, RandomResizedCropDecode)
+        random = (
+            shuffle or transform is not None or per_image is not None or isinstance(decode, RandomResizedCropDecode)
+        )
         self.seed = seed if seed is not None else _draw_seed(generator, broadcast=random, dataset=dataset)
         self.device = resolve_device(device)
         if decode is not None and decode.gpu:
@@ -276,6 +295,7 @@ class DataLoader:
         self.prefetch = prefetch
         self.threads = threads
         self.transform = transform
+        self.per_image = per_image
         self.epoch = 0
         self._start = 0  # where the next iteration starts in self.epoch: a loaded state's global position
         world_size = distributed_rank()[1]
@@ -507,6 +527,8 @@ class DataLoader:
             gather = partial(decode_on_device, self.dataset, self.decode, self.seed, epoch, device)
         else:
             gather = partial(decode_crops, self.dataset, decode=self.decode, seed=self.seed, epoch=epoch)
+        if self.per_image is not None:
+            gather = PerImage(self.per_image, gather, seed=self.seed, epoch=epoch)
         prefetcher = None
         if isinstance(self.dataset, MemmapImageDataset) and self.dataset.remote and self.dataset.cache is not None:
             prefetcher = BlockPrefetcher(
@@ -542,6 +564,17 @@ class Position:
     def advance(self, samples: int) -> None:
         """Count a batch of ``samples`` served on every rank."""
         self.global_position = min(self.global_position + samples * self.world_size, self.end)
+
+
+def _crops(transform: object) -> bool:
+    """Whether ``transform`` (or the module ``torch.compile`` wrapped) crops: holds a cropping
+    :class:`gpuload.RandomResizedCrop`."""
+    from ..transforms.augment import RandomResizedCrop
+
+    module = getattr(transform, "_orig_mod", transform)
+    return isinstance(module, torch.nn.Module) and any(
+        isinstance(part, RandomResizedCrop) and part.crop for part in module.modules()
+    )
 
 
 def _draw_seed(generator: torch.Generator | None, *, broadcast: bool, dataset: object = None) -> int:
