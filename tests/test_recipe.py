@@ -70,7 +70,10 @@ class TestReadmeExample:
         monkeypatch.setattr(torch, "compile", lambda module, **options: module)
         small = nn.Sequential(nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(48, 5))
         namespace = {"__name__": "readme"}
-        exec(compile(code.replace("resnet50()", "small"), "README.md", "exec"), namespace | {"small": small})
+        exec(
+            compile(code.replace("resnet50(num_classes=len(ds.classes))", "small"), "README.md", "exec"),
+            namespace | {"small": small},
+        )
         assert crops == {"loader": 20 + 20, "device": 0}  # 20 images: one epoch of training, one of evaluation
 
     def test_the_eval_path_is_torchvisions_eval_transform_exactly(self, built_dataset):
