@@ -33,6 +33,7 @@ PLOTTED = {
     "jpeg_store": ["jpeg_store"],
     "memmap_vs_folder": ["memmap_vs_folder"],
     "remote_loading": ["remote_loading"],
+    "stock_breakdown": ["stock_breakdown"],
     "train_augment": ["train_augment"],
     "train_order": ["train_order", "train_order_trace"],
     "transfer_order": ["transfer_order"],
@@ -278,3 +279,18 @@ class TestScale:
         assert 1 <= row["orders"]["classes_block_shuffled_storage"] <= 30  # 300 images in 30 classes
         assert row["orders"]["fetched_over_dataset_4x8"] >= 1.0
         assert (tmp_path / "assets" / "scale.png").is_file()
+
+
+class TestStockBreakdown:
+    def test_every_step_of_the_stock_recipe_is_timed_on_real_photos(self, photo_folder):
+        """Each step a stock worker does for a photo takes some time, per image (the photos are 48x64:
+        the crop upsamples, the batch of 64 holds them all), and the decode outweighs the read."""
+        from experiments import stock_breakdown
+
+        paths = sorted(photo_folder.rglob("*.jpg")) * 4  # 80 photos: one full batch of 64
+        rows = stock_breakdown.measure(paths, repeats=2)
+        assert list(rows) == list(stock_breakdown.STEPS)
+        for name, spread in rows.items():
+            assert 0 < spread["min"] <= spread["median"] <= spread["max"], name
+            assert len(spread["runs"]) == 2, name
+        assert rows["decode"]["median"] > rows["read"]["median"]
