@@ -19,6 +19,7 @@ import pytest
 
 from experiments.numbers import times
 from slides.generate import (
+    BACKUP,
     DECK,
     GPU_CHECK,
     GPU_OWED,
@@ -27,7 +28,9 @@ from slides.generate import (
     PDF,
     PDF_SOURCES,
     PLOT_DENSITY,
+    QR,
     SNIPPETS,
+    TALK_MINUTES,
     TEMPLATE,
     plot_size,
     render_slides,
@@ -35,6 +38,7 @@ from slides.generate import (
     write_slides,
 )
 from slides.generate import main as generate_main
+from slides.quoted import GPU_TRAINING
 
 ROOT = Path(__file__).resolve().parent.parent
 SLIDES = ROOT / "slides"
@@ -122,8 +126,11 @@ def test_one_loader_measurement_feeds_every_slide():
     for name in ("bench_cpu", "bench_jpeg_cpu"):
         for result in _results(name)["results"].values():
             assert f"{result['images_per_second']:,.0f} " not in deck, name
-    for row in _results("memmap_vs_folder")["rows"]:
-        assert f"{row['images_per_second']['median']:,.0f} images/s" not in deck
+    ladder = [slide for slide in _slides(deck) if "# The ladder" in slide]
+    assert len(ladder) == 1
+    elsewhere = deck.replace(ladder[0], "")
+    for row in _results("memmap_vs_folder")["rows"]:  # the ladder's own measurement, on its slide only
+        assert f"{row['images_per_second']['median']:,.0f} images/s" not in elsewhere
     for contender in ("raw", "raw_crop_host", "jpeg_crop", "stock"):
         assert LABELS[contender] in deck, contender
     for old in ("talk_recipe", "tensorclass + Collate", "gpuload.Collate", "tutorial recipe`"):
@@ -133,6 +140,7 @@ def test_one_loader_measurement_feeds_every_slide():
 def _prose(template: str) -> str:
     """The template's words: headmatter, code, diagrams, placeholders and markup taken out (notes kept)."""
     prose = template.split("---", 2)[2]
+    prose = re.sub(r"^Time: [\d.]+ min\.", "", prose, flags=re.MULTILINE)  # the speaker's plan, not a number measured
     for code_or_markup in (r"```.*?```", r"<svg.*?</svg>", r"\$\{\w+\}", r"`[^`\n]*`", r"<[a-zA-Z/][^>]*>"):
         prose = re.sub(code_or_markup, "", prose, flags=re.DOTALL)
     return prose
@@ -224,12 +232,90 @@ def _slides(deck: str) -> list[str]:
     return [*slides, "\n".join(current)]
 
 
+def _main_slides(slides: list[str]) -> list[str]:
+    """The slides before the backup's divider (its title is ``BACKUP``)."""
+    divider = [index for index, slide in enumerate(slides) if re.search(rf"^# {BACKUP}$", slide, flags=re.MULTILINE)]
+    assert len(divider) == 1, "one backup divider"
+    return slides[: divider[0]]
+
+
 def test_the_talk_fits_its_length_and_every_slide_has_notes():
     slides = _slides(render_slides(ROOT))
-    assert len(slides) <= MAX_SLIDES
+    main = _main_slides(slides)
+    assert len(main) <= MAX_SLIDES
+    minutes = 0.0
     for number, slide in enumerate(slides, 1):
         notes = re.search(r"<!--((?:(?!-->).)*)-->\s*$", slide, flags=re.DOTALL)
         assert notes and len(notes.group(1).split()) >= 20, f"slide {number} has no speaker notes at its end"
+        timing = re.match(r"\s*Time: (?:([\d.]+) min|backup, on a question)\. Point: [^\n]+\n", notes.group(1))
+        assert timing, f"slide {number}'s notes do not open with its time and its point"
+        assert (timing.group(1) is None) == (number > len(main)), f"slide {number}: a time on the main slides only"
+        minutes += float(timing.group(1) or 0)
+    assert minutes == TALK_MINUTES
+
+
+def test_the_backup_notes_hold_a_q_and_a_crib():
+    slides = _slides(render_slides(ROOT))
+    divider = slides[len(_main_slides(slides))]
+    for question in ("headline fair", "two cores", "photos", "Accuracy after re-encoding", "GPU", "DALI", "FFCV"):
+        assert question in divider, question
+
+
+def test_cores_per_gpu_come_from_the_results_and_a_quoted_rate():
+    """Images per core-second (a rate over the machine's cores) against one GPU's published training rate,
+    which says it is quoted and where from."""
+    deck = render_slides(ROOT)
+    assert GPU_TRAINING["quoted_not_measured"] is True
+    assert GPU_TRAINING["url"].startswith("https://") and GPU_TRAINING["url"] in deck
+    (slide,) = [slide for slide in _slides(deck) if "# Cores per GPU" in slide]
+    store = _results("jpeg_store")
+    cores = store["machine"]["cores"]
+    for contender in ("stock", "jpeg_crop_exact", "raw_crop_host", "raw"):
+        per_core = _store_rate(store, contender) / cores
+        assert f"| {per_core:,.0f} | **{GPU_TRAINING['images_per_second'] / per_core:.1f}** |" in slide, contender
+    assert "quoted, not measured" in slide
+
+
+def test_the_headline_says_its_conditions_and_range():
+    deck = render_slides(ROOT)
+    (slide,) = [slide for slide in _slides(deck) if re.search(r"^# [\d.]+x$", slide, flags=re.MULTILINE)]
+    body = slide.split("<!--")[0]
+    store = _results("jpeg_store")
+    cold = _store_rate(store, "raw_crop_host", "cold") / _store_rate(store, "stock", "cold")
+    assert f"Cold cache: **{times(cold)}**" in body
+    assert "page cache warm" in body and "CPU" in body and "the JPEG bytes" in body
+    ours = next(row for row in store["rows"] if (row["contender"], row["cache"]) == ("raw_crop_host", "warm"))
+    stock = next(row for row in store["rows"] if (row["contender"], row["cache"]) == ("stock", "warm"))
+    ratios = [a / b for a, b in zip(ours["images_per_second"]["runs"], stock["images_per_second"]["runs"])]
+    assert f"{times(min(ratios))}-{times(max(ratios))}" in body
+    assert "only the box's rows at a reduced DCT scale" in slide
+
+
+def test_claims_about_others_are_sourced_or_dropped():
+    deck = render_slides(ROOT)
+    assert "no longer maintained" not in deck and "three bugs" not in deck
+    assert f"{_results('jpeg_store')['ffcv_quoted_not_measured']['ffcv']:,}" not in deck  # a figure with no source
+    (peers,) = [slide for slide in _slides(deck) if "# How it compares" in slide]
+    for credited in ("data_prefetcher", "PrefetchLoader", "ToTorchImage", "NormalizeImage", "s3://"):
+        assert credited in peers, credited
+    assert "https://docs.nvidia.com/deeplearning/dali" in peers
+
+
+def test_the_stock_loader_hands_batches_over_through_shared_memory():
+    """The stock loader collates in its workers and passes each batch through shared memory; the talk
+    never says it pickles every sample."""
+    deck = render_slides(ROOT)
+    assert "no pickling" not in deck and "would add pickling" not in deck
+    assert "collates each batch in a worker" in deck
+
+
+def test_the_closing_slide_has_the_install_line_the_repository_and_a_qr_code():
+    slides = _slides(render_slides(ROOT))
+    closing = _main_slides(slides)[-1]
+    assert "`pip install -e .` in a clone" in closing and "not on PyPI" in closing
+    assert (ROOT / QR).is_file() and (ROOT / QR).read_text().startswith("<svg")
+    assert f'src="/{QR.name}"' in closing
+    assert re.search(r"https://github\.com/[\w.-]+/gpuload", closing)
 
 
 def test_every_plot_slide_has_one_takeaway_line():
@@ -437,7 +523,7 @@ def test_placeholders_must_match(talk_repo):
 def test_the_speaker_and_the_repository_fill_the_title(talk_repo):
     template = talk_repo / TEMPLATE
     template.write_text(template.read_text().replace("speaker: gpuload team", "speaker: Ada Lovelace"))
-    assert "Ada Lovelace · this repository" in render_slides(talk_repo)
+    assert "Ada Lovelace · https://github.com/gpuload/gpuload" in render_slides(talk_repo)  # the template's
     readme = talk_repo / "README.md"
     readme.write_text(readme.read_text() + "\nCode: https://github.com/someone/gpuload\n")
     assert "Ada Lovelace · https://github.com/someone/gpuload" in render_slides(talk_repo)
@@ -448,7 +534,9 @@ def test_the_speaker_and_the_repository_fill_the_title(talk_repo):
 
 def test_the_peers_come_from_the_readme_when_it_compares_them(talk_repo):
     readme = talk_repo / "README.md"
-    table = "| feature | gpuload | DALI | FFCV | SPDL | WebDataset | LitData |\n|---|---|---|---|---|---|---|\n| x | a | b | c | d | e | f |"
+    table = (
+        "| feature | gpuload | DALI | FFCV | timm | WebDataset |\n|---|---|---|---|---|---|\n| x | a | b | c | d | e |"
+    )
     readme.write_text(readme.read_text() + "\n\n" + table + "\n\nAfter.\n")
     deck = render_slides(talk_repo)
     assert table in deck and "From the README's comparison" in deck
