@@ -111,14 +111,13 @@ SNIPPETS = {
 # each project's own docs and code (PEER_SOURCES). Qualitative on purpose (no speeds), and fair: where
 # others win, the table says so, and the prior art of a uint8 batch normalised on the GPU is credited.
 PEERS = (
-    ["", "gpuload", "DALI", "FFCV", "timm, apex", "WebDataset, LitData"],
-    ["GPU JPEG decode", "nvJPEG, one H200 run", "nvJPEG, measured by NVIDIA", "no", "no", "no"],
-    ["reads s3://", "yes", "yes", "no", "no", "yes"],
-    ["uint8 batch, normalised on the GPU", "in the model", "in the pipeline", "ToTorchImage, NormalizeImage",
-     "PrefetchLoader, data_prefetcher", "no"],
-    ["augmentations", "crop, flip", "many, on the GPU", "a few, compiled", "many, on the CPU", "any, on the CPU"],
-    ["maturity", "new", "years, NVIDIA's", "a paper's code", "years, widely used", "years"],
-)  # fmt: skip
+    ["", "GPU decode", "s3://", "uint8, normalised on the GPU"],
+    ["gpuload", "nvJPEG, one run", "yes", "in the model"],
+    ["DALI", "nvJPEG, NVIDIA's", "yes", "in its pipeline"],
+    ["FFCV", "no", "no", "`NormalizeImage`"],
+    ["timm, apex", "no", "no", "`PrefetchLoader`"],
+    ["WebDataset, LitData", "no", "yes", "no"],
+)
 PEER_NAMES = ("DALI", "FFCV", "timm")
 PEER_SOURCES = (
     ("DALI", "https://docs.nvidia.com/deeplearning/dali/user-guide/docs/"),
@@ -734,14 +733,13 @@ def _crop(results: Results, root: Path) -> dict[str, str]:
     return {
         "crop_plot": _plot(root, "decode_costs", "milliseconds per photo for whole decodes and a crop's decodes"),
         "crop_takeaway": _takeaway(
-            f"A crop decodes its box's rows only: {_ms(ms('crop_decode_only_its_rows'))} against "
-            f"{_ms(ms('crop_decode_whole'))} whole, then {_ms(ms('resize_400_to_224'))} to resize. On a CPU, crop "
-            "while reading; on a GPU, after the copy"
+            f"Decode only the box's rows: {_ms(ms('crop_decode_only_its_rows'))}, not "
+            f"{_ms(ms('crop_decode_whole'))}. "
             + (
-                f": on {gpu['machine']['gpu']}, {_count(Store(gpu).rate('raw_crop_device'))} crops/s against "
-                f"{_count(Store(gpu).rate('raw_crop_host'))} in the loader's threads."
+                f"On {gpu['machine']['gpu']}, crops after the copy: {_count(Store(gpu).rate('raw_crop_device'))}/s, "
+                f"in threads {_count(Store(gpu).rate('raw_crop_host'))}."
                 if gpu is not None
-                else " (not measured on a GPU)."
+                else "On a GPU, crop after the copy (not measured on a GPU)."
             )
         ),
         "crop_notes": (
@@ -763,47 +761,45 @@ def _cores_per_gpu(results: Results, root: Path) -> dict[str, str]:
     on_gpu = results.gpu("jpeg_store_cuda")
     paths = (
         ("stock", "stock `DataLoader`, tuned"),
-        ("jpeg_crop_exact", "same JPEG bytes, gpuload's threads"),
+        ("jpeg_crop_exact", "same JPEG bytes, gpuload"),
         ("raw_crop_host", "raw store, crop in threads"),
-        ("raw", "raw store, crop left to the GPU"),
+        ("raw", "raw store, crop on the GPU"),
     )
-    header = ["path", f"per core-second, {cores} cores", "cores a GPU needs"]
-    if on_gpu is not None:
-        header += [f"per core-second, {_cores(on_gpu)} cores", "cores a GPU needs"]
-    rows, needed = [], {}
+    rows, needed, there = [], {}, {}
     for name, label in paths:
         per_core = store.rate(name) / cores
         needed[name] = gpu_rate / per_core
-        row = [label, _count(per_core), f"**{needed[name]:.1f}**"]
+        rows.append([label, _count(per_core), f"**{needed[name]:.1f}**"])
         if on_gpu is not None:
-            there = Store(on_gpu).rate(name) / _cores(on_gpu)
-            row += [_count(there), f"{gpu_rate / there:.1f}"]
-        rows.append(row)
-    where = (
-        f"; the last two columns: the {on_gpu['machine']['gpu']} machine's CPU, one lease" if on_gpu is not None else ""
+            there[name] = gpu_rate / (Store(on_gpu).rate(name) / _cores(on_gpu))
+    elsewhere = (
+        f" On the {on_gpu['machine']['gpu']} machine's {_cores(on_gpu)} cores (one lease): "
+        f"{there['stock']:.1f} and {there['raw']:.1f}."
+        if on_gpu is not None
+        else ""
     )
+    short_url = GPU_TRAINING["url"].split("://", 1)[1].split("/tree/")[0]
     return {
-        "cores_table": _table(header, rows),
+        "cores_table": _table(["path", "images/s a core", "cores a GPU needs"], rows),
         "cores_source": (
-            f'<p class="gl-source">A GPU trains {GPU_TRAINING["model"]} at {_count(gpu_rate)} images/s '
-            f"({GPU_TRAINING['precision']}, {GPU_TRAINING['gpu']}): quoted, not measured, from "
-            f"{GPU_TRAINING['publisher']}, published {GPU_TRAINING['published']}, {GPU_TRAINING['url']}. "
-            f"Rates: jpeg_store.json, page cache warm, rate / cores{where}.</p>"
+            f'<p class="gl-source">One GPU: {_count(gpu_rate)} images/s, {GPU_TRAINING["model"]}, '
+            f"{GPU_TRAINING['precision']}, {GPU_TRAINING['gpu']}: quoted, not measured ({short_url}, "
+            f"{GPU_TRAINING['published']}). Rates: jpeg_store.json, warm, over {cores} cores.</p>"
         ),
         "cores_takeaway": _takeaway(
-            f"To keep one GPU busy the stock loader needs {needed['stock']:.1f} cores; the raw store "
-            f"{needed['raw']:.1f}: decoding once frees the cores."
+            f"One GPU needs {needed['stock']:.1f} cores of the stock loader, {needed['raw']:.1f} of the raw "
+            f"store.{elsewhere}"
         ),
         "cores_notes": (
             "A GPU node is bought with a fixed number of cores per GPU, so count cores, not images per second. "
             f"Each loader's rate on this {cores}-core machine, divided by its cores, is what one core delivers; "
             f"NVIDIA's published figure for one GPU training ResNet-50 with mixed precision is {_count(gpu_rate)} "
-            "images/s, quoted from its DeepLearningExamples results, not measured by us. Newer GPUs train faster, "
-            "so they need more cores still. "
+            f"images/s, quoted, not measured by us: {GPU_TRAINING['publisher']}, {GPU_TRAINING['url']}. Newer "
+            "GPUs train faster and need more cores still. "
             + (
-                f"On the {on_gpu['machine']['gpu']} machine's {_cores(on_gpu)} cores the stock loader got "
-                f"{_count(Store(on_gpu).rate('stock') / _cores(on_gpu))} images per core-second: cores do not "
-                "scale perfectly, so treat the column as a floor."
+                "On the GPU machine's CPU, per core, the same paths needed: "
+                + ", ".join(f"{label} {there[name]:.1f}" for name, label in paths)
+                + " cores: cores do not scale perfectly, so read the table as a floor."
                 if on_gpu is not None
                 else ""
             )
@@ -987,9 +983,8 @@ def _store_results(results: Results, root: Path) -> dict[str, str]:
     return {
         "store_plot": _plot(root, "jpeg_store", "images/s of every cropping contender, warm and cold"),
         "store_takeaway": _takeaway(
-            f"Warm, the jpeg store crops at {_times(store.rate('jpeg_crop') / store.rate('stock'))} the stock "
-            f"loader's rate, {_times(store.rate('jpeg_crop', 'cold') / store.rate('stock', 'cold'))} cold. Cropping "
-            f"whole raw batches after the copy, a GPU's job, makes {_count(store.rate('raw_crop_device'))} on this CPU."
+            f"The jpeg store crops at {_times(store.rate('jpeg_crop') / store.rate('stock'))} the stock loader's "
+            f"rate warm, {_times(store.rate('jpeg_crop', 'cold') / store.rate('stock', 'cold'))} cold."
         ),
         "store_notes": f"Every contender, images/s: {notes}.",
     }
@@ -1128,13 +1123,19 @@ def _peers(results: Results, root: Path) -> dict[str, str]:
     """The README's table of peers when it has one (a table naming DALI, FFCV and timm), else ``PEERS``."""
     readme = (root / README).read_text() if (root / README).is_file() else ""
     table = _markdown_table_naming(readme, PEER_NAMES)
-    sources = " · ".join(f"{name}: {url}" for name, url in PEER_SOURCES)
+    sources = " · ".join(url.split("://", 1)[1].split("/blob/")[0].rstrip("/") for _, url in PEER_SOURCES)
+    links = "; ".join(f"{name}: {url}" for name, url in PEER_SOURCES)
     if table is not None:
-        return {"peers_table": table, "peers_source": '<p class="gl-source">From the README\'s comparison.</p>'}
+        return {
+            "peers_table": table,
+            "peers_source": '<p class="gl-source">From the README\'s comparison.</p>',
+            "peers_links": links,
+        }
     header, *rows = PEERS
     return {
         "peers_table": _table(header, rows),
-        "peers_source": f'<p class="gl-source">Features, not speed, read from each project\'s docs and code: {sources}</p>',
+        "peers_source": f'<p class="gl-source">Features, not speed, from each project\'s docs and code: {sources}</p>',
+        "peers_links": links,
     }
 
 
