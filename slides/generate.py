@@ -444,9 +444,13 @@ def _title(results: Results, root: Path) -> dict[str, str]:
     return {
         "title_machine": f"Measured on {'; '.join(machines)}, {dates[0]} to {dates[-1]}. {gpu}",
         "title_notes": (
-            f"every number in this talk was measured on {'; '.join(machines)}: a small CPU machine. "
-            "The GPU measurements still owed are listed once, on one slide near the end, with the command "
-            "that makes them."
+            f"the CPU numbers in this talk were measured on {'; '.join(machines)}: a small CPU machine. "
+            + (
+                "The GPU numbers come from one lease of a GPU machine, named wherever they are quoted, and "
+                "listed on one slide near the end."
+                if gpus
+                else "No GPU has run the experiments yet: every GPU claim is a design."
+            )
         ),
     }
 
@@ -654,6 +658,29 @@ def _overlap(results: Results, root: Path) -> dict[str, str]:
     }
 
 
+def _ring(results: Results, root: Path) -> dict[str, str]:
+    """What the GPU lease's CUDA tests said of the ring (``gpu_check_cuda``), or that no GPU ran them."""
+    check = results.gpu("gpu_check_cuda")
+    tests = next((step for step in (check or {}).get("steps", ()) if step.get("step") == "tests"), None)
+    if tests is None:
+        return {
+            "ring_gpu": _takeaway("Not measured on a GPU."),
+            "ring_notes": "No GPU has run the CUDA tests yet.",
+        }
+    failed = re.findall(r"^FAILED (\S+)", tests.get("output_tail", ""), flags=re.MULTILINE)
+    overlap = "; every overlap test passed" if not any("overlap" in name for name in failed) else ""
+    return {
+        "ring_gpu": _takeaway(
+            f"On {check['machine']['gpu']} (one lease), the CUDA tests{_tests_outcome(check)}{overlap}."
+        ),
+        "ring_notes": (
+            "Failed on the lease: " + ", ".join(name.split("::")[-1] for name in failed) + "."
+            if failed
+            else "Every CUDA test passed on the lease."
+        ),
+    }
+
+
 def _bytes_over_the_bus(results: Results, root: Path) -> dict[str, str]:
     transfer = results.gpu("transfer_order_cuda") or results["transfer_order"]  # the bus, where it was measured
     rows = transfer["rows"]
@@ -670,7 +697,7 @@ def _bytes_over_the_bus(results: Results, root: Path) -> dict[str, str]:
     ]
     on_cpu = transfer["device"].startswith("cpu")
     where = (
-        "on this CPU (a copy into new host memory stands in for the bus)"
+        "on this CPU, a copy into new host memory standing in for the bus: not measured on a GPU"
         if on_cpu
         else f"on {transfer['machine']['gpu']} (one lease)"
     )
@@ -699,7 +726,8 @@ def _bytes_over_the_bus(results: Results, root: Path) -> dict[str, str]:
 
 
 def _normalize(results: Results, root: Path) -> dict[str, str]:
-    train = results["train_order"]
+    train = results.gpu("train_order_cuda") or results["train_order"]
+    where = "on this CPU" if train["device"].startswith("cpu") else f"on {train['machine']['gpu']} (one lease)"
     steps: dict[tuple, dict[str, float]] = {}
     for row in train["rows"]:
         key = (row["height"], row["width"], row["batch_size"])
@@ -707,10 +735,10 @@ def _normalize(results: Results, root: Path) -> dict[str, str]:
     ratios = [variants["normalize_in_model"] / variants["cuda_first"] for variants in steps.values()]
     return {
         "normalize_notes": (
-            f"In training on this CPU (train_order, {len(ratios)} configurations), Normalize inside the model took "
+            f"In training {where} (train_order, {len(ratios)} configurations), Normalize inside the model took "
             f"{min(ratios):.2f}x to {max(ratios):.2f}x the step time of casting outside it"
             + (": within the noise. " if min(ratios) <= 1 <= max(ratios) else ". ")
-            + "The point is where preprocessing lives, not speed on a CPU."
+            + "The point is where preprocessing lives, not speed."
         ),
     }
 
@@ -1164,6 +1192,7 @@ SECTIONS: tuple[tuple[Section, tuple[str, ...]], ...] = (
     (_cache, ("jpeg_store",)),
     (_gather, ("jpeg_store",)),
     (_overlap, ()),
+    (_ring, ()),
     (_bytes_over_the_bus, ("transfer_order",)),
     (_normalize, ("train_order",)),
     (_crop, ("decode_costs", "jpeg_store")),

@@ -856,3 +856,18 @@ def _slide_problems(number: int, content: dict) -> list[str]:
                 f"{plot['natural'] / PLOT_DENSITY:.0f}: its text is under {PLOT_PX} px"
             )
     return problems
+
+
+def test_slides_about_gpu_behaviour_quote_the_lease_or_say_not_measured(talk_repo):
+    """Each main slide about what happens on a GPU quotes the GPU lease on the slide itself, or says, in one
+    line, that it was not measured on a GPU (as it does with no GPU result)."""
+    gpu = _results("gpu_check_cuda")["machine"]["gpu"]
+    titles = ("# A ring of pinned buffers", "# Ship uint8", "# Crop where it is cheapest", "# The ladder")
+    for deck, said in ((render_slides(ROOT), f"{gpu}"), (None, "not measured on a GPU")):
+        if deck is None:  # the same talk before any GPU run
+            for result in (talk_repo / "assets" / "results").glob("*_cuda.json"):
+                result.unlink()
+            deck = render_slides(talk_repo)
+        for title in titles[:3]:
+            (slide,) = [slide for slide in _slides(deck) if title in slide]
+            assert said.lower() in slide.split("<!--")[0].lower(), (title, said)
