@@ -871,3 +871,20 @@ def test_slides_about_gpu_behaviour_quote_the_lease_or_say_not_measured(talk_rep
         for title in titles[:3]:
             (slide,) = [slide for slide in _slides(deck) if title in slide]
             assert said.lower() in slide.split("<!--")[0].lower(), (title, said)
+
+
+def test_the_qr_code_is_written_from_the_repository_address(talk_repo):
+    """``generate`` writes the QR code of the template's ``repository:`` (segno, offline) before the deck
+    that shows it; a template without a URL writes none and shows none."""
+    pytest.importorskip("segno")
+    from slides.generate import write_qr
+
+    (talk_repo / QR).unlink()
+    assert write_qr(talk_repo) == talk_repo / QR
+    assert (talk_repo / QR).read_text().startswith("<svg") and (talk_repo / QR).read_text() == (ROOT / QR).read_text()
+    template = talk_repo / TEMPLATE
+    template.write_text(re.sub(r"^repository: .*\n", "", template.read_text(), flags=re.MULTILINE))
+    (talk_repo / QR).unlink()
+    assert write_qr(talk_repo) is None and not (talk_repo / QR).exists()
+    deck = render_slides(talk_repo)
+    assert "gl-qr" not in deck and "`pip install -e .` in a clone (not on PyPI)" in deck
