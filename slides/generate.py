@@ -883,6 +883,10 @@ def _ladder(results: Results, root: Path) -> dict[str, str]:
     )
     notes = ""
     gpu = results.gpu("memmap_vs_folder_cuda")
+    gpu_slide = {
+        "ladder_gpu_plot": "",
+        "ladder_gpu_takeaway": _takeaway("The ladder to a GPU: not measured on a GPU."),
+    }
     if gpu is not None:
         there = {
             (row["height"], row["width"], row["batch_size"], row["contender"]): row["images_per_second"]["median"]
@@ -894,17 +898,24 @@ def _ladder(results: Results, root: Path) -> dict[str, str]:
             f"stock loader with Collate and pin_memory {_count(at('talk_recipe', small, there))}, gpuload "
             f"{_count(at('gpuload', small, there))} images/s to the GPU. "
         )
-    return {
-        "ladder_plot": _plot(
-            root, "memmap_vs_folder", "images/s of the stock loader, the stock loader on a memmap, gpuload"
-        ),
+        gains = [at("gpuload", batch, there) / at("talk_recipe", batch, there) for batch in batches]
+        gpu_slide = {
+            "ladder_gpu_plot": _plot(root, "ladder_cuda", "the ladder's rungs to the GPU"),
+            "ladder_gpu_takeaway": _takeaway(
+                f"To {gpu['machine']['gpu']}'s memory, gpuload's pinned ring is {_times(min(gains))} to "
+                f"{_times(max(gains))} the stock loader with `Collate` and `pin_memory` on the same memmap."
+            ),
+        }
+    return gpu_slide | {
+        "ladder_plot": _plot(root, "ladder", "images/s of the stock loader, the stock loader on a memmap, gpuload"),
         "ladder_takeaway": _takeaway(text),
         "ladder_notes": (
-            "The ladder, one rung at a time, whole images, no crop, page cache warm. Grey: the stock loader on "
-            "the JPEGs. Orange: the same memmap through the stock DataLoader with a Collate (the tensordict "
-            "recipe): the decode is gone, and at small batches it is as fast as gpuload. At large batches it "
-            "collapses: every batch is collated in a worker and crosses shared memory. Green: gpuload's threads "
-            "gather a batch with one index_select. "
+            "The ladder, one rung at a time, whole images, no crop, page cache warm; the bars are batch sizes and "
+            "the figures above the gaps what each rung wins. Left: the stock loader on the JPEGs. Middle: the same "
+            "photos decoded once, the memmap through the stock DataLoader with a Collate (the tensordict "
+            "recipe): at small batches it is as fast as gpuload. At large batches it collapses: every batch is "
+            "collated in a worker and crosses shared memory. Right: gpuload's threads gather a batch with one "
+            "index_select. "
             + notes
             + "Which rung wins what: decoding once wins the most; threads win at large batches; the pinned ring "
             "wins on the GPU machine."

@@ -294,3 +294,24 @@ class TestStockBreakdown:
             assert 0 < spread["min"] <= spread["median"] <= spread["max"], name
             assert len(spread["runs"]) == 2, name
         assert rows["decode"]["median"] > rows["read"]["median"]
+
+
+class TestLadder:
+    @pytest.mark.parametrize("name", ["memmap_vs_folder", "memmap_vs_folder_cuda"])
+    def test_the_ladder_is_drawn_from_a_committed_result(self, name, tmp_path, monkeypatch):
+        """Each rung's median at 640x480 per batch size, drawn from the committed result (a long-named
+        machine's too), the figure named after the device."""
+        from experiments import ladder
+
+        monkeypatch.setattr(_common, "ASSETS", tmp_path)
+        result = _committed(name)
+        found = ladder.rates(result)
+        assert sorted(found) == [16, 64, 256] and all(len(values) == len(ladder.RUNGS) for values in found.values())
+        row = next(
+            row
+            for row in result["rows"]
+            if (row["height"], row["batch_size"], row["contender"]) == (480, 16, "gpuload")
+        )
+        assert found[16][2] == row["images_per_second"]["median"]
+        ladder.plot(dict(result, machine=dict(result["machine"], **LONG_MACHINE)))
+        assert (tmp_path / ("ladder_cuda.png" if name.endswith("cuda") else "ladder.png")).is_file()

@@ -128,7 +128,7 @@ def test_one_loader_measurement_feeds_every_slide():
     for name in ("bench_cpu", "bench_jpeg_cpu"):
         for result in _results(name)["results"].values():
             assert f"{result['images_per_second']:,.0f} " not in deck, name
-    ladder = [slide for slide in _slides(deck) if "# The ladder" in slide]
+    ladder = [slide for slide in _slides(deck) if "# The ladder: " in slide]
     assert len(ladder) == 1
     elsewhere = deck.replace(ladder[0], "")
     for row in _results("memmap_vs_folder")["rows"]:  # the ladder's own measurement, on its slide only
