@@ -64,7 +64,9 @@ def plot(result: dict) -> None:
         gains = [values[rung] / values[rung - 1] for values in found.values()]
         axis.text(rung - 0.5, top * 150, f"{times(min(gains))}-{times(max(gains))}", ha="center", va="center")
     axis.set_yscale("log")
-    axis.set_ylim(top=top * 400)
+    bottom = axis.get_ylim()[0]
+    axis.set_yticks([10.0**power for power in range(int(np.floor(np.log10(bottom))), int(np.ceil(np.log10(top))) + 1)])
+    axis.set_ylim(bottom, top * 400)  # room for the gains, above the ticks of the rates
     axis.set_xticks(positions, list(RUNGS.values()))
     axis.set_ylabel("images/s (log)")
     axis.grid(True, axis="y", alpha=0.3)

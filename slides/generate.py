@@ -1099,6 +1099,19 @@ def _limits(results: Results, root: Path) -> dict[str, str]:
             f"torch's own resize: {_count(at['gpuload_eager'])} images/s. Compiled, it takes the batched "
             "matrix products meant for GPUs."
         )
+    gpu = results.gpu("jpeg_store_cuda")
+    if gpu is not None and Store(gpu).rate("jpeg_crop") < Store(gpu).rate("stock"):
+        there = Store(gpu)
+        items.append(
+            f"**JPEG crops on a big CPU**: on the {gpu['machine']['gpu']} machine's {_cores(gpu)} cores, gpuload's "
+            f"threads made {_count(there.rate('jpeg_crop'))} crops/s, the stock loader "
+            f"{_count(there.rate('stock'))}: there, crop on the GPU."
+        )
+        notes.append(
+            f"On that machine the raw store's crops after the copy made {_count(there.rate('raw_crop_device'))}/s, "
+            f"and nvJPEG decoding on the GPU {_count(there.rate('jpeg_gpu_decode'))}/s: gpuload's threads do not "
+            "scale as workers do on many cores."
+        )
     items += [
         f"**Raw past RAM**: cold, raw crops come at the disk's speed ({_count(store.rate('raw_crop_host', 'cold'))} "
         f"images/s, jpeg's {_count(store.rate('jpeg_crop', 'cold'))}) from "

@@ -888,3 +888,11 @@ def test_the_qr_code_is_written_from_the_repository_address(talk_repo):
     assert write_qr(talk_repo) is None and not (talk_repo / QR).exists()
     deck = render_slides(talk_repo)
     assert "gl-qr" not in deck and "`pip install -e .` in a clone (not on PyPI)" in deck
+
+
+def test_where_it_does_not_help_names_the_gpu_machine_where_the_stock_loader_won():
+    gpu = _results("jpeg_store_cuda")
+    ours, stock = _store_rate(gpu, "jpeg_crop"), _store_rate(gpu, "stock")
+    (slide,) = [slide for slide in _slides(render_slides(ROOT)) if "# Where it does not help" in slide]
+    if ours < stock:
+        assert f"made {ours:,.0f} crops/s, the stock loader {stock:,.0f}" in slide
