@@ -995,7 +995,16 @@ def _crib(results: Results, root: Path) -> dict[str, str]:
                 else "no larger CPU was measured."
             ),
         ),
-        ("The photos?", f"{breakdown.get('photos', 'crops of real photographs')}; the loader runs used 640x480."),
+        (
+            "The photos?",
+            f"The breakdown: {breakdown.get('photos', 'not recorded')}. The loader runs (jpeg_store.json): "
+            + result.get(
+                "photos",
+                "not recorded in that result, a run from before the real-photo set (crops of one portrait, "
+                "all 640x480): to be rerun",
+            )
+            + ".",
+        ),
         (
             "Accuracy after re-encoding?",
             "Not measured: no training run compared the original photos with -q:v 3; the slides give PSNR only.",
