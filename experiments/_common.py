@@ -256,19 +256,19 @@ def device_name(device) -> str:
 # width / PIXEL_DENSITY. Every text is at least MIN_FONT_PX on the canvas (save_figure checks).
 CANVAS = (980, 552)
 PLOT_SIZE = (900, 330)  # a plot slide: its title above, a takeaway and a stand-in note below
-MIN_FONT_PX = 14
+MIN_FONT_PX = 18  # the back row: plot text of 18 px or more as shown on the slide (issue 30)
 PIXEL_DENSITY = 2
 FONT_SIZES = {
-    "font.size": 15,
-    "axes.titlesize": 16,
-    "axes.labelsize": 15,
-    "xtick.labelsize": 14,
-    "ytick.labelsize": 14,
-    "legend.fontsize": 14,
-    "legend.title_fontsize": 14,
-    "figure.titlesize": 17,
+    "font.size": 18,
+    "axes.titlesize": 19,
+    "axes.labelsize": 18,
+    "xtick.labelsize": 18,
+    "ytick.labelsize": 18,
+    "legend.fontsize": 18,
+    "legend.title_fontsize": 18,
+    "figure.titlesize": 20,
 }
-FOOTNOTE_PX = 14
+FOOTNOTE_PX = 18
 EDGE_PX = 4  # the footnote's distance from the figure's edges, and the least room right of a wrapped text
 FOOTNOTE_GID = "footnote"  # the footnote's texts, which layout() replaces
 

@@ -101,7 +101,7 @@ def plot(result: dict) -> None:
         label = f"{threads} thread{'s' * (threads > 1)}"
         axis.bar(positions, medians, width, yerr=whiskers, capsize=3, label=label)
         for x, value, high in zip(positions, medians, highs):  # the median, written above its whisker
-            axis.text(x, high, f" {value:,.0f}", ha="center", va="bottom", fontsize=14, rotation=90)
+            axis.text(x, high, f" {value:,.0f}", ha="center", va="bottom", fontsize=18, rotation=90)
     ticks = [name.replace("simplejpeg_", "simplejpeg\n").replace("_", " ") for name in names]
     axis.set_xticks(np.arange(len(names)) + width * (len(counts) - 1) / 2, ticks)
     axis.set_ylim(0, 1.3 * axis.get_ylim()[1])

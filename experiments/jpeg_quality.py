@@ -93,7 +93,7 @@ def plot(result: dict) -> None:
     left.bar(names, sizes, color="tab:blue")
     for index, row in enumerate(rows):
         label = f"{sizes[index]:.0f}" + (f"\n{row['psnr_db']:.0f} dB" if row["psnr_db"] else " KB")
-        left.text(index, sizes[index], label, ha="center", va="bottom", fontsize=14)
+        left.text(index, sizes[index], label, ha="center", va="bottom", fontsize=18)
     left.set_ylim(0, 1.15 * max(sizes))
     left.set_ylabel("mean file size (KB)")
     left.set_title("file size (KB), PSNR against the original")

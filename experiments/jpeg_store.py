@@ -329,7 +329,7 @@ def plot(result: dict) -> None:
         whiskers = [[m - s["min"] for m, s in zip(medians, spreads)], [s["max"] - m for m, s in zip(medians, spreads)]]
         axis.barh(positions, medians, 0.4, xerr=whiskers, color=colour, label=f"page cache {cache}", capsize=3)
         for y, value, stats in zip(positions, medians, spreads):
-            axis.text(stats["max"], y, f"  {value:,.0f}", va="center", fontsize=14)  # right of the whisker
+            axis.text(stats["max"], y, f"  {value:,.0f}", va="center", fontsize=18)  # right of the whisker
     axis.set_yticks(np.arange(len(names)), [LABELS[name] for name in names])
     axis.set_xlim(0, 1.25 * axis.get_xlim()[1])
     axis.set_xlabel("images/s (224x224 crops + flip)")

@@ -101,7 +101,7 @@ def plot(result: dict) -> None:
         x = positions + (offset - (len(CONTENDERS) - 1) / 2) * width
         axis.bar(x, medians, width, yerr=whiskers, capsize=3, color=colour, label=labels[contender])
         for x_bar, value, spread in zip(x, medians, spreads):  # upright, above the whisker: bars are narrow
-            axis.text(x_bar, spread["max"], f" {value:,.0f}", ha="center", va="bottom", fontsize=14, rotation=90)
+            axis.text(x_bar, spread["max"], f" {value:,.0f}", ha="center", va="bottom", fontsize=18, rotation=90)
     names = [f"{w}x{h}\nbatch {b}" + (f"\n{d}" if len(devices) > 1 else "") for d, _, h, w, b in groups]
     axis.set_xticks(positions, names)
     axis.set_yscale("log")

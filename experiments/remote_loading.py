@@ -514,7 +514,7 @@ def plot(result: dict) -> None:
     axis.barh(positions, medians, 0.6, xerr=whiskers, color=colours, capsize=3)
     for y, value, row in zip(positions, medians, rows):  # right of the whisker, so that it crosses no text
         text = f" {value:,.0f}  ({row['downloaded_over_dataset']:.2f}x downloaded)"
-        axis.text(row["images_per_second"]["max"], y, text, va="center", fontsize=14)
+        axis.text(row["images_per_second"]["max"], y, text, va="center", fontsize=18)
     axis.set_yticks(positions, [row["label"] for row in rows])
     axis.set_xlim(0, 1.75 * axis.get_xlim()[1])
     axis.set_xlabel("images/s (RandomResizedCrop(224) + flip, batches of 64)")

@@ -382,7 +382,7 @@ def plot(result: dict) -> None:
         axis.set_xscale("log")
         axis.set_xlabel("images")
         axis.grid(True, alpha=0.3)
-        axis.legend(fontsize=14)
+        axis.legend(fontsize=18)
     save_figure(fig, "scale", result, statistics="one run per count, each step in a fresh process")
 
 

@@ -144,7 +144,7 @@ def draw(
             axis.broken_barh([(left, width)], (row + level + 0.05, 0.9), color=colour, edgecolor="white")
             if len(label) * CHARACTER_WIDTH * span < event["dur"]:  # only labels that fit in their box
                 axis.text(
-                    left + width / 2, row + level + 0.5, label, ha="center", va="center", fontsize=14, clip_on=True
+                    left + width / 2, row + level + 0.5, label, ha="center", va="center", fontsize=18, clip_on=True
                 )
             else:
                 colour_and_time = unlabelled.setdefault(label, [colour, 0.0])

@@ -122,7 +122,7 @@ def plot(result: dict) -> None:
     axis.barh(names, rates, xerr=whiskers, capsize=4, color=["tab:gray", "tab:green"][: len(rows)])
     for y, (row, rate) in enumerate(zip(rows, rates)):
         wait = 100 * row["data_wait_share"]["median"]
-        axis.text(rate * 0.02, y - 0.12, f"{rate:,.0f} images/s", va="center", color="white", fontsize=16)
+        axis.text(rate * 0.02, y - 0.12, f"{rate:,.0f} images/s", va="center", color="white", fontsize=18)
         axis.text(rate * 0.02, y + 0.18, f"waiting for data: {wait:.1f} % of the step", va="center", color="white")
     axis.invert_yaxis()
     axis.set_xlabel("training images/s")

@@ -34,6 +34,7 @@ PLOTTED = {
     "memmap_vs_folder": ["memmap_vs_folder"],
     "recipe": ["recipe"],
     "remote_loading": ["remote_loading"],
+    "stock_breakdown": ["stock_breakdown"],
     "train_augment": ["train_augment"],
     "train_order": ["train_order", "train_order_trace"],
     "transfer_order": ["transfer_order"],
@@ -279,3 +280,39 @@ class TestScale:
         assert 1 <= row["orders"]["classes_block_shuffled_storage"] <= 30  # 300 images in 30 classes
         assert row["orders"]["fetched_over_dataset_4x8"] >= 1.0
         assert (tmp_path / "assets" / "scale.png").is_file()
+
+
+class TestStockBreakdown:
+    def test_every_step_of_the_stock_recipe_is_timed_on_real_photos(self, photo_folder):
+        """Each step a stock worker does for a photo takes some time, per image (the photos are 48x64:
+        the crop upsamples, the batch of 64 holds them all), and the decode outweighs the read."""
+        from experiments import stock_breakdown
+
+        paths = sorted(photo_folder.rglob("*.jpg")) * 4  # 80 photos: one full batch of 64
+        rows = stock_breakdown.measure(paths, repeats=2)
+        assert list(rows) == list(stock_breakdown.STEPS)
+        for name, spread in rows.items():
+            assert 0 < spread["min"] <= spread["median"] <= spread["max"], name
+            assert len(spread["runs"]) == 2, name
+        assert rows["decode"]["median"] > rows["read"]["median"]
+
+
+class TestLadder:
+    @pytest.mark.parametrize("name", ["memmap_vs_folder", "memmap_vs_folder_cuda"])
+    def test_the_ladder_is_drawn_from_a_committed_result(self, name, tmp_path, monkeypatch):
+        """Each rung's median at 640x480 per batch size, drawn from the committed result (a long-named
+        machine's too), the figure named after the device."""
+        from experiments import ladder
+
+        monkeypatch.setattr(_common, "ASSETS", tmp_path)
+        result = _committed(name)
+        found = ladder.rates(result)
+        assert sorted(found) == [16, 64, 256] and all(len(values) == len(ladder.RUNGS) for values in found.values())
+        row = next(
+            row
+            for row in result["rows"]
+            if (row["height"], row["batch_size"], row["contender"]) == (480, 16, "gpuload")
+        )
+        assert found[16][2] == row["images_per_second"]["median"]
+        ladder.plot(dict(result, machine=dict(result["machine"], **LONG_MACHINE)))
+        assert (tmp_path / ("ladder_cuda.png" if name.endswith("cuda") else "ladder.png")).is_file()

@@ -19,6 +19,7 @@ import pytest
 
 from experiments.numbers import times
 from slides.generate import (
+    BACKUP,
     DECK,
     GPU_CHECK,
     GPU_OWED,
@@ -27,7 +28,9 @@ from slides.generate import (
     PDF,
     PDF_SOURCES,
     PLOT_DENSITY,
+    QR,
     SNIPPETS,
+    TALK_MINUTES,
     TEMPLATE,
     plot_size,
     render_slides,
@@ -35,6 +38,7 @@ from slides.generate import (
     write_slides,
 )
 from slides.generate import main as generate_main
+from slides.quoted import GPU_TRAINING
 
 ROOT = Path(__file__).resolve().parent.parent
 SLIDES = ROOT / "slides"
@@ -42,16 +46,18 @@ CHROMIUM = Path("/usr/bin/chromium")
 # The screenshots the browser test keeps (slides/export/ is ignored by git).
 SCREENSHOTS = Path(os.environ.get("GPULOAD_SLIDE_SCREENSHOTS", SLIDES / "export" / "test-screenshots"))
 
-# The back row, on Slidev's 980x552 canvas: text of 18 px or more (at least 90 % of it; a slide's
-# small source line aside), nothing under 12 px, code of 16 px; plots drawn at the size they are shown,
-# with text of at least 14 px; code excerpts of at most 8 lines no wider than the slide.
+# The back row, on Slidev's 980x552 canvas: body text of 24 px or more (at least 90 % of it; a slide's
+# small source line and a diagram's labels aside), nothing under 18 px, code of 20 px; plots drawn at the
+# size they are shown, with text of at least 18 px; code excerpts of at most 8 lines as shown (a line longer
+# than the slide wraps), written code no wider than the slide.
 CANVAS_WIDTH = 980
 CONTENT_WIDTH = 900  # the canvas less the slide's padding (slides/style.css)
-TEXT_PX, SMALLEST_PX, CODE_PX, PLOT_PX = 18, 12, 16, 14
+TEXT_PX, SMALLEST_PX, CODE_PX, PLOT_PX = 24, 18, 20, 18
+LABEL_PX = 20  # a diagram's labels (the plan's boxes, the page cache's grid, the ring, the timeline)
 TEXT_SHARE = 0.9  # of the deck's characters (code aside) at TEXT_PX or more
 SLIDE_TEXT_SHARE = 0.75  # the same, on any one slide with some prose (SLIDE_PROSE characters)
 SLIDE_PROSE = 80
-CODE_COLUMNS = 88  # 16 px monospace is 9.6 px a character: 88 of them fit in 900 px less the block's padding
+CODE_COLUMNS = 72  # 20 px monospace is 12 px a character: 72 of them fit in 900 px less the block's padding
 CODE_LINES = 13  # a written example; an excerpt of the source has at most 8
 
 
@@ -122,8 +128,11 @@ def test_one_loader_measurement_feeds_every_slide():
     for name in ("bench_cpu", "bench_jpeg_cpu"):
         for result in _results(name)["results"].values():
             assert f"{result['images_per_second']:,.0f} " not in deck, name
-    for row in _results("memmap_vs_folder")["rows"]:
-        assert f"{row['images_per_second']['median']:,.0f} images/s" not in deck
+    ladder = [slide for slide in _slides(deck) if "# The ladder: " in slide]
+    assert len(ladder) == 1
+    elsewhere = deck.replace(ladder[0], "")
+    for row in _results("memmap_vs_folder")["rows"]:  # the ladder's own measurement, on its slide only
+        assert f"{row['images_per_second']['median']:,.0f} images/s" not in elsewhere
     for contender in ("raw", "raw_crop_host", "jpeg_crop", "stock"):
         assert LABELS[contender] in deck, contender
     for old in ("talk_recipe", "tensorclass + Collate", "gpuload.Collate", "tutorial recipe`"):
@@ -133,6 +142,7 @@ def test_one_loader_measurement_feeds_every_slide():
 def _prose(template: str) -> str:
     """The template's words: headmatter, code, diagrams, placeholders and markup taken out (notes kept)."""
     prose = template.split("---", 2)[2]
+    prose = re.sub(r"^Time: [\d.]+ min\.", "", prose, flags=re.MULTILINE)  # the speaker's plan, not a number measured
     for code_or_markup in (r"```.*?```", r"<svg.*?</svg>", r"\$\{\w+\}", r"`[^`\n]*`", r"<[a-zA-Z/][^>]*>"):
         prose = re.sub(code_or_markup, "", prose, flags=re.DOTALL)
     return prose
@@ -224,12 +234,90 @@ def _slides(deck: str) -> list[str]:
     return [*slides, "\n".join(current)]
 
 
+def _main_slides(slides: list[str]) -> list[str]:
+    """The slides before the backup's divider (its title is ``BACKUP``)."""
+    divider = [index for index, slide in enumerate(slides) if re.search(rf"^# {BACKUP}$", slide, flags=re.MULTILINE)]
+    assert len(divider) == 1, "one backup divider"
+    return slides[: divider[0]]
+
+
 def test_the_talk_fits_its_length_and_every_slide_has_notes():
     slides = _slides(render_slides(ROOT))
-    assert len(slides) <= MAX_SLIDES
+    main = _main_slides(slides)
+    assert len(main) <= MAX_SLIDES
+    minutes = 0.0
     for number, slide in enumerate(slides, 1):
         notes = re.search(r"<!--((?:(?!-->).)*)-->\s*$", slide, flags=re.DOTALL)
         assert notes and len(notes.group(1).split()) >= 20, f"slide {number} has no speaker notes at its end"
+        timing = re.match(r"\s*Time: (?:([\d.]+) min|backup, on a question)\. Point: [^\n]+\n", notes.group(1))
+        assert timing, f"slide {number}'s notes do not open with its time and its point"
+        assert (timing.group(1) is None) == (number > len(main)), f"slide {number}: a time on the main slides only"
+        minutes += float(timing.group(1) or 0)
+    assert minutes == TALK_MINUTES
+
+
+def test_the_backup_notes_hold_a_q_and_a_crib():
+    slides = _slides(render_slides(ROOT))
+    divider = slides[len(_main_slides(slides))]
+    for question in ("headline fair", "two cores", "photos", "Accuracy after re-encoding", "GPU", "DALI", "FFCV"):
+        assert question in divider, question
+
+
+def test_cores_per_gpu_come_from_the_results_and_a_quoted_rate():
+    """Images per core-second (a rate over the machine's cores) against one GPU's published training rate,
+    which says it is quoted and where from."""
+    deck = render_slides(ROOT)
+    assert GPU_TRAINING["quoted_not_measured"] is True
+    assert GPU_TRAINING["url"].startswith("https://") and GPU_TRAINING["url"] in deck
+    (slide,) = [slide for slide in _slides(deck) if "# Cores per GPU" in slide]
+    store = _results("jpeg_store")
+    cores = store["machine"]["cores"]
+    for contender in ("stock", "jpeg_crop_exact", "raw_crop_host", "raw"):
+        per_core = _store_rate(store, contender) / cores
+        assert f"| {per_core:,.0f} | **{GPU_TRAINING['images_per_second'] / per_core:.1f}** |" in slide, contender
+    assert "quoted, not measured" in slide
+
+
+def test_the_headline_says_its_conditions_and_range():
+    deck = render_slides(ROOT)
+    (slide,) = [slide for slide in _slides(deck) if re.search(r"^# [\d.]+x$", slide, flags=re.MULTILINE)]
+    body = slide.split("<!--")[0]
+    store = _results("jpeg_store")
+    cold = _store_rate(store, "raw_crop_host", "cold") / _store_rate(store, "stock", "cold")
+    assert f"Cold cache: **{times(cold)}**" in body
+    assert "page cache warm" in body and "CPU" in body and "the JPEG bytes" in body
+    ours = next(row for row in store["rows"] if (row["contender"], row["cache"]) == ("raw_crop_host", "warm"))
+    stock = next(row for row in store["rows"] if (row["contender"], row["cache"]) == ("stock", "warm"))
+    ratios = [a / b for a, b in zip(ours["images_per_second"]["runs"], stock["images_per_second"]["runs"])]
+    assert f"{times(min(ratios))}-{times(max(ratios))}" in body
+    assert "only the box's rows at a reduced DCT scale" in slide
+
+
+def test_claims_about_others_are_sourced_or_dropped():
+    deck = render_slides(ROOT)
+    assert "no longer maintained" not in deck and "three bugs" not in deck
+    assert f"{_results('jpeg_store')['ffcv_quoted_not_measured']['ffcv']:,}" not in deck  # a figure with no source
+    (peers,) = [slide for slide in _slides(deck) if "# How it compares" in slide]
+    for credited in ("data_prefetcher", "PrefetchLoader", "ToTorchImage", "NormalizeImage", "s3://"):
+        assert credited in peers, credited
+    assert "https://docs.nvidia.com/deeplearning/dali" in peers
+
+
+def test_the_stock_loader_hands_batches_over_through_shared_memory():
+    """The stock loader collates in its workers and passes each batch through shared memory; the talk
+    never says it pickles every sample."""
+    deck = render_slides(ROOT)
+    assert "no pickling" not in deck and "would add pickling" not in deck
+    assert "collates each batch in a worker" in deck
+
+
+def test_the_closing_slide_has_the_install_line_the_repository_and_a_qr_code():
+    slides = _slides(render_slides(ROOT))
+    closing = _main_slides(slides)[-1]
+    assert "`pip install -e .` in a clone" in closing and "not on PyPI" in closing
+    assert (ROOT / QR).is_file() and (ROOT / QR).read_text().startswith("<svg")
+    assert f'src="/{QR.name}"' in closing
+    assert re.search(r"https://github\.com/[\w.-]+/gpuload", closing)
 
 
 def test_every_plot_slide_has_one_takeaway_line():
@@ -249,8 +337,9 @@ def test_never_four_code_slides_in_a_row():
 @pytest.mark.parametrize("name", sorted(SNIPPETS))
 def test_code_excerpts_are_short_and_narrow(name):
     lines = SNIPPETS[name].lines(ROOT)
-    assert len(lines) <= 8, f"{name}: {len(lines)} lines"
-    assert max(map(len, lines)) <= CODE_COLUMNS, f"{name}: {max(lines, key=len)!r}"
+    shown = sum(-(-len(line) // CODE_COLUMNS) for line in lines)  # a line longer than the slide wraps
+    assert shown <= 8, f"{name}: {shown} lines as shown"
+    assert max(map(len, lines)) <= 2 * CODE_COLUMNS, f"{name}: {max(lines, key=len)!r}"
 
 
 def _written_code(language: str) -> list[str]:
@@ -437,7 +526,7 @@ def test_placeholders_must_match(talk_repo):
 def test_the_speaker_and_the_repository_fill_the_title(talk_repo):
     template = talk_repo / TEMPLATE
     template.write_text(template.read_text().replace("speaker: gpuload team", "speaker: Ada Lovelace"))
-    assert "Ada Lovelace · this repository" in render_slides(talk_repo)
+    assert "Ada Lovelace · https://github.com/gpuload/gpuload" in render_slides(talk_repo)  # the template's
     readme = talk_repo / "README.md"
     readme.write_text(readme.read_text() + "\nCode: https://github.com/someone/gpuload\n")
     assert "Ada Lovelace · https://github.com/someone/gpuload" in render_slides(talk_repo)
@@ -448,7 +537,9 @@ def test_the_speaker_and_the_repository_fill_the_title(talk_repo):
 
 def test_the_peers_come_from_the_readme_when_it_compares_them(talk_repo):
     readme = talk_repo / "README.md"
-    table = "| feature | gpuload | DALI | FFCV | SPDL | WebDataset | LitData |\n|---|---|---|---|---|---|---|\n| x | a | b | c | d | e | f |"
+    table = (
+        "| feature | gpuload | DALI | FFCV | timm | WebDataset |\n|---|---|---|---|---|---|\n| x | a | b | c | d | e |"
+    )
     readme.write_text(readme.read_text() + "\n\n" + table + "\n\nAfter.\n")
     deck = render_slides(talk_repo)
     assert table in deck and "From the README's comparison" in deck
@@ -620,6 +711,8 @@ _MEASURE = """(selector) => {
         const style = getComputedStyle(element);
         if (style.visibility === 'hidden' || parseFloat(style.opacity) === 0) continue;
         texts.push({size: parseFloat(style.fontSize), characters, code: !!element.closest('pre'),
+                    small: !!element.closest('.gl-source, .snippet-source, .gl-chapter, .gl-machine'),
+                    label: !!element.closest('.gl-pipeline, .gl-legend, .gl-vm, svg'),
                     sample: node.textContent.trim().slice(0, 40)});
     }
     const chapter = slide.querySelector('.gl-chapter');
@@ -659,7 +752,7 @@ def test_every_slide_renders_in_chromium(served_deck):
     from playwright.sync_api import sync_playwright
 
     slides = _slide_count((ROOT / DECK).read_text())
-    assert slides <= MAX_SLIDES
+    assert len(_main_slides(_slides((ROOT / DECK).read_text()))) <= MAX_SLIDES
     flags = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
              "--disable-sync", "--no-first-run"]  # fmt: skip
     problems: list[str] = []
@@ -715,8 +808,9 @@ def test_every_slide_renders_in_chromium(served_deck):
 
 
 def _sizes(texts: list[dict]) -> dict:
-    """A slide's characters of text (code aside) and of them those at ``TEXT_PX`` or more."""
-    prose = [text for text in texts if not text["code"]]
+    """A slide's characters of body text (code, small print and diagram labels aside) and of them those at
+    ``TEXT_PX`` or more."""
+    prose = [text for text in texts if not (text["code"] or text["small"] or text["label"])]
     return {
         "text_characters": sum(text["characters"] for text in prose),
         "large_characters": sum(text["characters"] for text in prose if text["size"] >= TEXT_PX - 0.01),
@@ -744,7 +838,7 @@ def _slide_problems(number: int, content: dict) -> list[str]:
     if content["chapterOverTitle"]:
         problems.append(f"slide {number}: the chapter label overlaps the title")
     for text in content["texts"]:
-        floor = CODE_PX if text["code"] else SMALLEST_PX
+        floor = CODE_PX if text["code"] else SMALLEST_PX if text["small"] else LABEL_PX if text["label"] else TEXT_PX
         if text["size"] < floor - 0.01:
             problems.append(f"slide {number}: {text['sample']!r} at {text['size']:.1f} px, under {floor}")
     sizes = _sizes(content["texts"])
@@ -762,3 +856,43 @@ def _slide_problems(number: int, content: dict) -> list[str]:
                 f"{plot['natural'] / PLOT_DENSITY:.0f}: its text is under {PLOT_PX} px"
             )
     return problems
+
+
+def test_slides_about_gpu_behaviour_quote_the_lease_or_say_not_measured(talk_repo):
+    """Each main slide about what happens on a GPU quotes the GPU lease on the slide itself, or says, in one
+    line, that it was not measured on a GPU (as it does with no GPU result)."""
+    gpu = _results("gpu_check_cuda")["machine"]["gpu"]
+    titles = ("# A ring of pinned buffers", "# Ship uint8", "# Crop where it is cheapest", "# The ladder")
+    for deck, said in ((render_slides(ROOT), f"{gpu}"), (None, "not measured on a GPU")):
+        if deck is None:  # the same talk before any GPU run
+            for result in (talk_repo / "assets" / "results").glob("*_cuda.json"):
+                result.unlink()
+            deck = render_slides(talk_repo)
+        for title in titles[:3]:
+            (slide,) = [slide for slide in _slides(deck) if title in slide]
+            assert said.lower() in slide.split("<!--")[0].lower(), (title, said)
+
+
+def test_the_qr_code_is_written_from_the_repository_address(talk_repo):
+    """``generate`` writes the QR code of the template's ``repository:`` (segno, offline) before the deck
+    that shows it; a template without a URL writes none and shows none."""
+    pytest.importorskip("segno")
+    from slides.generate import write_qr
+
+    (talk_repo / QR).unlink()
+    assert write_qr(talk_repo) == talk_repo / QR
+    assert (talk_repo / QR).read_text().startswith("<svg") and (talk_repo / QR).read_text() == (ROOT / QR).read_text()
+    template = talk_repo / TEMPLATE
+    template.write_text(re.sub(r"^repository: .*\n", "", template.read_text(), flags=re.MULTILINE))
+    (talk_repo / QR).unlink()
+    assert write_qr(talk_repo) is None and not (talk_repo / QR).exists()
+    deck = render_slides(talk_repo)
+    assert "gl-qr" not in deck and "`pip install -e .` in a clone (not on PyPI)" in deck
+
+
+def test_where_it_does_not_help_names_the_gpu_machine_where_the_stock_loader_won():
+    gpu = _results("jpeg_store_cuda")
+    ours, stock = _store_rate(gpu, "jpeg_crop"), _store_rate(gpu, "stock")
+    (slide,) = [slide for slide in _slides(render_slides(ROOT)) if "# Where it does not help" in slide]
+    if ours < stock:
+        assert f"made {ours:,.0f} crops/s, the stock loader {stock:,.0f}" in slide
