@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = ("README.md", "docs/measured.md", "experiments/README.md")
+DOCUMENTS = ("README.md", *(f"docs/{page.name}" for page in sorted((ROOT / "docs").glob("*.md"))), "experiments/README.md")
 RESULTS = ROOT / "assets" / "results"
 
 SPAN = re.compile(r"<!--n ([\w.:-]+)-->(.*?)<!--/n-->", re.S)
