@@ -19,6 +19,7 @@ from .errors import (
     GpuloadError,
     ObjectChangedError,
     RemoteError,
+    SourceError,
     UsageError,
 )
 
@@ -85,6 +86,7 @@ __all__ = [
     "RemoteFile",
     "RemoteRawData",
     "Retry",
+    "SourceError",
     "UsageError",
     "build_memmap",
     "compress_folder",

@@ -17,6 +17,7 @@ from ..errors import DatasetError, DecodeError, UsageError
 from ..writing.decode import decode_image, read_bytes
 from ..writing.jpeg import frame_size, store_jpeg
 from .dataset import MemmapImageDataset, decode_jpeg_bytes, storage_order
+from .fields import FIELDS_FOLDER
 from .manifest import MANIFEST_NAME, holds_build_files
 from .table import file_digest
 
@@ -43,6 +44,14 @@ _HOLDS = {
     "offsets.memmap": "where each image lies in data.memmap",
     "shapes.memmap": "each image's size",
 }
+
+
+def _holds(name: str) -> str:
+    """What the index file ``name`` holds, for a damaged one's message."""
+    if name in _HOLDS:
+        return _HOLDS[name]
+    field, _, what = name.removeprefix(f"{FIELDS_FOLDER}/").removesuffix(".memmap").partition(".")
+    return f"where each value of the field {field!r} lies" if what else f"each image's value of the field {field!r}"
 
 
 def verify_memmap(
@@ -81,12 +90,17 @@ def verify_memmap(
     except DatasetError as error:
         return [str(error)]
     manifest = dataset.manifest
+    if sources and manifest.source_format in ("webdataset", "parquet"):
+        raise UsageError(
+            f"{path} was built from {manifest.source_format} files, whose images verify does not read again one by "
+            "one; leave out sources (the images' checksums are checked without them)"
+        )
     problems = [
         f"manifest.json: the field {name!r} was changed after the build (its digest differs); rebuild the dataset"
         for name in manifest.edited_fields()
     ]
     problems += [
-        f"{name} differs from what was built (its digest differs): {_HOLDS[name]} is damaged; rebuild the dataset"
+        f"{name} differs from what was built (its digest differs): {_holds(name)} is damaged; rebuild the dataset"
         for name, digest in manifest.table.items()
         if file_digest(dataset.path / name) != digest
     ]
@@ -156,7 +170,7 @@ def _compare_sources(dataset: MemmapImageDataset, count: int, seed: int, skip: s
 def _compare_raw(dataset: MemmapImageDataset, index: int, path: Path) -> str | None:
     """Decode the source again: the stored pixels exactly (a raw build of gpuload 0.1, whose
     resampler differed: within :data:`_TOLERANCE`)."""
-    stored = dataset[index][0].numpy()
+    stored = dataset.image_and_label(index)[0].numpy()
     decoded = decode_image(path, stored.shape[1:], dataset.manifest.resize).numpy()
     if np.array_equal(stored, decoded):
         return None
@@ -182,7 +196,7 @@ def _compare_jpeg(dataset: MemmapImageDataset, index: int, path: Path) -> str | 
     again = store_jpeg(path, max_side=settings["max_side"], quality=settings["quality"], data=data)
     if again.checksum == recorded:
         return None
-    stored = dataset[index][0].numpy().astype(np.int16)
+    stored = dataset.image_and_label(index)[0].numpy().astype(np.int16)
     references = [decode_image(path, stored.shape[1:], "stretch", data=data).numpy()]
     if again.shape == stored.shape[1:]:
         references.append(decode_jpeg_bytes(again.data, lambda: str(path)).transpose(2, 0, 1))
