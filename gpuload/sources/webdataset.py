@@ -202,7 +202,7 @@ def scan_webdataset(
                 )
                 continue
             image = members.pop(extension)
-            values, label = _values(members, where, shard, roles, unknown)
+            values, label = _values(members, f"sample {key!r}", shard, roles, unknown)
             if label_role is not None:
                 label = values.pop(label_role, label)
             elif label is None and "label" in values and roles.get("label") is None:
