@@ -96,6 +96,22 @@ class TestOtherTables:
         assert [spec.name for spec in ds.manifest.field_specs] == ["boxes", "tags", "caption"]
         assert ds[5]["caption"] == rows[5]["caption"] and ds[5]["boxes"].tolist() == rows[5]["boxes"]
 
+    def test_csv_cells_read_as_numbers_bools_and_lists(self, table_copy, tmp_path):
+        rows = photo_rows(table_copy)
+        (table_copy / "metadata.jsonl").unlink()
+        lines = ["file_name,flag,size,ratio"] + [
+            f'{row["file_name"]},{"True" if position % 2 else "false"},{position},"[{position}, 0.5]"'
+            for position, row in enumerate(rows)
+        ]
+        (table_copy / "metadata.csv").write_text("\n".join(lines) + "\n")
+        ds = MemmapImageDataset(build_memmap(table_copy, tmp_path / "out", progress=False))
+        assert [(spec.name, spec.dtype, spec.shape) for spec in ds.manifest.field_specs] == [
+            ("flag", "bool", ()),
+            ("size", "int64", ()),
+            ("ratio", "float32", (2,)),
+        ]
+        assert ds[3]["flag"].item() is True and ds[4]["flag"].item() is False and ds[3]["ratio"].tolist() == [3, 0.5]
+
     def test_metadata_parquet_naming_files(self, table_copy, tmp_path):
         rows = photo_rows(table_copy)
         (table_copy / "metadata.jsonl").unlink()

@@ -13,8 +13,8 @@ stored yet, unless left out (``--column mask=ignore``).
 
 The table is read a row at a time (CSV and JSON Lines with Python's readers, Parquet in record
 batches through pyarrow, ``pip install 'gpuload[parquet]'``): memory holds a few rows whatever its length.
-CSV cells are text: a cell that reads as an integer, a number or a JSON list (``[0.5, 2]``,
-``["cat", "dog"]``) is taken as one, unless its column has the role ``text``.
+CSV cells are text: a cell that reads as an integer, a number, a bool (``True``, ``false``) or a JSON
+list (``[0.5, 2]``, ``["cat", "dog"]``) is taken as one, unless its column has the role ``text``.
 """
 
 from __future__ import annotations
@@ -171,7 +171,15 @@ def _csv_rows(table: Path, text_columns: set[str]) -> Iterator[tuple[str, dict]]
 
 
 def _cell(text: str) -> object:
-    """A CSV cell as what it reads as: an int, a float, a JSON list, or its text."""
+    """A CSV cell as what it reads as: an int, a float, a bool (``true``/``false``, any case, as pandas and
+    Python write them), a JSON list, or its text.
+
+    Example:
+        >>> [_cell(text) for text in ("3", "0.5", "False", "[1, 2]", "cat")]
+        [3, 0.5, False, [1, 2], 'cat']
+    """
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
     try:
         return int(text)
     except ValueError:
