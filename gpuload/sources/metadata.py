@@ -69,7 +69,8 @@ def scan_metadata(table: Path, *, classes: Sequence[str] | None, roles: dict[str
         >>> _ = (folder / "metadata.csv").write_text(f"file_name,label,score\\n{first},kitten,0.5\\n")
         >>> index = scan_metadata(folder / "metadata.csv", classes=None, roles={}, into=folder.parent / ".scan")
         >>> index.classes, list(index.samples), index.fields[0].spec.dtype
-        (['kitten'], [('cat/0000.jpg', 0)], 'float32')
+        (['kitten'], [('background/0000.jpg', 0)], 'float32')
+        >>> index.close()
     """
     roles = _roles(roles, table)
     image_column = next(name for name, role in roles.items() if role == "image")
