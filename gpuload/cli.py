@@ -231,6 +231,10 @@ def _run_build(args) -> int:
         f"{len(dataset.classes)} classes, {len(dataset.skipped)} skipped, {seconds:.1f} s "
         f"({len(dataset) / seconds:.0f} images/s)"
     )
+    if dataset.manifest.fields:
+        from .format.fields import describe_fields
+
+        print(f"fields: {'; '.join(describe_fields(dataset.manifest.field_specs))}")
     for entry in dataset.skipped:
         print(f"skipped: {entry['path']}: {entry['reason']}")
     return 0

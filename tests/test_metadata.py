@@ -121,7 +121,9 @@ class TestOtherTables:
 
     def test_the_command_line_takes_roles(self, capsys, table_copy, tmp_path):
         code = main(["build-memmap", str(table_copy), "--out", str(tmp_path / "out"), "--column", "caption=ignore"])
-        assert code == 0
+        assert code == 0 and "\nfields: score: number float32; boxes: number int64 [4]; tags: multilabel" in (
+            capsys.readouterr().out
+        )
         assert main(["info", str(tmp_path / "out")]) == 0
         assert "fields:  score: number float32; boxes: number int64 [4]; tags: multilabel float32 [3] (3 classes)" in (
             capsys.readouterr().out
