@@ -135,3 +135,11 @@ class TestBadShards:
                 add(tar, f"{position}.json", json.dumps({"score": 1.0} if position != 2 else {}).encode())
         with pytest.raises(SourceError, match=r"sample '2' of .*s.tar has no 'score'; every sample must have the same"):
             build_memmap(shard, tmp_path / "out", progress=False)
+
+
+def test_the_scan_shows_its_progress(photo_folder, tmp_path, capsys):
+    shards = write_shards(tmp_path / "shards", photos(photo_folder)[:6], shards=1)
+    build_memmap(shards, tmp_path / "out")
+    assert "scan shards: 6sample" in capsys.readouterr().err
+    build_memmap(shards, tmp_path / "quiet", progress=False)
+    assert capsys.readouterr().err == ""

@@ -112,9 +112,10 @@ def find_source(src: str | os.PathLike, columns: dict[str, str]) -> Source:
 
 
 def scan_source(
-    source: Source, *, classes: Sequence[str] | None, columns: dict[str, str], into: Path
+    source: Source, *, classes: Sequence[str] | None, columns: dict[str, str], into: Path, progress: bool = False
 ) -> ImageFolderIndex | ScannedIndex:
-    """Scan ``source`` into the new folder ``into`` (the build's own): the samples' index.
+    """Scan ``source`` into the new folder ``into`` (the build's own): the samples' index (``progress``: a
+    progress bar of the samples of a table, tar shards or Parquet files).
 
     Raises:
         UsageError: ``columns`` for an ImageFolder, whose images have no columns.
@@ -128,14 +129,18 @@ def scan_source(
             )
         return scan_image_folder(source.path, classes=classes, into=into)
     if source.format == "table":
-        return scan_metadata(source.table, classes=classes, roles=columns, into=into)
+        return scan_metadata(source.table, classes=classes, roles=columns, into=into, progress=progress)
     if source.format == "webdataset":
         from .webdataset import scan_webdataset
 
-        return scan_webdataset(source.path, classes=classes, roles=columns, into=into, shards=list(source.files))
+        return scan_webdataset(
+            source.path, classes=classes, roles=columns, into=into, shards=list(source.files), progress=progress
+        )
     from .parquet import scan_parquet
 
-    return scan_parquet(source.path, classes=classes, roles=columns, into=into, files=list(source.files))
+    return scan_parquet(
+        source.path, classes=classes, roles=columns, into=into, files=list(source.files), progress=progress
+    )
 
 
 def _resolve(path: str | os.PathLike) -> Path:

@@ -55,7 +55,9 @@ def find_metadata(folder: Path) -> Path | None:
     return found[0] if found else None
 
 
-def scan_metadata(table: Path, *, classes: Sequence[str] | None, roles: dict[str, str], into: Path) -> ScannedIndex:
+def scan_metadata(
+    table: Path, *, classes: Sequence[str] | None, roles: dict[str, str], into: Path, progress: bool = False
+) -> ScannedIndex:
     """Scan the images that ``table`` names into the new folder ``into`` (see the module).
 
     Raises:
@@ -83,6 +85,7 @@ def scan_metadata(table: Path, *, classes: Sequence[str] | None, roles: dict[str
         classes=classes,
         roles=roles,
         default_class=table.parent.name or "images",
+        progress=progress,
     )
     by_folder: bool | None = None
     text_columns = {name for name, role in roles.items() if role in ("text", "mask", "image")}

@@ -80,7 +80,13 @@ def image_column(path: Path, roles: dict[str, str]) -> str | None:
 
 
 def scan_parquet(
-    src: Path, *, classes: Sequence[str] | None, roles: dict[str, str], into: Path, files: list[Path] | None = None
+    src: Path,
+    *,
+    classes: Sequence[str] | None,
+    roles: dict[str, str],
+    into: Path,
+    files: list[Path] | None = None,
+    progress: bool = False,
 ) -> ScannedIndex:
     """Scan the images of the Parquet file or folder ``src`` into the new folder ``into`` (see the module).
 
@@ -107,6 +113,7 @@ def scan_parquet(
         classes=given,
         roles=roles,
         default_class=src.stem if src.is_file() else src.name,
+        progress=progress,
     )
     for path in files:
         parquet = open_parquet(path)

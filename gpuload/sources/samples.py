@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import xxhash
+from tqdm.auto import tqdm
 
 from ..errors import SourceError, UsageError
 from ..format.fields import NAME, NUMBER_DTYPES, RESERVED, FieldSpec, field_path
@@ -327,6 +329,7 @@ class SampleScan:
         classes: the class names, in label order, when given (a label's name must be one of them).
         roles: each column's role where given (see :data:`ROLES`).
         default_class: the one class of a source whose samples have no label.
+        progress: show a progress bar of the samples scanned.
     """
 
     def __init__(
@@ -339,6 +342,7 @@ class SampleScan:
         classes: Sequence[str] | None,
         roles: dict[str, str],
         default_class: str,
+        progress: bool = False,
     ) -> None:
         self.folder, self.root, self.source, self.source_format = Path(into), root, source, source_format
         self.folder.mkdir()
@@ -354,6 +358,7 @@ class SampleScan:
         self.names: dict[str | int, int] = {}  # a label's name (or index) -> its number as staged
         self.first_where = ""
         self.skipped: list[dict] = []
+        self.bar = tqdm(unit="sample", desc=f"scan {source.name}", disable=not progress, file=sys.stderr)
 
     def skip(self, name: str, reason: str) -> None:
         """List a sample the source cannot give (no image in a tar's sample) as the build lists a file it
@@ -378,6 +383,7 @@ class SampleScan:
             self.image_refs.append(self.blobs.append(sample.image))
         self.hashes.append(xxhash.xxh3_64_intdigest(sample.name.encode()))
         self.table.append(sample.name, label, 0)
+        self.bar.update()
 
     def _label(self, sample: Sample) -> int:
         label = sample.label
@@ -482,6 +488,7 @@ class SampleScan:
             SourceError: no sample, or two samples of one name (``describe(position)`` names each).
         """
         count = self.table.count
+        self.bar.close()
         self.table.close()
         self.hashes.close()
         if self.image_refs is not None:

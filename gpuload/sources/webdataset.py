@@ -168,6 +168,7 @@ def scan_webdataset(
     roles: dict[str, str],
     into: Path,
     shards: list[Path] | None = None,
+    progress: bool = False,
 ) -> ScannedIndex:
     """Scan the samples of the shards ``src`` names into the new folder ``into`` (see the module).
 
@@ -187,6 +188,7 @@ def scan_webdataset(
         classes=classes,
         roles=roles,
         default_class=_default_class(str(src), shards),
+        progress=progress,
     )
     unknown: Counter[str] = Counter()
     for shard in shards:

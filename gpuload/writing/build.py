@@ -289,7 +289,7 @@ def _build(
 ) -> None:
     """Write the dataset into ``tmp``: scan the source into a table there, write the images (``out`` names
     them in messages), then the index, the table, the fields and the manifest."""
-    index = scan_source(source, classes=classes, columns=columns, into=tmp / SCAN)
+    index = scan_source(source, classes=classes, columns=columns, into=tmp / SCAN, progress=progress)
     try:
         _build_from(tmp, index, out, pool, format, size, resize, max_side, quality, order, seed, workers, strict,
                     sync, progress)  # fmt: skip
