@@ -102,6 +102,17 @@ class TestServing:
                 seen.append(position)
         assert sorted(seen) == list(range(len(ds)))
 
+    @pytest.mark.cuda
+    def test_numbers_go_through_the_pinned_ring_to_the_gpu(self, fields_dataset):
+        ds = MemmapImageDataset(fields_dataset)
+        on_host = list(DataLoader(ds, batch_size=6, shuffle=True, seed=2, device="cpu"))
+        on_gpu = list(DataLoader(ds, batch_size=6, shuffle=True, seed=2, device="cuda"))
+        for here, there in zip(on_host, on_gpu, strict=True):
+            assert there["score"].is_cuda and there["tags"].is_cuda and isinstance(there["caption"], list)
+            for name in ("image", "label", "score", "boxes", "tags"):
+                assert torch.equal(here[name], there[name].cpu()), name
+            assert here["caption"] == there["caption"]
+
     def test_exact_resume_with_fields(self, fields_dataset):
         ds = MemmapImageDataset(fields_dataset)
         loader = DataLoader(ds, batch_size=3, shuffle=True, seed=4, device="cpu")
