@@ -423,7 +423,12 @@ def _sources(result: dict, into: dict[str, str]) -> None:
     for name, stats in epochs.items():
         into[f"sources.epoch.{name}"] = count(stats["median"])
         into[f"sources.epoch.{name}.of_folder"] = percent(stats["median"] / epochs["folder"]["median"])
-    worst = min(stats["median"] for name, stats in epochs.items() if name != "folder") / epochs["folder"]["median"]
+    paired = result["epoch_of_folder_paired"]
+    for name, stats in paired.items():
+        into[f"sources.epoch.{name}.paired"] = (
+            f"{percent(stats['median'])} ({percent(stats['min'])}-{percent(stats['max'])})"
+        )
+    worst = min(stats["median"] for stats in paired.values())
     into["sources.epoch.worst_of_folder"] = percent(worst)
     into["sources.epoch.bar"] = verdict(worst, 0.9)
     into["sources.images"] = count(result["images"])
@@ -434,13 +439,16 @@ def _sources(result: dict, into: dict[str, str]) -> None:
 def _sources_table(results: dict[str, dict]) -> str:
     result = results["sources"]
     builds, epochs = result["build_images_per_second"], result["epoch_images_per_second"]
+    paired = result["epoch_of_folder_paired"]
     rows = [
         [
             label,
             f"{count(builds['jpeg'][name]['median'])} ({spread(builds['jpeg'][name])})",
             f"{count(builds['raw'][name]['median'])} ({spread(builds['raw'][name])})",
             f"{count(epochs[name]['median'])} ({spread(epochs[name])})",
-            percent(epochs[name]["median"] / epochs["folder"]["median"]),
+            f"{percent(paired[name]['median'])} ({percent(paired[name]['min'])}-{percent(paired[name]['max'])})"
+            if name in paired
+            else "100 %",
         ]
         for name, label in _SOURCE_LABELS.items()
     ]
@@ -449,7 +457,7 @@ def _sources_table(results: dict[str, dict]) -> str:
         "build, jpeg store, images/s",
         "build, raw store, images/s",
         "loader epoch, images/s",
-        "of images only",
+        "epoch rate over images only's, round by round",
     ]
     return _markdown(header, rows, "lrrrr")
 

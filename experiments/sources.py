@@ -11,7 +11,7 @@ all alike; a rate is images per second of a whole ``build_memmap`` (scan, write,
 
 Then ``gpuload.DataLoader`` on the CPU: whole shuffled epochs (``passes`` a measurement) of each raw
 store with the three fields against the ImageFolder's raw store (images and labels only), in turn,
-``epochs`` times; the bar is the
+``epochs`` rounds, each source's rate taken over the folder's of the same round; the bar is the
 issue's, at least 90 % of the images-only rate. Writes ``assets/results/sources.json`` (the machine named).
 """
 
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--images", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=9, help="timed measurements of each loader")
-    parser.add_argument("--passes", type=int, default=10, help="epochs a measurement")
+    parser.add_argument("--passes", type=int, default=30, help="epochs a measurement")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "gpuload-experiments")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
@@ -174,6 +174,13 @@ def main(argv: list[str] | None = None) -> None:
                 for fmt, by_source in builds.items()
             },
             "epoch_images_per_second": {name: median_spread(runs) for name, runs in epochs.items()},
+            # each round's rate over the folder's of the same round (taken back to back): the load of the
+            # shared machine falls on both alike
+            "epoch_of_folder_paired": {
+                name: median_spread([ours / theirs for ours, theirs in zip(runs, epochs["folder"], strict=True)])
+                for name, runs in epochs.items()
+                if name != "folder"
+            },
         },
     )
     for fmt, by_source in builds.items():
