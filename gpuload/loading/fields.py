@@ -7,7 +7,7 @@ import torch
 
 from ..format.columns import FieldColumn
 
-__all__ = ["FieldGather"]
+__all__ = ["FieldGather", "tensors", "to_device"]
 
 
 class FieldGather:
@@ -50,3 +50,27 @@ class FieldGather:
                 column.gather_into(indices, out[name])
                 batch[name] = out[name]
         return batch
+
+
+def to_device(batch: dict[str, torch.Tensor | list[str]], device: torch.device) -> dict[str, torch.Tensor | list[str]]:
+    """A batch's fields with every tensor copied to ``device`` (``non_blocking``: from pinned buffers, on the
+    current stream); text stays on the host.
+
+    Example:
+        >>> to_device({"score": torch.ones(2), "caption": ["a", "b"]}, torch.device("cpu"))
+        {'score': tensor([1., 1.]), 'caption': ['a', 'b']}
+    """
+    return {
+        name: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+        for name, value in batch.items()
+    }
+
+
+def tensors(batch: dict[str, torch.Tensor | list[str]]) -> list[torch.Tensor]:
+    """A batch's fields that are tensors (not text).
+
+    Example:
+        >>> tensors({"score": torch.ones(2), "caption": ["a", "b"]})
+        [tensor([1., 1.])]
+    """
+    return [value for value in batch.values() if isinstance(value, torch.Tensor)]

@@ -27,7 +27,7 @@ import torch
 from ..format.dataset import MemmapImageDataset
 from ..machine import default_workers, limit_torch_threads
 from .crop import CenterCropDecode, RandomResizedCropDecode, decode_batch
-from .fields import FieldGather
+from .fields import FieldGather, tensors, to_device
 from .prefetch import BlockPrefetcher
 
 if TYPE_CHECKING:
@@ -188,10 +188,7 @@ class _PinnedSlot:
             made = gather(indices, host_images)  # a batch decoded on the device is queued on this stream
             images = host_images.to(self.device, non_blocking=True) if made is None else made
             labels = host_labels.to(self.device, non_blocking=True)
-            extra = {  # text stays on the host
-                name: value.to(self.device, non_blocking=True) if isinstance(value, torch.Tensor) else value
-                for name, value in host_extra.items()
-            }
+            extra = to_device(host_extra, self.device)  # text stays on the host
             self.event = torch.cuda.Event(blocking=True)  # the host waits on it: block, do not spin
             self.event.record(stream)  # the copy out of the pinned buffer, for its next fill
             if transform is not None:
@@ -531,7 +528,7 @@ class EpochIterator:
         else:
             stream = torch.cuda.current_stream(images.device)
             _stream_waits(stream, event)
-            _record_on(stream, images, labels, *(value for value in extra.values() if isinstance(value, torch.Tensor)))
+            _record_on(stream, images, labels, *tensors(extra))
             self._pipeline.release(slot)  # refilled only after its event: the copy is done
         if _on_consumer_side(self._pipeline.transform):  # after the wait: queued on the consumer's stream
             images = self._pipeline.transform(images, number=self.served)
