@@ -19,6 +19,7 @@ from .errors import (
     GpuloadError,
     ObjectChangedError,
     RemoteError,
+    SourceError,
     UsageError,
 )
 
@@ -96,6 +97,7 @@ __all__ = [
     "RemoteFile",
     "RemoteRawData",
     "Retry",
+    "SourceError",
     "TrivialAugmentWide",
     "UsageError",
     "build_memmap",

@@ -148,6 +148,14 @@ def _refuse_urls(args: argparse.Namespace) -> None:
             )
 
 
+def _column(text: str) -> tuple[str, str]:
+    """A ``NAME=ROLE`` argument (``build-memmap --column``)."""
+    name, equals, role = text.partition("=")
+    if not equals or not name or not role:
+        raise argparse.ArgumentTypeError(f"a column is given as NAME=ROLE (e.g. tags=multilabel), got {text!r}")
+    return name, role
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     parser = argparse.ArgumentParser(prog="gpuload", description="Get image datasets onto the GPU fast.")
@@ -269,8 +277,17 @@ def _run_compress(args) -> int:
 
 
 def _add_build(subparsers) -> None:
-    parser = subparsers.add_parser("build-memmap", help="decode an ImageFolder into a memory-mapped dataset")
-    parser.add_argument("src", type=_path, help="ImageFolder: one subfolder per class")
+    parser = subparsers.add_parser(
+        "build-memmap",
+        help="decode an ImageFolder (or a metadata table, tar shards, Parquet) into a memory-mapped dataset",
+    )
+    parser.add_argument(
+        "src",
+        type=_path,
+        help="an ImageFolder (one subfolder per class); a folder with metadata.csv/.jsonl/.parquet or such a table; "
+        "WebDataset tar shards (a .tar, a folder of them, or a pattern train-{000000..000099}.tar); Parquet files "
+        "with an image column",
+    )
     parser.add_argument("--out", type=_path, default=None, help="dataset folder (default: <SRC>.memmap)")
     parser.add_argument(
         "--size", type=parse_size, default=None, metavar="WIDTHxHEIGHT",
@@ -296,6 +313,11 @@ def _add_build(subparsers) -> None:
     parser.add_argument(
         "--classes-from", type=_path, default=None, metavar="DATASET",
         help="use the class list (and labels) of this dataset, e.g. the training set's for a validation set",
+    )  # fmt: skip
+    parser.add_argument(
+        "--column", action="append", type=_column, default=[], metavar="NAME=ROLE",
+        help="the role of a source's column (repeatable): image, label, multilabel, number, text or ignore, "
+        "e.g. --column path=image --column tags=multilabel",
     )  # fmt: skip
     parser.add_argument("--workers", type=int, default=None, help="decoding threads (default: cores)")
     parser.add_argument(
@@ -340,7 +362,7 @@ def _run_build(args) -> int:
     with _pixel_limit(args):
         out = build_memmap(
             args.src, args.out, format=args.format, size=size, resize=args.resize, max_side=args.max_side,
-            quality=args.quality, classes=classes, order=args.order, seed=args.seed, workers=args.workers,
+            quality=args.quality, classes=classes, columns=dict(args.column) or None, order=args.order, seed=args.seed, workers=args.workers,
             strict=args.strict, overwrite=args.overwrite, sync=args.sync, progress=_progress(args),
         )  # fmt: skip
     seconds = time.perf_counter() - started
@@ -354,6 +376,10 @@ def _run_build(args) -> int:
         f"built {out}: {what} ({byte_size(nbytes)}) in {count(len(dataset.classes), 'class', 'classes')}, "
         f"{len(dataset.skipped)} skipped, {seconds:.1f} s ({len(dataset) / seconds:.0f} images/s)"
     )
+    if dataset.manifest.fields:
+        from .format.fields import describe_fields
+
+        print(f"fields: {'; '.join(describe_fields(dataset.manifest.field_specs))}")
     for entry in dataset.skipped:
         print(f"skipped: {entry['path']}: {entry['reason']}")
     return 0
@@ -395,6 +421,10 @@ def _run_info(args) -> int:
         print(f"  re-encoded at quality {jpeg['quality']} (max side {jpeg['max_side'] or '-'}): {reencoded}")
     if info["empty_classes"]:
         print(f"  classes without images: {', '.join(info['empty_classes'])}")
+    if info.get("fields"):
+        from .format.fields import FieldSpec, describe_fields
+
+        print(f"  fields:  {'; '.join(describe_fields([FieldSpec.from_json(entry) for entry in info['fields']]))}")
     print(f"  built:   {info['created']} with gpuload {info['versions'].get('gpuload', '?')}")
     print(f"  classes: {len(info['classes'])}")
     width = max(len(name) for name in info["classes"])

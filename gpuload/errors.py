@@ -18,6 +18,7 @@ __all__ = [
     "GpuloadError",
     "ObjectChangedError",
     "RemoteError",
+    "SourceError",
     "UsageError",
 ]
 
@@ -76,3 +77,10 @@ class DecodeError(FileError):
 class CompressError(FileError):
     """A source that ``compress`` could not re-encode: damaged, refused by ffmpeg, or whose output
     would replace a file that ``compress`` did not write."""
+
+
+class SourceError(FileError):
+    """A source of samples whose content cannot be taken as it is: a metadata table with a row naming a
+    file twice, a column of mixed types, a list of the wrong length, an empty label, an unknown class
+    name; a truncated tar shard or Parquet file. ``path`` is the table, shard or file; ``reason`` names
+    the row or sample and what to do."""

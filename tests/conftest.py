@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -119,6 +120,45 @@ def built_dataset(photo_folder, tmp_path_factory) -> Path:
 def jpeg_dataset(photo_folder, tmp_path_factory) -> Path:
     """``photo_folder`` built into a jpeg dataset (its JPEGs stored as they are). Do not modify it."""
     return build_memmap(photo_folder, tmp_path_factory.mktemp("built") / "photos.jpeg", format="jpeg", progress=False)
+
+
+TAGS = ("indoor", "portrait", "uniform")  # the multi-label classes of ``table_folder``
+
+
+def photo_rows(folder: Path) -> list[dict]:
+    """A metadata row per photo of ``folder`` (sorted): its ``file_name``, its class folder as ``label``,
+    a float ``score``, an integer vector ``boxes`` of 4, a multi-label ``tags`` and a text ``caption``."""
+    files = sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*.jpg"))
+    return [
+        {
+            "file_name": name,
+            "label": name.split("/")[0],
+            "score": position / 4,
+            "boxes": [position, position + 1, position + 2, 2 * position],
+            "tags": [TAGS[position % 3], *TAGS[:1]] if position % 2 else [TAGS[position % 3]],
+            "caption": f"photo {position}: {name} é",
+        }
+        for position, name in enumerate(files)
+    ]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def table_folder(photo_folder, tmp_path_factory) -> Path:
+    """``photo_folder`` with a ``metadata.jsonl`` of :func:`photo_rows`. Do not modify it."""
+    folder = Path(shutil.copytree(photo_folder, tmp_path_factory.mktemp("table") / "photos"))
+    write_jsonl(folder / "metadata.jsonl", photo_rows(folder))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def fields_dataset(table_folder, tmp_path_factory) -> Path:
+    """``table_folder`` built into a raw dataset with its fields. Do not modify it."""
+    return build_memmap(table_folder, tmp_path_factory.mktemp("built") / "fields.memmap", progress=False)
 
 
 @pytest.fixture

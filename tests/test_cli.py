@@ -77,7 +77,8 @@ class TestBuildMemmap:
         assert code == 2 and out == ""
         assert (
             err
-            == f"gpuload: error: {tmp_path / 'nope'} does not exist; pass a folder of images (one subfolder per class)\n"
+            == f"gpuload: error: {tmp_path / 'nope'} does not exist; pass an image folder, a metadata table, tar shards "
+            "or Parquet files\n"
         )
 
     def test_existing_out(self, capsys, photo_folder, tmp_path):

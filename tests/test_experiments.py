@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from experiments import _common
+from gpuload import MemmapImageDataset
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -316,3 +317,25 @@ class TestLadder:
         assert found[16][2] == row["images_per_second"]["median"]
         ladder.plot(dict(result, machine=dict(result["machine"], **LONG_MACHINE)))
         assert (tmp_path / ("ladder_cuda.png" if name.endswith("cuda") else "ladder.png")).is_file()
+
+
+class TestSources:
+    def test_every_source_is_built_and_loaded(self, tmp_path, monkeypatch):
+        """experiments.sources at a count CI affords: the four sources of the same photos, each built into
+        both stores and loaded, the fields' datasets holding the three numeric fields."""
+        from experiments import sources
+
+        monkeypatch.setattr(_common, "RESULTS", tmp_path / "assets" / "results")
+        sources.main(["--quick", "--workdir", str(tmp_path / "work")])
+        result = json.loads((tmp_path / "assets" / "results" / "sources.json").read_text())
+        assert sorted(result["epoch_images_per_second"]) == sorted(sources.SOURCES)
+        for fmt in sources.FORMATS:
+            assert all(stats["median"] > 0 for stats in result["build_images_per_second"][fmt].values())
+        built = tmp_path / "work" / "sources-40" / "built"
+        for name in ("table", "tar", "parquet"):
+            specs = MemmapImageDataset(built / f"{name}.raw").manifest.field_specs
+            assert [(spec.name, spec.dtype, spec.shape) for spec in specs] == [
+                ("score", "float32", ()),
+                ("box", "int64", (4,)),
+                ("flag", "bool", ()),
+            ], name

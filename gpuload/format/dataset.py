@@ -22,6 +22,8 @@ from tensordict import tensorclass
 from ..errors import DatasetError, UsageError
 from ..remote.store import is_url
 from ..text import image_size
+from .columns import FieldColumn
+from .fields import NUMBER_DTYPES, FieldSpec, field_path
 from .manifest import Manifest
 from .table import SampleTable
 
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from ..remote.cache import BlockCache
 
 __all__ = [
+    "FieldSamples",
     "GatheredSamples",
     "ImageData",
     "JpegData",
@@ -109,6 +112,24 @@ class GatheredSamples(Sequence):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         return self.data.images[index], int(self.data.labels[index])
+
+
+class FieldSamples(Sequence):
+    """The samples of a batch of a dataset with fields, gathered: each a dict of the image, the label and
+    every field by name (what ``ds[i]`` gives), and ``batch``, the same keys batched (images stacked where
+    they share a size, text a list of ``str``), which :class:`gpuload.Collate` takes as it is.
+    It is what :meth:`MemmapImageDataset.__getitems__` gives ``torch.utils.data.DataLoader``, whose default
+    collate makes the same dict of the samples.
+    """
+
+    def __init__(self, batch: dict[str, object], count: int) -> None:
+        self.batch, self.count = batch, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> dict[str, object]:
+        return {name: value[index] for name, value in self.batch.items()}
 
 
 class JpegSamples(list):
@@ -216,6 +237,12 @@ class MemmapImageDataset(torch.utils.data.Dataset):
       checksum checked, and ``ds[i]`` decodes them exactly (libjpeg-turbo's accurate DCT) at the
       image's own size. :class:`gpuload.DataLoader` crops them at decode time.
 
+    **Fields.** A dataset built with named fields (numbers, text, multi-label: see
+    :mod:`gpuload.format.fields`) gives ``ds[i]`` as a dict: ``{"image": ..., "label": ..., <field>:
+    <value>...}`` (a number a tensor, 0-d for a scalar; a multi-label field a float32 multi-hot vector;
+    text a ``str``); ``fields`` holds each field's column (:class:`gpuload.format.columns.FieldColumn`) by
+    name. A dataset without fields (an ImageFolder's) keeps the ``(image, label)`` pairs.
+
     **At a URL** (``s3://``, ``gs://``, ``az://``, ``https://``, ``file://``: a dataset that
     :func:`gpuload.push_memmap` wrote): the manifest, the objects' versions (ETags) and the index
     (each image's label, checksum and path; jpeg: its place and size) are read whole at open, checked
@@ -289,6 +316,9 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         self.table = _open_table(self.path, self.manifest)
         self._checksums = self.table.checksums
         index: list[mmap.mmap] = []  # the mappings of the per-image index, which the checks below read whole
+        self.fields: dict[str, FieldColumn] = {
+            spec.name: _open_field(self.path, spec, len(self.manifest), index) for spec in self.manifest.field_specs
+        }
         if self.storage == "raw":
             self.image_shape: tuple[int, int, int] | None = tuple(self.manifest.image_shape)
             self.data: ImageData | JpegData = _open_raw(self.path, self.manifest, index)
@@ -344,6 +374,7 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         self.storage = self.manifest.storage
         self.classes = list(self.manifest.classes)
         self.table = index.table
+        self.fields = index.fields
         labels = torch.from_numpy(index.labels)  # mapped from the cache, or read into memory: writable either way
         self._starts, self._lengths = index.starts, index.lengths
         self._checksums = index.checksums()
@@ -521,7 +552,7 @@ class MemmapImageDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return self.data.batch_size[0]
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | dict[str, object]:
         try:
             index = operator.index(index)  # an int, a numpy or 0-d torch integer; not 1.5
         except TypeError:
@@ -532,6 +563,13 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         if not -len(self) <= index < len(self):
             raise IndexError(f"index {index} is out of range for a dataset of {len(self)} images")
         index = index % len(self)
+        image, label = self.image_and_label(index)
+        if not self.fields:
+            return image, label
+        return {"image": image, "label": label, **{name: field.sample(index) for name, field in self.fields.items()}}
+
+    def image_and_label(self, index: int) -> tuple[torch.Tensor, int]:
+        """Image ``index`` (in range, not negative) and its label, whatever fields the dataset has."""
         if self.storage == "raw" and self.remote:
             return self.raw_pixels(self.read_images([index])[0]), int(self.data.labels[index])
         if self.storage == "raw":
@@ -539,9 +577,19 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         pixels = decode_jpeg_bytes(self.read_jpeg(index), partial(self.describe, index))
         return torch.from_numpy(pixels).permute(2, 0, 1).contiguous(), int(self.data.labels[index])
 
-    def __getitems__(self, indices: Sequence[int]) -> Sequence[tuple[torch.Tensor, int]]:
+    def __getitems__(self, indices: Sequence[int]) -> Sequence[tuple[torch.Tensor, int]] | FieldSamples:
         """Gather a batch (raw: with one copy per field; jpeg: each image decoded at its own size);
-        used by ``torch.utils.data.DataLoader``."""
+        used by ``torch.utils.data.DataLoader``. A dataset with fields gives :class:`FieldSamples`."""
+        if self.fields:
+            pairs = self._pairs(indices)
+            at = torch.as_tensor([operator.index(index) for index in indices], dtype=torch.long)
+            images = pairs.data.images if isinstance(pairs, GatheredSamples) else [image for image, _ in pairs]
+            labels = pairs.data.labels if isinstance(pairs, GatheredSamples) else [label for _, label in pairs]
+            batch = {"image": images, "label": labels, **{name: field.batch(at) for name, field in self.fields.items()}}
+            return FieldSamples(batch, len(indices))
+        return self._pairs(indices)
+
+    def _pairs(self, indices: Sequence[int]) -> Sequence[tuple[torch.Tensor, int]]:
         if self.storage == "jpeg":  # the batch's bytes in one read (at a URL: its requests in parallel)
             blobs, samples = self.read_images([operator.index(index) for index in indices]), []
             for index, data in zip(indices, blobs):
@@ -716,6 +764,21 @@ def _open_table(path: Path, manifest: Manifest) -> SampleTable:
     table = SampleTable.open(path, len(manifest))
     table.check(str(path), len(manifest.classes))
     return table
+
+
+def _open_field(path: Path, spec: FieldSpec, count: int, index: list[mmap.mmap]) -> FieldColumn:
+    """A field's files mapped (the mappings appended to ``index``), checked for their sizes and ends."""
+    if spec.kind == "number":
+        data = _map(path, field_path(spec.name), torch.uint8, (count * spec.row_bytes(),), index).numpy()
+        column = FieldColumn(spec, {"data": data.view(NUMBER_DTYPES[spec.dtype])}, count)
+    else:
+        ragged = np.dtype(np.int32 if spec.kind == "multilabel" else np.uint8)
+        offsets = _map(path, field_path(spec.name, "offsets"), torch.int64, (count + 1,), index).numpy()
+        size = (path / field_path(spec.name)).stat().st_size
+        data = _map(path, field_path(spec.name), torch.uint8, (size,), index).numpy() if size else np.zeros(0, np.uint8)
+        column = FieldColumn(spec, {"data": data.view(ragged), "offsets": offsets}, count)
+    column.check(str(path))
+    return column
 
 
 def _open_raw(path: Path, manifest: Manifest, index: list[mmap.mmap]) -> ImageData:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import xxhash
 
 from ..errors import DatasetError
+from .fields import FIELDS_FOLDER, FieldSpec
 
 if TYPE_CHECKING:
     import numpy as np
@@ -33,11 +34,15 @@ __all__ = [
     "LAYOUTS",
     "MANIFEST_NAME",
     "RESIZE_MODES",
+    "SOURCE_FORMATS",
     "TENSORDICT",
     "DatasetError",
     "Manifest",
     "dataset_around",
+    "field_files",
     "holds_build_files",
+    "index_files",
+    "is_build_path",
 ]
 
 FORMAT = "gpuload.memmap"
@@ -48,6 +53,9 @@ RESIZE_MODES: tuple[str, ...] = ("crop", "pad", "stretch")
 # [N, H, W, 3] (what decoders produce and convolutions on tensor cores read); versions 1 and 2 wrote
 # channel-first [N, 3, H, W]. Either way the dataset shows images as [N, 3, H, W].
 LAYOUTS = ("channels_last", "channels_first")
+# What a dataset was built from (format version 4): an ImageFolder, an image folder or list of images
+# with a metadata table, WebDataset tar shards, or Parquet files holding the images' bytes.
+SOURCE_FORMATS = ("image_folder", "table", "webdataset", "parquet")
 # The fields that give the arrays their meaning: their digests are checked by ``verify``. Version 4
 # keeps each image's path, label and checksum in flat files (gpuload.format.table), whose digests are
 # the field ``table``; versions 1 to 3 kept them in ``samples`` and ``checksums`` (version 2 had no
@@ -85,9 +93,49 @@ BUILD_FILES = (
 # (what a build of format version 4 keeps while writing, removed at its end: ``.records`` of each image,
 # ``.order`` of a shuffled order, and its scan's table in ``.scan``).
 BUILD_PATHS = frozenset(
-    {*BUILD_FILES, *_V1_FILES, ".records", ".order", ".scan"}
+    {*BUILD_FILES, *_V1_FILES, ".records", ".order", ".scan", FIELDS_FOLDER, f"{FIELDS_FOLDER}/meta.json"}
     | {f".scan/{name}" for name in ("labels.memmap", "checksums.memmap", "paths.memmap", "path_offsets.memmap")}
 )
+# And the files of a field, in the dataset (fields/<name>[.offsets|.checksums].memmap) and as the scan
+# stages them (.scan/<name>.<what>: gpuload.sources.samples).
+_FIELD_PATH = re.compile(
+    rf"{FIELDS_FOLDER}/[A-Za-z_][A-Za-z0-9_]*(\.offsets)?\.memmap"
+    r"|\.scan/(blobs|image_refs|names|[A-Za-z_][A-Za-z0-9_]*\.(number|text|offsets|indices))"
+)
+
+
+def is_build_path(relative: str) -> bool:
+    """Whether a build of format version 4 writes ``relative`` (a POSIX path inside its folder): what a
+    stale temporary folder of a build may hold.
+
+    Example:
+        >>> is_build_path("fields/caption.offsets.memmap"), is_build_path("notes.txt")
+        (True, False)
+    """
+    return relative in BUILD_PATHS or _FIELD_PATH.fullmatch(relative) is not None
+
+
+def field_files(specs: list[FieldSpec]) -> list[str]:
+    """The files of the fields ``specs`` in a dataset, ``fields/meta.json`` among them where one is a
+    number (plain tensordict's metadata of the numbers).
+
+    Example:
+        >>> field_files([FieldSpec("age", "number", "int64", ())])
+        ['fields/age.memmap', 'fields/meta.json']
+    """
+    files = [name for spec in specs for name in spec.files()]
+    return files + ([f"{FIELDS_FOLDER}/meta.json"] if any(spec.kind == "number" for spec in specs) else [])
+
+
+def index_files(storage: str, specs: list[FieldSpec]) -> list[str]:
+    """The files of a value per image that a reader reads whole, each digested in the manifest's ``table``
+    (version 4): the table's, a jpeg dataset's index, and every field's.
+
+    Example:
+        >>> index_files("raw", [FieldSpec("age", "number", "int64", ())])[-1]
+        'fields/age.memmap'
+    """
+    return [*INDEX_FILES[storage], *(name for spec in specs for name in spec.files())]
 
 
 def holds_build_files(folder: Path) -> bool:
@@ -154,7 +202,12 @@ class Manifest:
         empty_classes: classes that have no image (listed with none, or all their files skipped);
             their labels are kept.
         files: the dataset's files besides ``manifest.json``, relative path to size in bytes.
-        digests: xxh3-64 (hex) of each field in :data:`DIGESTED`, as written at build time.
+        digests: xxh3-64 (hex) of each field in :data:`DIGESTED`, as written at build time (and of
+            ``fields`` where there are any).
+        fields: version 4: the dataset's named fields beside images and labels, each
+            ``{"name", "kind", "dtype", "shape"}`` (see :class:`gpuload.format.fields.FieldSpec`); their files
+            lie in ``fields/`` and are listed in ``files`` and in ``table``.
+        source_format: version 4: what it was built from, one of :data:`SOURCE_FORMATS`.
     """
 
     source: str
@@ -179,6 +232,8 @@ class Manifest:
     files: dict = field(default_factory=dict)
     digests: dict = field(default_factory=dict)
     layout: str | None = None
+    fields: list = field(default_factory=list)
+    source_format: str = "image_folder"
 
     def __post_init__(self) -> None:
         if self.format_version < 3 and self.storage == "raw":
@@ -200,6 +255,19 @@ class Manifest:
         channels, height, width = self.image_shape
         stored = (height, width, channels) if self.layout == "channels_last" else (channels, height, width)
         return {"images": (count, *stored), "labels": (count,)}
+
+    @property
+    def field_specs(self) -> list[FieldSpec]:
+        """The dataset's fields (format version 4; none before)."""
+        return [FieldSpec.from_json(entry) for entry in self.fields]
+
+    def field_files(self) -> list[str]:
+        """The files of its fields (see :func:`field_files`)."""
+        return field_files(self.field_specs)
+
+    def index_files(self) -> list[str]:
+        """The files of a value per image that a reader reads whole (see :func:`index_files`)."""
+        return index_files(self.storage, self.field_specs)
 
     def array_path(self, name: str) -> str:
         """Where the array ``name`` (see :data:`ARRAYS`) lies, relative to the dataset folder."""
@@ -223,6 +291,8 @@ class Manifest:
             "skipped": len(self.skipped),
             "jpeg": self.jpeg,
             "empty_classes": self.empty_classes,
+            "fields": self.fields,
+            "source_format": self.source_format,
             "created": self.created,
             "versions": self.versions,
         }
@@ -266,14 +336,14 @@ class Manifest:
             return []
         return [
             name
-            for name, digest in _digests(self._fields(), self.format_version).items()
+            for name, digest in _digests(self._fields(), self.format_version, "fields" in self.digests).items()
             if self.digests.get(name) != digest
         ]
 
     def write(self, folder: str | os.PathLike) -> Path:
         """Write a new ``manifest.json`` into ``folder`` with the digests of its fields; returns its path."""
         fields = self._fields()
-        self.digests = fields["digests"] = _digests(fields, self.format_version)
+        self.digests = fields["digests"] = _digests(fields, self.format_version, bool(self.fields))
         path = Path(folder) / MANIFEST_NAME
         with open(path, "x", encoding="utf-8") as file:
             json.dump(fields, file, separators=(",", ":"))
@@ -345,11 +415,14 @@ class Manifest:
             problems.append(f"{len(self.checksums)} checksums for {len(self.samples)} samples")
         if self.format_version < 4 and any(not (0 <= label < len(self.classes)) for _, label in self.samples):
             problems.append(f"a sample label is outside 0..{len(self.classes) - 1}")
-        if self.format_version >= 4 and set(self.table) != set(INDEX_FILES[self.storage]):
-            problems.append(f"table lists {sorted(self.table)}, not the files {', '.join(INDEX_FILES[self.storage])}")
+        names = [entry["name"] for entry in self.fields]
+        if len(set(names)) != len(names):
+            problems.append("a field name appears twice")
+        if self.format_version >= 4 and set(self.table) != set(self.index_files()):
+            problems.append(f"table lists {sorted(self.table)}, not the files {', '.join(self.index_files())}")
         if len(set(self.classes)) != len(self.classes):
             problems.append("a class name appears twice")
-        arrays = {"meta.json", *(self.array_path(name) for name in self.arrays)}
+        arrays = {"meta.json", *(self.array_path(name) for name in self.arrays), *self.field_files()}
         if self.format_version > 1 and set(self.files) != arrays:
             problems.append(f"files lists {sorted(self.files)}, not {sorted(arrays)}")
         if (self.storage == "raw") != (self.image_shape is not None and self.resize is not None):
@@ -362,8 +435,11 @@ class Manifest:
             raise DatasetError(f"{path} is inconsistent: {'; '.join(problems)}; rebuild the dataset")
 
 
-def _digests(fields: dict, version: int) -> dict[str, str]:
+def _digests(fields: dict, version: int, with_fields: bool = False) -> dict[str, str]:
+    """The digest of each field that gives the data its meaning (``with_fields``: the named fields too,
+    digested where a dataset has any, so that a manifest of version 4 written before them checks the same)."""
     names = DIGESTED if version >= 4 else _DIGESTED_V3 if version == 3 else _DIGESTED_V2
+    names = (*names, "fields") if with_fields and version >= 4 else names
     return {
         name: f"{xxhash.xxh3_64_intdigest(json.dumps(fields[name], separators=(',', ':')).encode()):016x}"
         for name in names
@@ -372,11 +448,14 @@ def _digests(fields: dict, version: int) -> dict[str, str]:
 
 def _version_fields(version: int) -> set[str]:
     """The fields a manifest of format ``version`` holds: no ``layout`` before version 3; ``samples``
-    and ``checksums`` before version 4, ``count``, ``table`` and ``order`` from it."""
+    and ``checksums`` before version 4, ``count``, ``table``, ``order``, ``fields`` and ``source_format``
+    from it (the last two may be left out: none, and an ImageFolder)."""
     names = set(Manifest.__dataclass_fields__)
     if version < 3:
         names.discard("layout")
-    return names - ({"count", "table", "order"} if version < 4 else {"samples", "checksums"})
+    if version < 4:
+        return names - {"count", "table", "order", "fields", "source_format"}
+    return names - {"samples", "checksums"}
 
 
 def _is_int(value, low: int = 0) -> bool:
@@ -395,6 +474,14 @@ def _str_dict(check: Callable[[object], bool]) -> Callable[[object], bool]:
 
 def _is_str(value) -> bool:
     return isinstance(value, str)
+
+
+def _is_field(value) -> bool:
+    try:
+        FieldSpec.from_json(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _is_jpeg_settings(value) -> bool:
@@ -463,6 +550,8 @@ _FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
     ),
     "layout": (lambda value: value is None or value in LAYOUTS, f"one of {', '.join(LAYOUTS)} (null for jpeg)"),
     "count": (lambda value: _is_int(value, 1), "a positive number of images"),
+    "fields": (_list_of(_is_field), 'a list of {"name", "kind", "dtype", "shape"}'),
+    "source_format": (lambda value: value in SOURCE_FORMATS, f"one of {', '.join(SOURCE_FORMATS)}"),
     "table": (
         _str_dict(lambda item: isinstance(item, str) and _HEX16.fullmatch(item) is not None),
         "an object of the table files' digests",

@@ -18,6 +18,7 @@ from ..text import count, either
 from ..writing.decode import decode_image, read_bytes
 from ..writing.jpeg import frame_size, store_jpeg
 from .dataset import MemmapImageDataset, decode_jpeg_bytes, storage_order
+from .fields import FIELDS_FOLDER
 from .manifest import MANIFEST_NAME, holds_build_files
 from .table import file_digest
 
@@ -53,6 +54,14 @@ _HOLDS = {
     "offsets.memmap": "where each image lies in data.memmap",
     "shapes.memmap": "each image's size",
 }
+
+
+def _holds(name: str) -> str:
+    """What the index file ``name`` holds, for a damaged one's message."""
+    if name in _HOLDS:
+        return _HOLDS[name]
+    field, _, what = name.removeprefix(f"{FIELDS_FOLDER}/").removesuffix(".memmap").partition(".")
+    return f"where each value of the field {field!r} lies" if what else f"each image's value of the field {field!r}"
 
 
 def verify_memmap(
@@ -109,6 +118,11 @@ def verify_memmap(
     except DatasetError as error:
         return Verification([str(error)], "the manifest and the files it lists, as far as they open")
     manifest = dataset.manifest
+    if sources and manifest.source_format in ("webdataset", "parquet"):
+        raise UsageError(
+            f"{path} was built from {manifest.source_format} files, whose images verify does not read again one by "
+            "one; leave out sources (the images' checksums are checked without them)"
+        )
     root = None
     if sources:
         root = Path(manifest.source if source_folder is None else source_folder)
@@ -123,7 +137,7 @@ def verify_memmap(
         for name in manifest.edited_fields()
     ]
     problems += [
-        f"{name} differs from what was built (its digest differs): {_HOLDS[name]} is damaged; rebuild the dataset"
+        f"{name} differs from what was built (its digest differs): {_holds(name)} is damaged; rebuild the dataset"
         for name, digest in manifest.table.items()
         if file_digest(dataset.path / name) != digest
     ]
@@ -227,7 +241,7 @@ def _compare_sources(
 def _compare_raw(dataset: MemmapImageDataset, index: int, path: Path) -> np.ndarray | None:
     """Decode the source again as the build did: ``None`` where it gives the stored pixels, else the
     absolute differences."""
-    stored = dataset[index][0].numpy()
+    stored = dataset.image_and_label(index)[0].numpy()
     decoded = decode_image(path, stored.shape[1:], dataset.manifest.resize).numpy()
     if np.array_equal(stored, decoded):
         return None
@@ -250,7 +264,7 @@ def _compare_jpeg(dataset: MemmapImageDataset, index: int, path: Path) -> np.nda
     again = store_jpeg(path, max_side=settings["max_side"], quality=settings["quality"], data=data)
     if again.checksum == recorded:
         return None
-    stored = dataset[index][0].numpy().astype(np.int16)
+    stored = dataset.image_and_label(index)[0].numpy().astype(np.int16)
     references = [decode_image(path, stored.shape[1:], "stretch", data=data).numpy()]
     if again.shape == stored.shape[1:]:
         references.append(decode_jpeg_bytes(again.data, lambda: str(path)).transpose(2, 0, 1))

@@ -19,6 +19,7 @@ from ..format.dataset import ImageData, MemmapImageDataset, storage_order
 from ..machine import default_workers
 from .crop import CenterCropDecode, RandomResizedCropDecode, crop_raw, crop_remote_raw, decode_crops
 from .device import check_gpu_decode, current_device, resolve_device
+from .fields import FieldGather
 from .order import distributed_rank, epoch_order
 from .per_image import PerImage
 from .pipeline import (
@@ -57,11 +58,17 @@ class DataLoader:
     consumer's current stream waits for the copy (and is recorded on the batch, so the caching
     allocator cannot hand its memory back early) before the batch is yielded.
 
-    Yields ``(images, labels)``: uint8 ``[B, 3, H, W]`` in channels-last memory (as raw datasets
+    Yields ``(images, labels)`` (a dataset with fields: a dict, below): uint8 ``[B, 3, H, W]`` in channels-last memory (as raw datasets
     store pixels, as decoders write them and as convolutions on tensor cores read them;
     ``.contiguous()`` gives NCHW; whole batches of a channel-first dataset, format version 1 or 2 or
     an NCHW :class:`ImageData`, keep its layout) and int64 ``[B]``, on ``device``. On the CPU the batch is yours to
     keep: its buffer is only reused once nothing references it.
+
+    A dataset with named fields (:mod:`gpuload.format.fields`) yields a ``dict`` per batch, the keys of
+    ``ds[i]``: ``"image"``, ``"label"`` and each field by name; every fixed-shape field (numbers, the
+    float32 multi-hot vector of a multi-label field) is gathered into a buffer of the ring beside
+    the images and copied to ``device`` with them, text stays on the host as a list of ``str``. The
+    stock ``torch.utils.data.DataLoader`` collates ``ds[i]`` into the same dict.
 
     Each ``iter()`` is an independent iterator over the next epoch with a ring of buffers of its
     own (``zip(loader, loader)`` pairs two epochs); sequential epochs reuse one ring. The end of
@@ -313,12 +320,14 @@ class DataLoader:
         # holds pinned labels only (no host image buffer a GPU decode would never use).
         self._ahead = max(prefetch, threads) if decode is not None and not gpu_decode else prefetch
         self._ring_rows = _largest_batch(batch_size, sampler, len(self._labels))  # grown by a padded order
+        self._fields = FieldGather(dataset.fields if isinstance(dataset, MemmapImageDataset) else {})
         self._make_ring = partial(
             Ring,
             shape=shape,
             slots=self._ahead + 2,
             channels_last=channels_last,
             host_images=not gpu_decode,
+            fields=self._fields,
         )
         self._rings: dict[torch.device, RingPool] = {}  # per device: "cuda" resolves at each iteration
         self._initialized = True

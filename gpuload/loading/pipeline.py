@@ -27,6 +27,7 @@ import torch
 from ..format.dataset import MemmapImageDataset
 from ..machine import default_workers, limit_torch_threads
 from .crop import CenterCropDecode, RandomResizedCropDecode, decode_batch
+from .fields import FieldGather, tensors, to_device
 from .prefetch import BlockPrefetcher
 
 if TYPE_CHECKING:
@@ -88,8 +89,8 @@ class _HostSlot:
     view of the batch lives, so the array's reference count tells whether the user still holds it.
     """
 
-    def __init__(self, shape: torch.Size, batch_size: int, channels_last: bool) -> None:
-        self.shape, self.batch_size, self.channels_last = shape, batch_size, channels_last
+    def __init__(self, shape: torch.Size, batch_size: int, channels_last: bool, fields: FieldGather) -> None:
+        self.shape, self.batch_size, self.channels_last, self.fields = shape, batch_size, channels_last, fields
         self._allocate()
 
     def _allocate(self) -> None:
@@ -97,10 +98,18 @@ class _HostSlot:
         shape = (self.batch_size, *plane, channels) if self.channels_last else (self.batch_size, *self.shape)
         self.images = np.empty(shape, dtype=np.uint8)
         self.labels = np.empty((self.batch_size,), dtype=np.int64)
+        self.extra = {  # a tensor's numpy array, whose reference count tells whether a batch of it is held
+            name: torch.empty((self.batch_size, *row), dtype=dtype).numpy()
+            for name, (row, dtype) in self.fields.buffers.items()
+        }
         self._unheld = self._references()
 
-    def _references(self) -> tuple[int, int]:
-        return sys.getrefcount(self.images), sys.getrefcount(self.labels)
+    def _references(self) -> tuple[int, ...]:
+        return (
+            sys.getrefcount(self.images),
+            sys.getrefcount(self.labels),
+            *(sys.getrefcount(array) for array in self.extra.values()),
+        )
 
     def held(self) -> bool:
         """Whether a batch gathered into this buffer (or anything viewing it) is still alive."""
@@ -113,7 +122,7 @@ class _HostSlot:
         indices: torch.Tensor,
         transform: Callable | None,
         stream: None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, None]:
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor | list[str]], None]:
         if self.held():
             self._allocate()  # the user kept a batch: it keeps that memory
         count = len(indices)
@@ -123,7 +132,8 @@ class _HostSlot:
         made = gather(indices, batch_images)
         batch_images = batch_images if made is None else made
         torch.index_select(labels, 0, indices, out=batch_labels)
-        return batch_images if transform is None else transform(batch_images), batch_labels, None
+        extra = self.fields.fill(indices, {name: torch.from_numpy(array)[:count] for name, array in self.extra.items()})
+        return batch_images if transform is None else transform(batch_images), batch_labels, extra, None
 
 
 class _PinnedSlot:
@@ -132,7 +142,13 @@ class _PinnedSlot:
     batches decoded on the device holds pinned labels only (``images`` is ``None``)."""
 
     def __init__(
-        self, shape: torch.Size, batch_size: int, channels_last: bool, device: torch.device, images: bool
+        self,
+        shape: torch.Size,
+        batch_size: int,
+        channels_last: bool,
+        device: torch.device,
+        images: bool,
+        fields: FieldGather,
     ) -> None:
         channels, *plane = shape
         self.images: torch.Tensor | None = None
@@ -142,6 +158,11 @@ class _PinnedSlot:
         elif images:
             self.images = torch.empty((batch_size, *shape), dtype=torch.uint8, pin_memory=True)
         self.labels = torch.empty((batch_size,), dtype=torch.int64, pin_memory=True)
+        self.fields = fields
+        self.extra = {
+            name: torch.empty((batch_size, *row), dtype=dtype, pin_memory=True)
+            for name, (row, dtype) in fields.buffers.items()
+        }
         self.device = device
         self.event: torch.cuda.Event | None = None
 
@@ -155,25 +176,27 @@ class _PinnedSlot:
         indices: torch.Tensor,
         transform: Callable | None,
         stream: torch.cuda.Stream,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]:
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor | list[str]], torch.cuda.Event]:
         if self.event is not None:
             _host_waits(self.event)  # the last copy out of this buffer has read it
         count = len(indices)
         host_images = None if self.images is None else self.images[:count]
         host_labels = self.labels[:count]
         torch.index_select(labels, 0, indices, out=host_labels)
+        host_extra = self.fields.fill(indices, {name: buffer[:count] for name, buffer in self.extra.items()})
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
             made = gather(indices, host_images)  # a batch decoded on the device is queued on this stream
             images = host_images.to(self.device, non_blocking=True) if made is None else made
             labels = host_labels.to(self.device, non_blocking=True)
+            extra = to_device(host_extra, self.device)  # text stays on the host
             self.event = torch.cuda.Event(blocking=True)  # the host waits on it: block, do not spin
             self.event.record(stream)  # the copy out of the pinned buffer, for its next fill
             if transform is not None:
                 images = transform(images)  # queued on the same stream: the consumer waits for it too
                 done = torch.cuda.Event()
                 done.record(stream)
-                return images, labels, done
-        return images, labels, self.event
+                return images, labels, extra, done
+        return images, labels, extra, self.event
 
 
 # The three steps of the stream protocol, each a function of its own (the deletion check of the
@@ -211,15 +234,17 @@ class Ring:
         device: torch.device,
         channels_last: bool,
         host_images: bool = True,
+        fields: FieldGather | None = None,
     ) -> None:
         self.device = device
         self._streams: list[torch.cuda.Stream] = []
+        fields = fields if fields is not None else FieldGather({})
         if device.type == "cuda":
             self.slots: list[_Slot] = [
-                _PinnedSlot(shape, batch_size, channels_last, device, host_images) for _ in range(slots)
+                _PinnedSlot(shape, batch_size, channels_last, device, host_images, fields) for _ in range(slots)
             ]
         else:
-            self.slots = [_HostSlot(shape, batch_size, channels_last) for _ in range(slots)]
+            self.slots = [_HostSlot(shape, batch_size, channels_last, fields) for _ in range(slots)]
 
     def stream(self, producer: int) -> torch.cuda.Stream | None:
         """The side stream of producer ``producer`` (made once, kept with the ring); ``None`` on the CPU."""
@@ -460,6 +485,7 @@ class EpochIterator:
         self.served = 0
         self.total = len(batches)
         self.closed = False
+        self.fields = bool(loader._fields)
         self._pipeline = _Pipeline(
             rings.take(),
             gather,
@@ -483,7 +509,7 @@ class EpochIterator:
     def __len__(self) -> int:
         return self.total - self.served
 
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor] | dict[str, torch.Tensor | list[str]]:
         if self.closed:
             raise StopIteration
         if self.served == self.total:
@@ -493,7 +519,7 @@ class EpochIterator:
         if len(self._held) == 2:
             self._pipeline.release(self._held.popleft())
         try:
-            slot, images, labels, event = self._pipeline.take(self.served)
+            slot, images, labels, extra, event = self._pipeline.take(self.served)
         except BaseException:
             self.close()
             raise
@@ -502,7 +528,7 @@ class EpochIterator:
         else:
             stream = torch.cuda.current_stream(images.device)
             _stream_waits(stream, event)
-            _record_on(stream, images, labels)
+            _record_on(stream, images, labels, *tensors(extra))
             self._pipeline.release(slot)  # refilled only after its event: the copy is done
         if _on_consumer_side(self._pipeline.transform):  # after the wait: queued on the consumer's stream
             images = self._pipeline.transform(images, number=self.served)
@@ -511,6 +537,8 @@ class EpochIterator:
             self._pipeline.prefetcher.served(self.served)
         self.position.advance(len(labels))
         self.position.finished = self.served == self.total  # a checkpoint now resumes at the next epoch
+        if self.fields:  # a dataset with fields: every one by name, as ds[i] gives them
+            return {"image": images, "label": labels, **extra}
         return images, labels
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ import mmap
 import os
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +23,8 @@ import numpy as np
 import xxhash
 
 from ..errors import DatasetError, UsageError
+from ..format.columns import FieldColumn
+from ..format.fields import NUMBER_DTYPES, field_path
 from ..format.manifest import MANIFEST_NAME, Manifest
 from ..text import count, either
 from .file import RemoteFile
@@ -52,6 +54,7 @@ class RemoteIndex:
         table: each image's path, label and checksum (:class:`gpuload.format.table.SampleTable`).
         starts, lengths: int64 ``[N]``: each image's byte range in the image object.
         shapes: jpeg: int32 ``[N, 2]`` (height, width) of each image; raw: ``None``.
+        fields: each named field's values (its index objects read whole, as the table's).
     """
 
     store: Store
@@ -62,6 +65,7 @@ class RemoteIndex:
     lengths: np.ndarray
     shapes: np.ndarray | None
     manifest_info: ObjectInfo | None = None
+    fields: dict[str, FieldColumn] = field(default_factory=dict)
 
     @property
     def version(self) -> str:
@@ -195,9 +199,21 @@ def open_remote(url: str | Store, cache: BlockCache | None = None) -> RemoteInde
         size = int(np.prod(manifest.image_shape))
         starts, lengths, shapes = np.arange(count, dtype=np.int64) * size, np.full(count, size, dtype=np.int64), None
     manifest.check_labels(table.labels, store.display, "push the dataset again")
+    fields = {}
+    for spec in manifest.field_specs:
+        if spec.kind == "number":
+            arrays = {"data": array(field_path(spec.name), NUMBER_DTYPES[spec.dtype], (-1,))}
+        else:
+            ragged = np.int32 if spec.kind == "multilabel" else np.uint8
+            arrays = {
+                "data": array(field_path(spec.name), ragged, (-1,)),
+                "offsets": array(field_path(spec.name, "offsets"), np.int64, (count + 1,)),
+            }
+        fields[spec.name] = FieldColumn(spec, arrays, count)
+        fields[spec.name].check(store.display)
     for mapping in mappings:  # the pages the checks read leave this process (the page cache keeps them)
         mapping.madvise(mmap.MADV_DONTNEED)
-    return RemoteIndex(store, manifest, objects, table, starts, lengths, shapes, manifest_info)
+    return RemoteIndex(store, manifest, objects, table, starts, lengths, shapes, manifest_info, fields)
 
 
 def _index_object(

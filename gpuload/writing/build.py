@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import re
@@ -24,19 +23,23 @@ from tensordict import MemoryMappedTensor, TensorDict
 from tqdm.auto import tqdm
 
 from ..errors import DatasetError, DecodeError, UsageError
+from ..format.fields import FIELDS_FOLDER, FieldSpec, field_path
 from ..format.manifest import (
     ARRAYS,
-    BUILD_PATHS,
-    INDEX_FILES,
     MANIFEST_NAME,
     TENSORDICT,
     Manifest,
     dataset_around,
+    field_files,
     holds_build_files,
+    index_files,
+    is_build_path,
 )
-from ..format.table import TABLE_FILES, TableWriter, file_digest
+from ..format.table import TableWriter, file_digest
 from ..machine import limit_torch_threads, resolve_workers
-from ..sources.folder import ImageFolderIndex, scan_image_folder, shown_names
+from ..sources.detect import Source, find_source, scan_source
+from ..sources.folder import ImageFolderIndex, shown_names
+from ..sources.samples import ScannedIndex, check_roles
 from ..text import count, either, image_size
 from .decode import Resize, check_target, decode_into, read_size
 from .files import (
@@ -73,6 +76,7 @@ def build_memmap(
     max_side: int | None = None,
     quality: int | None = None,
     classes: Sequence[str] | None = None,
+    columns: dict[str, str] | None = None,
     order: str | None = None,
     seed: int = 0,
     workers: int | None = None,
@@ -81,7 +85,8 @@ def build_memmap(
     sync: bool = True,
     progress: bool = True,
 ) -> Path:
-    """Store the ImageFolder ``src`` as a memory-mapped dataset at ``out``; returns ``out``.
+    """Store the images of ``src`` (an ImageFolder, images with a metadata table, WebDataset tar shards or
+    Parquet files) and what comes with them as a memory-mapped dataset at ``out``; returns ``out``.
 
     ``format="raw"`` decodes every image once into ``out/images.memmap`` (uint8, one size for all,
     channels-last: ``[N, H, W, 3]`` in the file, shown as ``[N, 3, H, W]`` by
@@ -97,6 +102,20 @@ def build_memmap(
     ``meta.json`` of a plain tensordict ``TensorDict`` of the arrays (``tensordict.TensorDict.load_memmap(out)``
     opens it anywhere) and a ``manifest.json``, written by parallel threads in bounded memory.
 
+    Sources (see :mod:`gpuload.sources.detect`): an ImageFolder (one folder per class, as torchvision's);
+    a folder with ``metadata.csv``, ``metadata.jsonl`` or ``metadata.parquet`` at its root, or such a
+    table given by its path (Hugging Face's convention: a ``file_name`` column of paths relative to the
+    table's folder, every other column a field); WebDataset tar shards (a ``.tar``, a folder of them, or
+    a brace pattern ``train-{000000..000099}.tar``), read as streams; Parquet files in the layout Hugging
+    Face ``datasets`` exports (an ``image`` column of ``{bytes, path}``), read in record batches. Every
+    source goes through one scan into the build's folder, then the same decode and write.
+
+    Fields (see :mod:`gpuload.format.fields`): a ``label`` column (a ``cls`` member, a Parquet
+    ``label``) is the class label, by name or index; every other column a named field: numbers (int,
+    float, bool, fixed-length vectors), text, multi-label (lists of class names, or indices with the role
+    ``multilabel``). Segmentation masks are not stored yet: a ``mask`` column is refused (leave it out
+    with ``columns={"mask": "ignore"}``).
+
     Crash safety: the build holds a lock beside ``out`` (a second build of the same ``out`` fails
     at once), writes into a hidden sibling folder, flushes every file and the folder to disk
     (``sync``), and only then renames it to ``out``; an existing ``out`` is swapped in one atomic
@@ -104,9 +123,12 @@ def build_memmap(
     complete new one, and the next build tidies up what was left.
 
     Args:
-        src: an ImageFolder (one subfolder per class), or a folder of images (one class).
-        out: where to write; defaults to ``<src>.memmap`` beside ``src``. It must not be ``src``,
-            lie inside it, or contain it.
+        src: an ImageFolder (one subfolder per class), a folder of images (one class), a folder with a
+            metadata table or a table's path, tar shards (a file, a folder, a brace pattern), or Parquet
+            files (a file or a folder).
+        out: where to write; defaults to ``<src>.memmap`` beside ``src`` (a file's name without its suffix,
+            a pattern's without its braces). It must not be ``src``, lie inside a source folder, or contain
+            a source.
         format: ``"raw"`` (uint8 pixels) or ``"jpeg"`` (JPEG bytes).
         size: raw: ``(height, width)`` of the stored images; by default the images' common size.
         resize: raw: how images of another size are fitted: ``"crop"`` (when left out), ``"pad"`` or
@@ -116,7 +138,11 @@ def build_memmap(
         quality: jpeg: the quality of re-encoded images (see :mod:`gpuload.writing.jpeg`), 90 when left
             out. A raw build refuses it.
         classes: the class names, in label order (e.g. the training set's, for its validation set):
-            a class folder not in the list is an error, a listed class with no image is kept.
+            a class folder (or a label's name) not in the list is an error, a listed class with no image
+            is kept.
+        columns: the role of a source's columns where the defaults do not say it: ``{"path": "image",
+            "tags": "multilabel", "notes": "ignore"}``; roles: ``image``, ``label``, ``multilabel``,
+            ``mask``, ``number``, ``text``, ``ignore`` (see :mod:`gpuload.sources.samples`).
         order: jpeg: how the images lie in ``data.memmap``: ``"shuffled"`` (when left out: a random
             order seeded by ``seed``, block-aligned) or ``"source"`` (ImageFolder's). A raw build refuses it.
         seed: the seed of the shuffled order (the same sources and seed give the same dataset).
@@ -129,7 +155,10 @@ def build_memmap(
         progress: show a progress bar.
 
     Raises:
-        FileNotFoundError: ``src`` does not exist or holds no image.
+        FileNotFoundError: ``src`` does not exist or holds no image (a pattern: a shard is missing).
+        SourceError: a metadata table, shard or Parquet file whose content cannot be taken as it is (a
+            row naming a file twice, a column of mixed types, an unknown class name, a truncated shard):
+            named, with what to do.
         FileExistsError: ``out`` exists and ``overwrite`` is false.
         UsageError: bad arguments (``size`` or ``resize`` with ``format="jpeg"`` too), ``out``
             overlapping ``src``, ``overwrite`` of a folder that is not only a gpuload dataset, or
@@ -148,8 +177,10 @@ def build_memmap(
         ('photos.memmap', ['checksums.memmap', 'images.memmap', 'labels.memmap', 'manifest.json', 'meta.json',
                            'path_offsets.memmap', 'paths.memmap'])
     """
-    src = resolve(src)
-    out = resolve(out) if out is not None else src.with_name(f"{src.name}.memmap")
+    resolve(src)  # an empty path is refused
+    columns = check_roles(columns)
+    source = find_source(src, columns)
+    out = resolve(out) if out is not None else source.default_out()
     if format not in FORMATS:
         raise UsageError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
     resize = _raw_resize(format, resize)
@@ -182,11 +213,12 @@ def build_memmap(
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
         raise UsageError(f"seed must be an integer in [0, 2**63), got {seed!r}")
     workers = resolve_workers(workers)
-    check_apart(src, out, source_name="src", output_name="out")
+    _check_apart(source, out)
     inside = dataset_around(out.parent)
     if inside is not None:  # checked before the lock, whose file would land in that dataset
         raise UsageError(f"out {out} lies inside the gpuload dataset {inside}; choose an out outside any dataset")
-    check_not_written(src)  # a compress still filling src
+    if source.folder is not None:
+        check_not_written(source.folder)  # a compress still filling src
     with OutputLock(out):
         _tidy(out)
         if os.path.lexists(out):
@@ -208,8 +240,8 @@ def build_memmap(
         try:
             with ThreadPoolExecutor(workers, "gpuload-decode", initializer=limit_torch_threads) as pool:
                 try:
-                    _build(tmp, src, out, pool, format, size, resize, max_side, quality, classes, order, seed,
-                           workers, strict, sync, progress)  # fmt: skip
+                    _build(tmp, source, out, pool, format, size, resize, max_side, quality, classes, columns,
+                           order, seed, workers, strict, sync, progress)  # fmt: skip
                 except BaseException:
                     pool.shutdown(wait=True, cancel_futures=True)
                     raise
@@ -220,9 +252,27 @@ def build_memmap(
     return out
 
 
+def _check_apart(source: Source, out: Path) -> None:
+    """Refuse an ``out`` that overlaps the source: a folder's (is it, lies inside it, contains it), or any
+    of its files (is one, or contains one).
+
+    Raises:
+        UsageError: they overlap.
+    """
+    if source.folder is not None:
+        check_apart(source.folder, out, source_name="src", output_name="out")
+        return
+    for file in source.files:
+        if out == file or file.is_relative_to(out):
+            raise UsageError(
+                f"out ({out}) {'is' if out == file else 'contains'} the source file {file}: the dataset would "
+                "replace or hold your files; choose another out"
+            )
+
+
 def _build(
     tmp: Path,
-    src: Path,
+    source: Source,
     out: Path,
     pool: ThreadPoolExecutor,
     format: str,
@@ -231,6 +281,7 @@ def _build(
     max_side: int | None,
     quality: int,
     classes: Sequence[str] | None,
+    columns: dict[str, str],
     order: str,
     seed: int,
     workers: int,
@@ -238,15 +289,40 @@ def _build(
     sync: bool,
     progress: bool,
 ) -> None:
-    """Write the dataset into ``tmp``: scan ``src`` into a table there, write the images (``out`` names
-    them in messages), then the index, the table and the manifest."""
-    index = scan_image_folder(src, classes=classes, into=tmp / SCAN)
+    """Write the dataset into ``tmp``: scan the source into a table there, write the images (``out`` names
+    them in messages), then the index, the table, the fields and the manifest."""
+    index = scan_source(source, classes=classes, columns=columns, into=tmp / SCAN, progress=progress)
+    try:
+        _build_from(tmp, index, out, pool, format, size, resize, max_side, quality, order, seed, workers, strict,
+                    sync, progress)  # fmt: skip
+    finally:
+        index.close()
+
+
+def _build_from(
+    tmp: Path,
+    index: ImageFolderIndex | ScannedIndex,
+    out: Path,
+    pool: ThreadPoolExecutor,
+    format: str,
+    size: tuple[int, int] | None,
+    resize: str,
+    max_side: int | None,
+    quality: int,
+    order: str,
+    seed: int,
+    workers: int,
+    strict: bool,
+    sync: bool,
+    progress: bool,
+) -> None:
     unreadable: dict[int, str] = {}
     if format == "raw" and size is None:
         size, unreadable = _common_size(index, pool, strict)
-    expected = _estimated_bytes(index) if format == "jpeg" and max_side is None else 0  # scaled down: unknown
+    expected = index.image_bytes() if format == "jpeg" and max_side is None else 0  # scaled down: unknown
     _check_free_space(out.parent, index, size, max_side, expected)
-    skipped = [{"path": index.samples[position][0], "reason": reason} for position, reason in unreadable.items()]
+    skipped = list(index.skipped)
+    skipped += [{"path": index.samples[position][0], "reason": reason} for position, reason in unreadable.items()]
     images = len(index.samples)
     if format == "raw":
         store: _Store = _RawStore(tmp, out, pool, size, resize, workers, sync, images - len(unreadable))
@@ -272,7 +348,7 @@ def _build(
             "there or write to another disk",
         )
     ):
-        _finish(tmp, src, index, store, kept, empty, skipped, sync)
+        _finish(tmp, index, store, kept, empty, skipped, sync)
 
 
 def _raw_resize(format: str, resize: Resize | None) -> Resize:
@@ -316,7 +392,7 @@ def _is_build_folder(folder: Path) -> bool:
     """Whether ``folder`` is a real folder holding nothing but names a gpuload build writes."""
     if folder.is_symlink() or not folder.is_dir():
         return False
-    return {path.relative_to(folder).as_posix() for path in folder.rglob("*")} <= BUILD_PATHS
+    return all(is_build_path(path.relative_to(folder).as_posix()) for path in folder.rglob("*"))
 
 
 def _check_replaceable(out: Path) -> None:
@@ -345,7 +421,7 @@ def _check_replaceable(out: Path) -> None:
 
 
 def _common_size(
-    index: ImageFolderIndex, pool: ThreadPoolExecutor, strict: bool
+    index: ImageFolderIndex | ScannedIndex, pool: ThreadPoolExecutor, strict: bool
 ) -> tuple[tuple[int, int], dict[int, str]]:
     """The images' common ``(height, width)``, and the reason per sample position whose header is unreadable."""
     sizes: Counter[tuple[int, int]] = Counter()
@@ -356,7 +432,7 @@ def _common_size(
     def submit_next() -> None:
         position = next(positions, None)
         if position is not None:
-            pending.append((position, pool.submit(_read_size_or_error, index.source(position))))
+            pending.append((position, pool.submit(_read_size_or_error, *index.image(position))))
 
     for _ in range(4 * pool._max_workers):  # headers in flight: memory bounded whatever the count
         submit_next()
@@ -381,15 +457,19 @@ def _common_size(
     return next(iter(sizes)), unreadable
 
 
-def _read_size_or_error(path: str) -> tuple[int, int] | DecodeError:
+def _read_size_or_error(path: str, data: bytes | None) -> tuple[int, int] | DecodeError:
     try:
-        return read_size(path)
+        return read_size(path, data)
     except DecodeError as error:
         return error
 
 
 def _check_free_space(
-    folder: Path, index: ImageFolderIndex, size: tuple[int, int] | None, max_side: int | None, jpeg_bytes: int
+    folder: Path,
+    index: ImageFolderIndex | ScannedIndex,
+    size: tuple[int, int] | None,
+    max_side: int | None,
+    jpeg_bytes: int,
 ) -> None:
     """Refuse a build that cannot fit: the pixels (raw), or ``jpeg_bytes``, the source files' bytes as
     estimated from a sample (jpeg: the re-encoded images are about as large; with ``max_side`` they are
@@ -409,19 +489,6 @@ def _check_free_space(
             errno.ENOSPC,
             f"the dataset needs {byte_count(needed)} ({what}) but {folder} has {byte_count(free)} free; {advice}",
         )
-
-
-def _estimated_bytes(index: ImageFolderIndex, sample: int = 256) -> int:
-    """The sources' bytes, estimated from the sizes of at most ``sample`` of them spread over the
-    dataset (looking up every file's size would cost a metadata call per file before the first image:
-    on a network filesystem, minutes at ImageNet's count); a file whose size cannot be read counts none."""
-    count = len(index.samples)
-    positions = range(0, count, max(1, count // sample))
-    sizes = []
-    for position in positions:
-        with contextlib.suppress(OSError):
-            sizes.append(os.path.getsize(index.source(position)))
-    return int(sum(sizes) / len(positions) * count) if positions else 0
 
 
 class _Store:
@@ -465,7 +532,8 @@ class _Store:
         for name in (".records", ".order"):
             (self.tmp / name).unlink(missing_ok=True)
 
-    def submit(self, path: str) -> Future:
+    def submit(self, path: str, data: bytes | None) -> Future:
+        """Start the job of one image: the file ``path``, or its bytes ``data`` (``path`` then names it)."""
         raise NotImplementedError
 
     def append(self, position: int, result) -> int:
@@ -510,9 +578,9 @@ class _RawStore(_Store):
             tmp / "images.memmap", count * 3 * size[0] * size[1], write_behind=sync, name=out / "images.memmap"
         )
 
-    def submit(self, path: str) -> Future:
+    def submit(self, path: str, data: bytes | None) -> Future:
         buffer = self.free.pop()
-        future = self.pool.submit(_decode_raw, path, self.resize, buffer)
+        future = self.pool.submit(_decode_raw, path, data, self.resize, buffer)
         self.busy[future] = buffer
         return future
 
@@ -536,8 +604,8 @@ class _RawStore(_Store):
         return {"image_shape": [3, *self.size], "resize": self.resize, "layout": "channels_last", "order": {}}
 
 
-def _decode_raw(path: str, resize: str, buffer: np.ndarray) -> int:
-    decode_into(path, buffer, resize)
+def _decode_raw(path: str, data: bytes | None, resize: str, buffer: np.ndarray) -> int:
+    decode_into(path, buffer, resize, data)
     return xxhash.xxh3_64_intdigest(buffer)
 
 
@@ -565,8 +633,8 @@ class _JpegStore(_Store):
         self.writer = BlockWriter(tmp / "data.memmap", expected_bytes, write_behind=sync, name=out / "data.memmap")
         self.reencoded = dict.fromkeys(REENCODE_REASONS, 0)
 
-    def submit(self, path: str) -> Future:
-        return self.pool.submit(store_jpeg, path, max_side=self.max_side, quality=self.quality)
+    def submit(self, path: str, data: bytes | None) -> Future:
+        return self.pool.submit(store_jpeg, path, max_side=self.max_side, quality=self.quality, data=data)
 
     def append(self, position: int, stored: StoredJpeg) -> int:
         start, length = self.writer.written, len(stored.data)
@@ -609,7 +677,7 @@ _CHUNK = 1 << 16  # samples handled at once where a build goes over all of them
 
 def _write(
     store: _Store,
-    index: ImageFolderIndex,
+    index: ImageFolderIndex | ScannedIndex,
     order: Iterable[int],
     total: int,
     skipped: list[dict],
@@ -625,7 +693,7 @@ def _write(
     def submit_next() -> None:
         position = next(positions, None)
         if position is not None:
-            pending.append((position, store.submit(index.source(position))))
+            pending.append((position, store.submit(*index.image(position))))
 
     with tqdm(total=total, unit="img", desc="build-memmap", disable=not progress, file=sys.stderr) as bar:
         for _ in range(store.window):
@@ -646,22 +714,21 @@ def _write(
             submit_next()
             bar.update()
     if not kept:
-        raise DecodeError(index.root, f"no image could be decoded; first problem: {skipped[0]['reason']}")
+        raise DecodeError(index.source_path, f"no image could be decoded; first problem: {skipped[0]['reason']}")
     return kept
 
 
 def _finish(
     tmp: Path,
-    src: Path,
-    index: ImageFolderIndex,
+    index: ImageFolderIndex | ScannedIndex,
     store: _Store,
     kept: int,
     empty: list[str],
     skipped: list[dict],
     sync: bool,
 ) -> None:
-    """Write the index and the table (in ImageFolder's order), the tensordict metadata and the manifest,
-    read-only, flushed to disk with the folder; remove the scan's table."""
+    """Write the index and the table (in the source's order), the fields, the tensordict metadata and the
+    manifest, read-only, flushed to disk with the folder; remove the scan's folder."""
     arrays = store.close(kept)
     scanned = index.samples.table
     with TableWriter(tmp) as table:
@@ -670,23 +737,38 @@ def _finish(
             labels, checksums = scanned.labels[kept_here].tolist(), store.checksums(kept_here).tolist()
             for position, label, checksum in zip(kept_here.tolist(), labels, checksums):
                 table.append(scanned.path(position), label, checksum)
+    specs = [staged.spec for staged in index.fields]
+    if specs:
+        (tmp / FIELDS_FOLDER).mkdir()
+    for staged in index.fields:
+        staged.write(tmp, (store.kept(first, first + _CHUNK) for first in range(0, len(index.samples), _CHUNK)))
     store.discard()
-    for name in ("labels.memmap", *TABLE_FILES):  # the scan's table: its four files, then its folder
-        os.unlink(tmp / SCAN / name)
+    index.close()
+    for staged in (tmp / SCAN).iterdir():  # the scan's own folder, flat
+        staged.unlink()
     os.rmdir(tmp / SCAN)
     arrays["labels"] = MemoryMappedTensor.from_filename(tmp / "labels.memmap", torch.int64, (kept,))
     arrays["checksums"] = MemoryMappedTensor.from_filename(tmp / "checksums.memmap", torch.int64, (kept,))
+    storage = "raw" if "images" in store.arrays else "jpeg"
+    fixed = {
+        spec.name: MemoryMappedTensor.from_filename(
+            tmp / field_path(spec.name), _stored_dtype(spec), (kept, *spec.shape)
+        )
+        for spec in specs
+        if spec.kind == "number"
+    }
+    if fixed:  # plain tensordict opens them: TensorDict.load_memmap(out)["fields", name]
+        arrays[FIELDS_FOLDER] = TensorDict(fixed, batch_size=[kept])
     batch = [kept] if "images" in arrays else []  # jpeg arrays have no common first dimension
     TensorDict(arrays, batch_size=batch).memmap_(prefix=tmp, copy_existing=False, existsok=True)
-    del arrays
-    storage = "raw" if "images" in store.arrays else "jpeg"
-    names = (*(f"{name}.memmap" for name in ARRAYS[storage]), "meta.json")
+    del arrays, fixed
+    names = (*(f"{name}.memmap" for name in ARRAYS[storage]), "meta.json", *field_files(specs))
     files = {name: (tmp / name).stat().st_size for name in names}
     Manifest(
-        source=str(src),
+        source=str(index.root),
         classes=index.classes,
         count=kept,
-        table={name: file_digest(tmp / name) for name in INDEX_FILES[storage]},
+        table={name: file_digest(tmp / name) for name in index_files(storage, specs)},
         skipped=sorted(skipped, key=lambda entry: entry["path"]),
         versions=library_versions(),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -694,6 +776,8 @@ def _finish(
         max_image_pixels=Image.MAX_IMAGE_PIXELS or 0,
         empty_classes=empty,
         files=files,
+        fields=[spec.to_json() for spec in specs],
+        source_format=index.source_format,
         **store.manifest_fields(),
     ).write(tmp)
     for name in (*files, MANIFEST_NAME):
@@ -704,7 +788,12 @@ def _finish(
         fsync_folder(tmp)
 
 
-def _empty_classes(index: ImageFolderIndex, store: _Store) -> list[str]:
+def _stored_dtype(spec: FieldSpec) -> torch.dtype:
+    """How a number's file stores it, for tensordict (a bool as uint8: one byte, 0 or 1)."""
+    return torch.uint8 if spec.dtype == "bool" else spec.torch_dtype
+
+
+def _empty_classes(index: ImageFolderIndex | ScannedIndex, store: _Store) -> list[str]:
     """The classes with no image among the samples the store kept, sorted."""
     counts = np.zeros(len(index.classes), dtype=np.int64)
     labels = index.samples.table.labels

@@ -107,13 +107,19 @@ def check_target(size: tuple[int, int] | None, resize: str) -> tuple[int, int] |
     return height, width
 
 
-def read_size(path: str | os.PathLike) -> tuple[int, int]:
+def read_size(path: str | os.PathLike, data: bytes | None = None) -> tuple[int, int]:
     """The ``(height, width)`` of an image as displayed (EXIF orientation applied), from its header
-    (a PNG's pixels too: Pillow loads them to find an EXIF chunk after them).
+    (a PNG's pixels too: Pillow loads them to find an EXIF chunk after them). ``data``: its bytes, where
+    they are not a file's (``path`` then only names it).
 
     Raises:
         DecodeError: the file is empty, unreadable, not a regular file, not an image, or has too many pixels.
     """
+    if data is not None:
+        if not data:
+            raise DecodeError(path, "empty (0 bytes)")
+        with open_image(data, path) as image:
+            return upright_size(image, path)
     with _reading(path), _open_file(path) as file:  # Pillow reads only the header of an opened file
         if os.fstat(file.fileno()).st_size == 0:
             raise DecodeError(path, "empty file (0 bytes)")
@@ -159,9 +165,10 @@ def decode_image(
     return _decode(path, check_target(size, resize), resize, data).contiguous()
 
 
-def decode_into(path: str | os.PathLike, out: np.ndarray, resize: Resize = "crop") -> None:
+def decode_into(path: str | os.PathLike, out: np.ndarray, resize: Resize = "crop", data: bytes | None = None) -> None:
     """Decode ``path`` as :func:`decode_image` does, fitted to ``out``'s size, into ``out``: uint8
     ``[height, width, 3]`` (channels-last, as decoders write pixels and raw datasets store them).
+    ``data``: its bytes, when read already (or not a file's: ``path`` then only names it).
 
     An upright RGB JPEG already at that size (a dataset of photos of one size, built at that size:
     the common case) is decoded by libjpeg-turbo straight into ``out``: no transposition and no copy.
@@ -170,7 +177,7 @@ def decode_into(path: str | os.PathLike, out: np.ndarray, resize: Resize = "crop
     Raises:
         DecodeError: see :func:`decode_image`.
     """
-    pixels = _decode(path, tuple(out.shape[:2]), resize, out=out)
+    pixels = _decode(path, tuple(out.shape[:2]), resize, data, out=out)
     if pixels is not None:
         np.copyto(out, pixels.permute(1, 2, 0).numpy())
 

@@ -1,0 +1,193 @@
+"""The build rate of each source and the loader's cost of extra fields: ``python -m experiments.sources``.
+
+The same photos (:mod:`experiments._photos`: real photographs at ImageNet-like sizes) as four sources:
+an ImageFolder, the same files named by a ``metadata.csv`` (hard links: no copy), WebDataset tar shards
+(Python's ``tarfile``: ``jpg``, ``cls``, ``json``) and a Parquet file in Hugging Face's layout (an
+``image`` column of ``{bytes, path}``); every source but the folder carries three numeric fields (a
+float score, an int64 box of 4 and a bool flag). Each is built into a jpeg store (the source bytes kept:
+what a build from bytes costs beside one from files) and into a raw store at 160x160 (every photo
+decoded and cropped), ``repeats`` times, the sources taken in turn so that the machine's load falls on
+all alike; a rate is images per second of a whole ``build_memmap`` (scan, write, fsync, rename).
+
+Then ``gpuload.DataLoader`` on the CPU: whole shuffled epochs (``passes`` a measurement) of each raw
+store with the three fields against the ImageFolder's raw store (images and labels only), in turn,
+``epochs`` rounds, each source's rate taken over the folder's of the same round; the bar is the
+issue's, at least 90 % of the images-only rate. Writes ``assets/results/sources.json`` (the machine named).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import statistics
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from ._common import median_spread, write_result
+
+SOURCES = ("folder", "table", "tar", "parquet")
+FORMATS = ("jpeg", "raw")
+RAW_SIZE = (160, 160)
+
+
+def fields(position: int) -> dict:
+    """The three numeric fields of photo ``position``."""
+    return {"score": position / 7, "box": [position % 13, 2, 30, 40 + position % 5], "flag": position % 3 == 0}
+
+
+def make_sources(workdir: Path, count: int) -> dict[str, Path]:
+    """The four sources of ``count`` photos under ``workdir`` (made once, reused)."""
+    from ._photos import make_photo_set
+
+    folder = workdir / f"sources-{count}" / "folder"
+    if not folder.exists():
+        make_photo_set(folder, count)
+    photos = sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*.jpg"))
+    table = folder.with_name("table")
+    if not (table / "metadata.csv").exists():
+        shutil.rmtree(table, ignore_errors=True)
+        lines = ["file_name,label,score,box,flag"]
+        for position, name in enumerate(photos):
+            (table / name).parent.mkdir(parents=True, exist_ok=True)
+            os.link(folder / name, table / name)
+            values = fields(position)
+            lines.append(f'{name},{name.split("/")[0]},{values["score"]},"{values["box"]}",{values["flag"]}')
+        (table / "metadata.csv").write_text("\n".join(lines) + "\n")
+    shards = folder.with_name("shards")
+    if not shards.exists():
+        partial = folder.with_name(".shards.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        per_shard = -(-count // 4)
+        for shard in range(0, count, per_shard):
+            with tarfile.open(partial / f"train-{shard // per_shard:06d}.tar", "w") as tar:
+                for position in range(shard, min(count, shard + per_shard)):
+                    name = photos[position]
+                    members = {
+                        "jpg": (folder / name).read_bytes(),
+                        "cls": name.split("/")[0].encode(),
+                        "json": json.dumps(fields(position)).encode(),
+                    }
+                    for extension, data in members.items():
+                        info = tarfile.TarInfo(f"{position:06d}.{extension}")
+                        info.size = len(data)
+                        tar.addfile(info, io.BytesIO(data))
+        os.rename(partial, shards)
+    parquet = folder.with_name("train.parquet")
+    if not parquet.exists():
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows = [
+            {"image": {"bytes": (folder / name).read_bytes(), "path": name}, "label": name.split("/")[0]}
+            | fields(position)
+            for position, name in enumerate(photos)
+        ]
+        pq.write_table(pa.Table.from_pylist(rows), parquet.with_name(".train.parquet.partial"), row_group_size=256)
+        os.rename(parquet.with_name(".train.parquet.partial"), parquet)
+    return {"folder": folder, "table": table, "tar": shards, "parquet": parquet}
+
+
+def build_rates(sources: dict[str, Path], out: Path, repeats: int) -> dict[str, dict[str, list[float]]]:
+    """Images per second of each build, per format and source, the sources in turn."""
+    import gpuload
+
+    rates: dict[str, dict[str, list[float]]] = {fmt: {name: [] for name in sources} for fmt in FORMATS}
+    for _ in range(repeats):
+        for fmt in FORMATS:
+            options = {"format": "jpeg"} if fmt == "jpeg" else {"size": RAW_SIZE}
+            for name, src in sources.items():
+                target = out / f"{name}.{fmt}"
+                started = time.perf_counter()
+                gpuload.build_memmap(src, target, overwrite=True, progress=False, **options)
+                seconds = time.perf_counter() - started
+                rates[fmt][name].append(len(gpuload.MemmapImageDataset(target)) / seconds)
+    return rates
+
+
+def epoch_rates(out: Path, repeats: int, batch_size: int, passes: int) -> dict[str, list[float]]:
+    """Images per second of whole shuffled epochs of gpuload.DataLoader on the CPU, ``passes`` epochs a
+    measurement: the folder's raw store (images only) and each other source's (with its three fields), in
+    turn."""
+    import gpuload
+
+    loaders = {
+        name: gpuload.DataLoader(
+            gpuload.MemmapImageDataset(out / f"{name}.raw"), batch_size=batch_size, shuffle=True, device="cpu"
+        )
+        for name in SOURCES
+    }
+    rates: dict[str, list[float]] = {name: [] for name in SOURCES}
+    for loader in loaders.values():  # a warm-up epoch each: the pages in memory, the rings allocated
+        for _ in loader:
+            pass
+    for _ in range(repeats):
+        for name, loader in loaders.items():
+            started, served = time.perf_counter(), 0
+            for _ in range(passes):
+                served += sum(len(batch["label"] if isinstance(batch, dict) else batch[1]) for batch in loader)
+            rates[name].append(served / (time.perf_counter() - started))
+    return rates
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=9, help="timed measurements of each loader")
+    parser.add_argument("--passes", type=int, default=30, help="epochs a measurement")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "gpuload-experiments")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.images, args.repeats, args.epochs, args.passes, args.batch_size = 40, 1, 1, 1, 8
+    from ._photos import DESCRIPTION
+
+    sources = make_sources(args.workdir, args.images)
+    out = args.workdir / f"sources-{args.images}" / "built"
+    out.mkdir(exist_ok=True)
+    load = os.getloadavg()
+    builds = build_rates(sources, out, args.repeats)
+    epochs = epoch_rates(out, args.epochs, args.batch_size, args.passes)
+    path = write_result(
+        "sources",
+        {
+            "device": "cpu",
+            "quick": args.quick,
+            "photos": DESCRIPTION,
+            "images": args.images,
+            "raw_size": list(RAW_SIZE),
+            "batch_size": args.batch_size,
+            "repeats": args.repeats,
+            "epochs": args.epochs,
+            "passes": args.passes,
+            "fields": ["score: float32", "box: int64 [4]", "flag: bool"],
+            "load_average_at_start": [round(value, 1) for value in load],
+            "build_images_per_second": {
+                fmt: {name: median_spread(runs) for name, runs in by_source.items()}
+                for fmt, by_source in builds.items()
+            },
+            "epoch_images_per_second": {name: median_spread(runs) for name, runs in epochs.items()},
+            # each round's rate over the folder's of the same round (taken back to back): the load of the
+            # shared machine falls on both alike
+            "epoch_of_folder_paired": {
+                name: median_spread([ours / theirs for ours, theirs in zip(runs, epochs["folder"], strict=True)])
+                for name, runs in epochs.items()
+                if name != "folder"
+            },
+        },
+    )
+    for fmt, by_source in builds.items():
+        print(fmt, {name: f"{statistics.median(runs):,.0f}/s" for name, runs in by_source.items()})
+    print("epochs", {name: f"{statistics.median(runs):,.0f}/s" for name, runs in epochs.items()})
+    print(path)
+
+
+if __name__ == "__main__":
+    main()

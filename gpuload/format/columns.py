@@ -1,0 +1,75 @@
+"""A field's values by image index, over its arrays: what a dataset serves for each field it holds."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..errors import DatasetError
+from .fields import NUMBER_DTYPES, FieldSpec, field_path
+
+__all__ = ["FieldColumn"]
+
+
+class FieldColumn:
+    """One field's values by image index, over its arrays (mapped files, or bytes read at a URL): a
+    number, multi-label or text field.
+
+    Example:
+        >>> spec = FieldSpec("tags", "multilabel", "float32", (3,), ("cat", "dog", "sky"))
+        >>> column = FieldColumn(spec, {"data": np.array([0, 2, 1], np.int32), "offsets": np.array([0, 2, 3])}, 2)
+        >>> column.sample(0), column.batch(torch.tensor([1, 0]))
+        (tensor([1., 0., 1.]), tensor([[0., 1., 0.],
+                [1., 0., 1.]]))
+    """
+
+    def __init__(self, spec: FieldSpec, arrays: dict[str, np.ndarray], count: int) -> None:
+        self.spec, self.count = spec, count
+        self._data = arrays["data"]
+        self._offsets = arrays.get("offsets")
+        if spec.kind == "number":
+            values = self._data.view(NUMBER_DTYPES[spec.dtype]).reshape(count, *spec.shape)
+            self._tensor = torch.from_numpy(values.view(np.bool_) if spec.dtype == "bool" else values)
+
+    def check(self, where: str) -> None:
+        """The cheap checks of an open: offsets that cut the data into ``count`` values (their ends).
+
+        Raises:
+            DatasetError: they do not.
+        """
+        if self._offsets is None:
+            return
+        offsets, size = self._offsets, len(self._data)
+        if len(offsets) != self.count + 1 or int(offsets[0]) != 0 or int(offsets[-1]) != size:
+            name = field_path(self.spec.name, "offsets")
+            raise DatasetError(
+                f"{where} is damaged: {name} does not cut {field_path(self.spec.name)} into {self.count} values; "
+                "run gpuload verify, then rebuild the dataset"
+            )
+
+    def sample(self, index: int) -> torch.Tensor | str:
+        """Image ``index``'s value: a tensor (0-d for a scalar), a multi-hot vector, or a ``str``."""
+        if self.spec.kind == "number":
+            return self._tensor[index].clone()
+        if self.spec.kind == "text":
+            return bytes(self._data[int(self._offsets[index]) : int(self._offsets[index + 1])]).decode()
+        return self.batch(torch.tensor([index]))[0]
+
+    def batch(self, indices: torch.Tensor) -> torch.Tensor | list[str]:
+        """The values of ``indices``: a tensor ``[B, *shape]``, or a list of ``str`` for text."""
+        if self.spec.kind == "text":
+            return [self.sample(index) for index in indices.tolist()]
+        out = torch.empty((len(indices), *self.spec.shape), dtype=self.spec.torch_dtype)
+        self.gather_into(indices, out)
+        return out
+
+    def gather_into(self, indices: torch.Tensor, out: torch.Tensor) -> None:
+        """The values of ``indices`` written into ``out`` (``[B, *shape]``: a loader's buffer)."""
+        if self.spec.kind == "number":
+            torch.index_select(self._tensor, 0, indices, out=out)
+            return
+        out.zero_()
+        starts, ends = self._offsets[indices.numpy()], self._offsets[indices.numpy() + 1]
+        rows = np.repeat(np.arange(len(indices)), ends - starts)
+        columns = np.concatenate([self._data[start:end] for start, end in zip(starts.tolist(), ends.tolist())] or [[]])
+        out.numpy()[rows, columns.astype(np.int64)] = 1.0

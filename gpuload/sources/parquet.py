@@ -1,0 +1,173 @@
+"""Images held in Parquet files, in the layout Hugging Face ``datasets`` exports.
+
+A ``.parquet`` file, or a folder of them (read in the order of their names): an ``image`` column of
+``{bytes, path}`` structs (``datasets.Image``; or plain binary), a ``label`` column (class indices, whose
+names come from the ``ClassLabel`` the file's ``huggingface`` metadata records, or class names), and
+any other column a field (see :mod:`gpuload.sources.samples`; a ``mask`` column of segmentation masks is
+refused, as masks are not stored yet, unless left out: ``--column mask=ignore``). Roles given by name
+override those defaults (``--column picture=image``). Each file is read in record batches of 64 rows through pyarrow (``pip install
+'gpuload[parquet]'``): memory holds one batch whatever the file's size; the image bytes go to the
+scan's own file in the build's folder.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import SourceError, UsageError
+from .samples import Sample, SampleScan, ScannedIndex
+
+__all__ = ["open_parquet", "parquet_files", "scan_parquet"]
+
+_DEFAULT_ROLES = {"image": "image", "label": "label", "mask": "mask"}
+_BATCH = 64  # rows read at once: a batch of images in memory
+
+
+def open_parquet(path: Path):
+    """``pyarrow.parquet.ParquetFile`` of ``path``.
+
+    Raises:
+        UsageError: pyarrow is not installed.
+        SourceError: the file is not a readable Parquet file (truncated, damaged, something else).
+    """
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise UsageError(
+            f"{path} is a Parquet file, which gpuload reads with pyarrow: pip install 'gpuload[parquet]'"
+        ) from None
+    import pyarrow
+
+    try:
+        return pq.ParquetFile(path)
+    except (pyarrow.ArrowException, OSError) as error:
+        raise SourceError(
+            path, f"is not a readable Parquet file ({error}): truncated or damaged? download it again"
+        ) from None
+
+
+def parquet_files(src: Path) -> list[Path]:
+    """The Parquet files of ``src``: itself, or those of the folder, sorted by name.
+
+    Raises:
+        FileNotFoundError: a folder with none.
+    """
+    if src.is_file():
+        return [src]
+    files = sorted(path for path in src.iterdir() if path.suffix == ".parquet" and path.is_file())
+    if not files:
+        raise FileNotFoundError(f"{src} holds no .parquet file")
+    return files
+
+
+def image_column(path: Path, roles: dict[str, str]) -> str | None:
+    """The column of ``path`` that holds images (binary, or ``{bytes, path}`` structs), or ``None``:
+    a Parquet file without one is a metadata table naming image files."""
+    import pyarrow as pa
+
+    schema = open_parquet(path).schema_arrow
+    named = next((name for name, role in roles.items() if role == "image"), "image")
+    if named not in schema.names:
+        return None
+    kind = schema.field(named).type
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        return named
+    if pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0:
+        return named
+    return None
+
+
+def scan_parquet(
+    src: Path,
+    *,
+    classes: Sequence[str] | None,
+    roles: dict[str, str],
+    into: Path,
+    files: list[Path] | None = None,
+    progress: bool = False,
+) -> ScannedIndex:
+    """Scan the images of the Parquet file or folder ``src`` into the new folder ``into`` (see the module).
+
+    Raises:
+        SourceError: a file is not readable, or a row cannot be taken (named, with what to do).
+        UsageError: pyarrow is not installed.
+    """
+    import pyarrow
+
+    files = files or parquet_files(src)
+    roles = {
+        **{name: role for name, role in _DEFAULT_ROLES.items() if role not in roles.values() and name not in roles},
+        **roles,
+    }
+    image = next(name for name, role in roles.items() if role == "image")
+    label = next((name for name, role in roles.items() if role == "label"), None)
+    given = classes if classes is not None else _class_names(open_parquet(files[0]), label)
+    root = src if src.is_dir() else src.parent
+    scan = SampleScan(
+        into,
+        root=root,
+        source=src,
+        source_format="parquet",
+        classes=given,
+        roles=roles,
+        default_class=src.stem if src.is_file() else src.name,
+        progress=progress,
+    )
+    for path in files:
+        parquet = open_parquet(path)
+        if image not in parquet.schema_arrow.names:
+            raise SourceError(
+                path,
+                f"has no {image!r} column of images (its columns: {', '.join(parquet.schema_arrow.names)}); name the "
+                "image column with --column NAME=image",
+            )
+        row = 0
+        try:
+            for batch in parquet.iter_batches(batch_size=_BATCH):
+                for values in batch.to_pylist():
+                    where = f"row {row} of {path}"
+                    data = _image_bytes(values.pop(image), where, path, image)
+                    sample = Sample(
+                        name=f"{path.relative_to(root).as_posix()}/{row}",
+                        image=data,
+                        label=values.pop(label, None) if label is not None else None,
+                        values=values,
+                        where=where,
+                    )
+                    scan.add(sample)
+                    row += 1
+        except (pyarrow.ArrowException, OSError) as error:
+            raise SourceError(
+                path, f"cannot be read past row {row} ({error}): truncated or damaged? download it again"
+            ) from None
+    return scan.finish(describe=lambda position: f"sample {position}")
+
+
+def _image_bytes(value: object, where: str, path: Path, column: str) -> bytes:
+    """An image cell's bytes: a ``{bytes, path}`` struct's, or plain binary.
+
+    Raises:
+        SourceError: it holds none (a struct of a path only names a file elsewhere).
+    """
+    if isinstance(value, dict):
+        value = value.get("bytes")
+    if isinstance(value, (bytes, bytearray)) and value:
+        return bytes(value)
+    raise SourceError(
+        path,
+        f"{where}: {column!r} holds no image bytes ({'empty' if value is None else type(value).__name__}); "
+        "export the dataset with the images embedded (datasets' to_parquet embeds them)",
+    )
+
+
+def _class_names(parquet, label: str | None) -> list[str] | None:
+    """The class names that a Hugging Face export records for its label column (a ``ClassLabel``), or ``None``."""
+    metadata = parquet.schema_arrow.metadata or {}
+    try:
+        features = json.loads(metadata[b"huggingface"])["info"]["features"]
+        names = features[label]["names"]
+    except (KeyError, TypeError, ValueError):
+        return None
+    return list(names) if isinstance(names, list) and all(isinstance(name, str) for name in names) else None

@@ -1,0 +1,93 @@
+"""Parquet files as a source (gpuload.sources.parquet): files written by pyarrow in the layout Hugging
+Face ``datasets`` exports (an ``image`` struct column of ``{bytes, path}``, a ``ClassLabel`` label)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from gpuload import MemmapImageDataset, SourceError, build_memmap, verify_memmap
+
+
+def write_parquet(path: Path, sources: list[Path], classes: list[str], **extra) -> Path:
+    """``sources`` as Hugging Face's export: ``image`` ``{bytes, path}``, ``label`` a class index whose names
+    the ``huggingface`` schema metadata records, and ``extra`` columns (lists of values)."""
+    table = pa.table(
+        {
+            "image": [{"bytes": source.read_bytes(), "path": source.name} for source in sources],
+            "label": pa.array([classes.index(source.parent.name) for source in sources], pa.int64()),
+            **extra,
+        }
+    )
+    features = {"image": {"_type": "Image"}, "label": {"names": classes, "_type": "ClassLabel"}}
+    metadata = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
+    pq.write_table(table.replace_schema_metadata(metadata), path, row_group_size=7)
+    return path
+
+
+@pytest.fixture
+def sources(photo_folder) -> list[Path]:
+    return sorted(photo_folder.rglob("*.jpg"))
+
+
+@pytest.fixture
+def classes(photo_folder) -> list[str]:
+    return sorted(path.name for path in photo_folder.iterdir())
+
+
+class TestHuggingFaceLayout:
+    def test_images_labels_and_fields(self, sources, classes, photo_folder, tmp_path):
+        embedding = [[float(position), -1.0, 0.5] for position in range(len(sources))]
+        path = write_parquet(tmp_path / "train.parquet", sources, classes, embedding=embedding, flag=[True] * 20)
+        ds = MemmapImageDataset(build_memmap(path, tmp_path / "out", progress=False))
+        assert ds.manifest.source_format == "parquet" and ds.classes == classes
+        plain = MemmapImageDataset(build_memmap(photo_folder, tmp_path / "plain", progress=False))
+        assert torch.equal(ds.data.images, plain.data.images) and torch.equal(ds.data.labels, plain.data.labels)
+        assert ds[4]["embedding"].tolist() == embedding[4] and ds[4]["flag"].dtype == torch.bool
+        assert ds.table.path(3) == "train.parquet/3"
+        assert verify_memmap(ds.path, progress=False) == []
+
+    def test_a_folder_of_files_in_the_order_of_their_names(self, sources, classes, tmp_path):
+        folder = tmp_path / "data"
+        folder.mkdir()
+        write_parquet(folder / "train-00001-of-00002.parquet", sources[10:], classes)
+        write_parquet(folder / "train-00000-of-00002.parquet", sources[:10], classes)
+        ds = MemmapImageDataset(build_memmap(folder, tmp_path / "out", format="jpeg", order="source", progress=False))
+        assert len(ds) == len(sources) and ds.read_jpeg(12) == sources[12].read_bytes()
+        assert ds.table.path(12) == "train-00001-of-00002.parquet/2"
+
+    def test_plain_binary_images_and_class_names(self, sources, tmp_path):
+        table = pa.table(
+            {"picture": [path.read_bytes() for path in sources], "label": [p.parent.name for p in sources]}
+        )
+        pq.write_table(table, tmp_path / "t.parquet")
+        ds = MemmapImageDataset(
+            build_memmap(tmp_path / "t.parquet", tmp_path / "out", columns={"picture": "image"}, progress=False)
+        )
+        assert ds.classes == sorted({path.parent.name for path in sources}) and isinstance(ds[0], tuple)
+
+
+class TestBadParquet:
+    def test_a_truncated_file(self, sources, classes, tmp_path):
+        path = write_parquet(tmp_path / "train.parquet", sources, classes)
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        with pytest.raises(SourceError, match=rf"^{path}: is not a readable Parquet file .* download it again$"):
+            build_memmap(path, tmp_path / "out", progress=False)
+        assert not (tmp_path / "out").exists()
+
+    def test_an_image_of_a_path_only(self, sources, classes, tmp_path):
+        path = tmp_path / "t.parquet"
+        pq.write_table(pa.table({"image": [{"bytes": None, "path": "a.jpg"}], "label": [0]}), path)
+        with pytest.raises(SourceError, match="row 0 of .*: 'image' holds no image bytes .* embeds them"):
+            build_memmap(path, tmp_path / "out", progress=False)
+
+    def test_a_mask_column_is_refused(self, sources, classes, tmp_path):
+        masks = [{"bytes": b"png", "path": None}] * len(sources)
+        path = write_parquet(tmp_path / "t.parquet", sources, classes, mask=masks)
+        with pytest.raises(SourceError, match="'mask' is a segmentation mask, which this version"):
+            build_memmap(path, tmp_path / "out", progress=False)

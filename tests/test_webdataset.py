@@ -1,0 +1,145 @@
+"""WebDataset tar shards as a source (gpuload.sources.webdataset): real shards written by webdataset's
+TarWriter and by Python's tarfile, read as streams."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+import webdataset as wds
+
+from gpuload import MemmapImageDataset, SourceError, UsageError, build_memmap, verify_memmap
+from gpuload.sources.webdataset import expand_braces, read_shard
+
+
+def photos(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("*.jpg"))
+
+
+def write_shards(folder: Path, sources: list[Path], shards: int = 2, **extra) -> Path:
+    """``sources`` in ``shards`` tar shards written by webdataset's TarWriter: each sample its ``jpg``, its
+    class folder's name as ``cls``, a ``txt`` caption and a ``json`` of a score; returns the folder."""
+    folder.mkdir()
+    for shard in range(shards):
+        with wds.TarWriter(str(folder / f"train-{shard:06d}.tar")) as sink:
+            for position in range(shard, len(sources), shards):
+                path = sources[position]
+                sample = {
+                    "__key__": f"{position:06d}",
+                    "jpg": path.read_bytes(),
+                    "cls": path.parent.name,
+                    "txt": f"caption {position}",
+                    "json": {"score": position / 2, "box": [position, 1, 2, 3]},
+                }
+                for key, value in extra.items():
+                    sample[key] = value(position)
+                sink.write(sample)
+    return folder
+
+
+def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+class TestShards:
+    def test_a_brace_pattern_of_webdataset_shards(self, photo_folder, tmp_path):
+        sources = photos(photo_folder)
+        shards = write_shards(tmp_path / "shards", sources)
+        out = build_memmap(f"{shards}/train-{{000000..000001}}.tar", tmp_path / "out", progress=False)
+        ds = MemmapImageDataset(out)
+        assert ds.manifest.source_format == "webdataset" and len(ds) == len(sources)
+        assert ds.classes == sorted({path.parent.name for path in sources})
+        order = [*range(0, len(sources), 2), *range(1, len(sources), 2)]  # shard 0's, then shard 1's
+        first = ds[0]
+        assert sorted(first) == ["box", "image", "label", "score", "txt"]
+        for position, source in enumerate(order[:6]):
+            sample = ds[position]
+            assert ds.table.path(position) == f"train-{source % 2:06d}.tar/{source:06d}.jpg"
+            assert ds.classes[sample["label"]] == sources[source].parent.name
+            assert sample["txt"] == f"caption {source}" and sample["score"].item() == source / 2
+            assert sample["box"].tolist() == [source, 1, 2, 3]
+        plain = build_memmap(photo_folder, tmp_path / "plain", progress=False)  # the same pixels as from files
+        folder_images = MemmapImageDataset(plain).data.images
+        assert torch.equal(ds.data.images, folder_images[order])
+        assert verify_memmap(out, progress=False) == []
+        with pytest.raises(UsageError, match="built from webdataset files, whose images verify does not read"):
+            verify_memmap(out, sources=3, progress=False)
+
+    def test_a_folder_of_shards_into_a_jpeg_dataset_keeps_the_bytes(self, photo_folder, tmp_path):
+        sources = photos(photo_folder)
+        shards = write_shards(tmp_path / "shards", sources, shards=3)
+        ds = MemmapImageDataset(build_memmap(shards, tmp_path / "out", format="jpeg", order="source", progress=False))
+        assert ds.read_jpeg(0) == sources[0].read_bytes()  # stored as it was in the shard
+
+    def test_a_tarfile_shard_with_class_indices_and_a_missing_image(self, photo_folder, tmp_path):
+        sources = photos(photo_folder)[:5]
+        shard = tmp_path / "one.tar.gz"
+        with tarfile.open(shard, "w:gz") as tar:
+            for position, path in enumerate(sources):
+                add(tar, f"part/{position:04d}.jpeg", path.read_bytes())
+                add(tar, f"part/{position:04d}.cls", str(position % 2).encode())
+            add(tar, "part/0099.cls", b"1")  # a sample with no image
+        ds = MemmapImageDataset(build_memmap(shard, tmp_path / "out", progress=False))
+        assert ds.classes == ["0", "1"] and ds.data.labels.tolist() == [0, 1, 0, 1, 0]
+        assert isinstance(ds[0], tuple)  # no field: (image, label)
+        assert ds.skipped == [{"path": "one.tar.gz/part/0099", "reason": "no image among its members (cls)"}]
+
+    def test_read_as_a_stream_one_sample_at_a_time(self, photo_folder, tmp_path):
+        shards = write_shards(tmp_path / "shards", photos(photo_folder)[:4], shards=1)
+        samples = list(read_shard(shards / "train-000000.tar"))
+        assert [key for key, _ in samples] == ["000000", "000001", "000002", "000003"]
+        assert sorted(samples[0][1]) == ["cls", "jpg", "json", "txt"]
+
+    def test_expand_braces_as_webdataset(self):
+        pattern = "s-{000..002}-{a,b}.tar"
+        assert expand_braces(pattern) == list(wds.shardlists.expand_urls(pattern))
+
+
+class TestBadShards:
+    def test_a_truncated_shard_names_it_and_writes_nothing(self, photo_folder, tmp_path):
+        shards = write_shards(tmp_path / "shards", photos(photo_folder))
+        shard = shards / "train-000001.tar"
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2 + 100])
+        with pytest.raises(SourceError, match=rf"^{shard}: is truncated or damaged after \d+ samples"):
+            build_memmap(shards, tmp_path / "out", progress=False)
+        assert not (tmp_path / "out").exists()
+
+    def test_a_missing_shard_of_a_pattern(self, photo_folder, tmp_path):
+        shards = write_shards(tmp_path / "shards", photos(photo_folder))
+        with pytest.raises(FileNotFoundError, match=r"train-000002.tar does not exist \(1 of the 3 shards"):
+            build_memmap(f"{shards}/train-{{000000..000002}}.tar", tmp_path / "out", progress=False)
+
+    def test_a_mask_beside_the_image_is_refused_unless_left_out(self, photo_folder, tmp_path):
+        sources = photos(photo_folder)
+        shards = write_shards(tmp_path / "shards", sources, png=lambda position: b"\x89PNG...")
+        with pytest.raises(
+            SourceError,
+            match=r"train-000000.tar: sample '000000': its member 'png' is a second image .* \(--column mask=ignore\)$",
+        ):
+            build_memmap(shards, tmp_path / "out", progress=False)
+        ds = MemmapImageDataset(build_memmap(shards, tmp_path / "out", columns={"mask": "ignore"}, progress=False))
+        assert len(ds) == len(sources)
+
+    def test_a_json_field_missing_from_a_sample(self, photo_folder, tmp_path):
+        sources = photos(photo_folder)[:4]
+        shard = tmp_path / "s.tar"
+        with tarfile.open(shard, "w") as tar:
+            for position, path in enumerate(sources):
+                add(tar, f"{position}.jpg", path.read_bytes())
+                add(tar, f"{position}.json", json.dumps({"score": 1.0} if position != 2 else {}).encode())
+        with pytest.raises(SourceError, match=r"sample '2' of .*s.tar has no 'score'; every sample must have the same"):
+            build_memmap(shard, tmp_path / "out", progress=False)
+
+
+def test_the_scan_shows_its_progress(photo_folder, tmp_path, capsys):
+    shards = write_shards(tmp_path / "shards", photos(photo_folder)[:6], shards=1)
+    build_memmap(shards, tmp_path / "out")
+    assert "scan shards: 6sample" in capsys.readouterr().err
+    build_memmap(shards, tmp_path / "quiet", progress=False)
+    assert capsys.readouterr().err == ""
