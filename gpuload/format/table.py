@@ -144,6 +144,16 @@ class TableWriter:
         if len(self._paths) == _CHUNK:
             self._flush()
 
+    def extend(self, paths: Sequence[str], label: int, checksum: int = 0) -> None:
+        """Append one row per path, all with ``label`` and ``checksum`` (a scanned folder's images: a
+        million rows cost a second less than one :meth:`append` each)."""
+        self._paths += [path.encode() for path in paths]
+        self._labels += [label] * len(paths)
+        self._checksums += [checksum] * len(paths)
+        self.count += len(paths)
+        if len(self._paths) >= _CHUNK:
+            self._flush()
+
     def _flush(self) -> None:
         """Write the rows appended since the last flush, each file's in one write."""
         if not self._paths:

@@ -196,7 +196,7 @@ def scan_image_folder(
             if name not in folders:
                 continue
             count = table.count
-            repeats += _walk(root, root / name, seen, lambda path, label=label: table.append(path, label, 0))
+            repeats += _walk(root, root / name, seen, lambda paths, label=label: table.extend(paths, label))
             if table.count > count:
                 found.add(label)
     empty = sorted(name for label, name in enumerate(names) if label not in found)
@@ -228,8 +228,8 @@ class _Table:
     def count(self) -> int:
         return self.writer.count
 
-    def append(self, path: str, label: int, checksum: int) -> None:
-        self.writer.append(path, label, checksum)
+    def extend(self, paths: list[str], label: int) -> None:
+        self.writer.extend(paths, label)
 
     def __enter__(self) -> _Table:
         return self
@@ -278,8 +278,7 @@ def _scan_flat_folder(root: Path, classes: Sequence[str] | None, into: str | os.
     empty = sorted(name for name in names if name != root.name)
     _warn_empty(root, empty)
     with _Table(into) as table:
-        for name in files:
-            table.append(name, label, 0)
+        table.extend(files, label)
     return ImageFolderIndex(root=root, classes=names, samples=table.samples, empty_classes=empty)
 
 
@@ -320,16 +319,18 @@ def walk_images(root: Path, *, exclude: Path | None = None) -> tuple[list[str], 
     if output is not None:
         seen.add(_identity(exclude))  # a link into the output: skipped like a folder already seen
     files: list[str] = []
-    repeats = _walk(root, root, seen, files.append)
+    repeats = _walk(root, root, seen, files.extend)
     for link, _ in (repeat for repeat in repeats if repeat[1] == output):
         warnings.warn(f"{link} leads to the output folder {output}; skipped", stacklevel=2)
     _warn([repeat for repeat in repeats if repeat[1] != output])
     return files, repeats
 
 
-def _walk(root: Path, top: Path, seen: set[tuple[int, int]], emit: Callable[[str], None]) -> list[tuple[str, str]]:
-    """Give ``emit`` each image under ``top``, relative to ``root``, in torchvision's ``make_dataset``
-    order (folders sorted by path, each one's files by name), each folder listed once; returns the
+def _walk(
+    root: Path, top: Path, seen: set[tuple[int, int]], emit: Callable[[list[str]], None]
+) -> list[tuple[str, str]]:
+    """Give ``emit`` the images under ``top``, a folder's at a time, relative to ``root``, in torchvision's
+    ``make_dataset`` order (folders sorted by path, each one's files by name), each folder listed once; returns the
     ``(link, where it leads)`` of the folder links skipped. ``seen`` holds the folders visited or reserved
     (``top`` among them): a subfolder in it is skipped and reported, a new one added.
 
@@ -345,8 +346,12 @@ def _walk(root: Path, top: Path, seen: set[tuple[int, int]], emit: Callable[[str
             entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
         except OSError:  # unreadable or gone: skipped, as os.walk (and so ImageFolder) does
             continue
+        images = []
         for entry in entries:
-            if _is_folder(entry, root, repeats):
+            name = entry.name
+            if name.lower().endswith(IMG_EXTENSIONS) and not entry.is_symlink() and not entry.is_dir():
+                images.append(entry.path[skip:])  # a plain file named like an image: no call, no Path
+            elif _is_folder(entry, root, repeats):
                 identity = _identity(Path(entry.path))
                 if identity in seen:
                     repeats.append((_relative(Path(entry.path), root), str(Path(entry.path).resolve())))
@@ -354,7 +359,9 @@ def _walk(root: Path, top: Path, seen: set[tuple[int, int]], emit: Callable[[str
                 seen.add(identity)
                 heapq.heappush(waiting, entry.path)
             elif _looks_like_image(entry):
-                emit(entry.path[skip:])  # no Path per image: a million of them cost seconds
+                images.append(entry.path[skip:])
+        if images:
+            emit(images)
     return repeats
 
 
