@@ -661,8 +661,8 @@ def test_memory_does_not_grow_with_the_dataset(tmp_path):
     The lower peak of two builds counts: the interpreter's own tables grow now and then, whatever
     code runs (the interned strings' table by 7.7 MB at once, here), and then have room for far more
     than one build adds, so that growth can fall into one window, never into two in a row."""
-    src = make_sample_folder(tmp_path / "many", images_per_class=20, size=(96, 128))
-    dataset_bytes = 100 * 3 * 96 * 128
+    src = make_sample_folder(tmp_path / "many", images_per_class=20, size=(192, 256))
+    dataset_bytes = 100 * 3 * 192 * 256  # a quarter of it is far above the build's fixed objects (~0.9 MB)
     result = subprocess.run(
         [sys.executable, "-c", TRACED_BUILDS, str(src), str(tmp_path / "out")],
         capture_output=True,
