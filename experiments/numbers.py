@@ -419,6 +419,8 @@ def _scale(result: dict, into: dict[str, str]) -> None:
     into["scale.build.first_image"] = f"{row['build']['first_image_s']:.1f} s"
     into["scale.build.peak"] = megabytes(row["build"]["peak_unreclaimable_bytes"])
     into["scale.build.rate"] = f"{count(row['build']['images_per_second'])} images/s"
+    for each in result["rows"]:
+        into[f"scale.build.peak.{each['images']}"] = megabytes(each["build"]["peak_unreclaimable_bytes"])
     into["scale.peak_spread"] = megabytes(
         max(row["build"]["peak_unreclaimable_bytes"] for row in result["rows"])
         - min(row["build"]["peak_unreclaimable_bytes"] for row in result["rows"])

@@ -360,29 +360,29 @@ def measure(count: int, workdir: Path) -> dict:
 def plot(result: dict) -> None:
     rows = result["rows"]
     counts = [row["images"] for row in rows]
-    fig, axes = figure(1, 3, size=(900, 330))
+    fig, axes = figure(1, 3, size=(980, 420))
     left, middle, right = axes[0]
-    left.plot(counts, [row["open"]["seconds"] for row in rows], "o-", label="open, folder")
-    left.plot(counts, [row["open_url_warm"]["seconds"] for row in rows], "s-", label="open, URL (warm cache)")
-    left.plot(counts, [row["build"]["first_image_s"] for row in rows], "^-", label="build: to the first image")
+    left.plot(counts, [row["open"]["seconds"] for row in rows], "o-", label="open")
+    left.plot(counts, [row["open_url_warm"]["seconds"] for row in rows], "s-", label="open, URL")
+    left.plot(counts, [row["build"]["first_image_s"] for row in rows], "^-", label="build: 1st image")
     left.set_ylabel("seconds")
     left.set_title("time")
-    middle.plot(counts, [row["open"]["resident_bytes"] / 1e6 for row in rows], "o-", label="open, folder")
+    middle.plot(counts, [row["open"]["resident_bytes"] / 1e6 for row in rows], "o-", label="open")
     middle.plot(counts, [row["open_url_warm"]["resident_bytes"] / 1e6 for row in rows], "s-", label="open, URL")
-    middle.plot(counts, [row["build"]["peak_unreclaimable_bytes"] / 1e6 for row in rows], "^-", label="build, peak")
+    middle.plot(counts, [row["build"]["peak_unreclaimable_bytes"] / 1e6 for row in rows], "^-", label="build")
     middle.set_ylabel("MB")
     middle.set_title("memory")
-    for key, style, label in (("classes_uniform", "k--", "uniform shuffle"),
-                              ("classes_block_shuffled_storage_imagenet_density", "o-", "block order, shuffled storage"),
-                              ("classes_block_imagefolder_storage_imagenet_density", "x:", "block order, ImageFolder storage")):  # fmt: skip
+    for key, style, label in (("classes_uniform", "k--", "uniform"),
+                              ("classes_block_shuffled_storage_imagenet_density", "o-", "shuffled store"),
+                              ("classes_block_imagefolder_storage_imagenet_density", "x:", "folder order")):  # fmt: skip
         right.plot(counts, [row["orders"][key] for row in rows], style, label=label)
-    right.set_ylabel(f"classes in a batch of {BATCH}\n(40 images a block, as ImageNet's)")
-    right.set_title("mixing")
+    right.set_ylabel(f"classes a batch of {BATCH}")
+    right.set_title("mixing (40 images a block)")
     for axis in (left, middle, right):
         axis.set_xscale("log")
         axis.set_xlabel("images")
         axis.grid(True, alpha=0.3)
-        axis.legend(fontsize=18)
+        axis.legend(fontsize=18, loc="best")
     save_figure(fig, "scale", result, statistics="one run per count, each step in a fresh process")
 
 

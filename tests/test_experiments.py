@@ -35,6 +35,7 @@ PLOTTED = {
     "memmap_vs_folder": ["memmap_vs_folder"],
     "recipe": ["recipe"],
     "remote_loading": ["remote_loading"],
+    "scale": ["scale"],
     "stock_breakdown": ["stock_breakdown"],
     "train_augment": ["train_augment"],
     "train_order": ["train_order", "train_order_trace"],
