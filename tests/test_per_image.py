@@ -87,3 +87,15 @@ def test_a_hook_that_changes_the_image_is_refused(built_dataset, hook, error, me
 def test_per_image_must_be_callable(built_dataset):
     with pytest.raises(TypeError, match="per_image must be callable"):
         DataLoader(MemmapImageDataset(built_dataset), batch_size=4, per_image="flip")
+
+
+@pytest.mark.parametrize("hook", [lambda image: image.transpose(-1, -2), lambda image: image.mT])
+def test_a_hook_that_returns_a_view_of_the_image_is_applied(built_dataset, hook):
+    """A view of the image (a transpose of a square crop: the same first byte, other strides) is the hook's
+    result too, not the image left as it was."""
+    ds = MemmapImageDataset(built_dataset)
+    options = {"batch_size": 4, "decode": CenterCropDecode(16), "device": "cpu"}
+    crops, _ = batches(DataLoader(ds, **options))
+    out, _ = batches(DataLoader(ds, per_image=hook, **options))
+    assert not torch.equal(out, crops)
+    assert torch.equal(out, crops.transpose(-1, -2))

@@ -86,8 +86,10 @@ class PerImage:
                     f"per_image must return the image as it came, {image.dtype} {list(image.shape)}, got {got}: "
                     "a transform that changes the size belongs in decode= or after the loader"
                 )
-            if result.data_ptr() != image.data_ptr():
-                image.copy_(result)
+            if result.data_ptr() != image.data_ptr() or result.stride() != image.stride():
+                # a view of the image (a transpose: the same first byte, other strides) is copied out first
+                shared = result.untyped_storage().data_ptr() == image.untyped_storage().data_ptr()
+                image.copy_(result.clone() if shared else result)
         return made
 
 
