@@ -1440,6 +1440,20 @@ class TestTorchDropIn:
         with pytest.raises(TypeError, match="DataLoader\\(\\) got an unexpected keyword argument 'shufle'"):
             DataLoader(indexed_data(), device="cpu", shufle=True)
 
+    def test_a_stock_option_given_its_default_value_is_accepted(self):
+        """A stock call that spells torch's defaults out (``collate_fn=None``, ``timeout=0``...) asks for
+        nothing this loader lacks: it runs unchanged."""
+        defaults = {
+            "batch_sampler": None, "collate_fn": None, "worker_init_fn": None, "prefetch_factor": None,
+            "timeout": 0, "multiprocessing_context": None, "in_order": True, "pin_memory_device": "",
+        }  # fmt: skip
+        loader = DataLoader(indexed_data(), batch_size=4, device="cpu", **defaults)
+        assert [labels.tolist() for _, labels in loader] == [labels.tolist() for _, labels in DataLoader(
+            indexed_data(), batch_size=4, device="cpu"
+        )]
+        with pytest.raises(UsageError, match="takes no timeout"):
+            DataLoader(indexed_data(), device="cpu", timeout=5)
+
     def test_a_subset_serves_its_indices_in_its_order(self, built_dataset):
         dataset = MemmapImageDataset(built_dataset)
         subset = torch.utils.data.Subset(dataset, [7, 2, 19, 2])
