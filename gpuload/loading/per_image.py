@@ -94,8 +94,10 @@ class PerImage:
 
 
 def takes_generator(function: Callable) -> bool:
-    """Whether ``function`` (or a module's ``forward``) has a ``generator`` argument."""
-    signed = function.forward if isinstance(function, torch.nn.Module) else function
+    """Whether ``function`` (or a module's ``forward``; what ``torch.compile`` wrapped) has a ``generator``
+    argument."""
+    signed = getattr(function, "_orig_mod", function)  # torch.compile's wrapper takes (*args, **kwargs)
+    signed = signed.forward if isinstance(signed, torch.nn.Module) else signed  # a module's __call__ hides it
     try:
         return "generator" in inspect.signature(signed).parameters
     except (TypeError, ValueError):  # a builtin without a signature
