@@ -141,10 +141,12 @@ class TestFields:
         batch = Collate("cpu")(dataset.__getitems__([3, 0]))
         assert batch["image"].shape == (2, *dataset[0]["image"].shape) and batch["label"].dtype == torch.int64
         assert torch.equal(batch["image"][0], dataset[3]["image"]) and batch["label"].tolist() == [
-            dataset[3]["label"], dataset[0]["label"]
+            dataset[3]["label"],
+            dataset[0]["label"],
         ]
         assert batch["caption"] == [dataset[3]["caption"], dataset[0]["caption"]]
         assert torch.equal(batch["boxes"], torch.stack([dataset[3]["boxes"], dataset[0]["boxes"]]))
+
 
 def gpuload_loader(dataset, **options):
     from gpuload import DataLoader

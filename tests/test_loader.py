@@ -1448,9 +1448,9 @@ class TestTorchDropIn:
             "timeout": 0, "multiprocessing_context": None, "in_order": True, "pin_memory_device": "",
         }  # fmt: skip
         loader = DataLoader(indexed_data(), batch_size=4, device="cpu", **defaults)
-        assert [labels.tolist() for _, labels in loader] == [labels.tolist() for _, labels in DataLoader(
-            indexed_data(), batch_size=4, device="cpu"
-        )]
+        assert [labels.tolist() for _, labels in loader] == [
+            labels.tolist() for _, labels in DataLoader(indexed_data(), batch_size=4, device="cpu")
+        ]
         with pytest.raises(UsageError, match="takes no timeout"):
             DataLoader(indexed_data(), device="cpu", timeout=5)
 
