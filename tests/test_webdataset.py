@@ -96,6 +96,20 @@ class TestShards:
         assert [key for key, _ in samples] == ["000000", "000001", "000002", "000003"]
         assert sorted(samples[0][1]) == ["cls", "jpg", "json", "txt"]
 
+    def test_the_stream_keeps_no_member_it_has_read(self, photo_folder, tmp_path, monkeypatch):
+        """tarfile's stream mode keeps every member's TarInfo in ``members`` (millions in one big shard):
+        the reader empties it as it goes, as webdataset's ``tar_file_iterator`` does."""
+        shards = write_shards(tmp_path / "shards", photos(photo_folder)[:6], shards=1)
+        opened, real_open = [], tarfile.open
+
+        def spy(*args, **kwargs):
+            opened.append(real_open(*args, **kwargs))
+            return opened[-1]
+
+        monkeypatch.setattr(tarfile, "open", spy)
+        kept = [len(opened[0].members) for _ in read_shard(shards / "train-000000.tar")]
+        assert len(kept) == 6 and max(kept) <= 1
+
     def test_expand_braces_as_webdataset(self):
         pattern = "s-{000..002}-{a,b}.tar"
         assert expand_braces(pattern) == list(wds.shardlists.expand_urls(pattern))

@@ -132,6 +132,7 @@ def read_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
     try:
         with open(path, "rb") as file, tarfile.open(fileobj=file, mode="r|*") as tar:
             for member in tar:
+                tar.members = []  # the stream mode keeps every TarInfo read: millions in one big shard
                 if not member.isfile():
                     continue
                 found = _KEY.match(member.name)
