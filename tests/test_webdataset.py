@@ -90,6 +90,17 @@ class TestShards:
         assert isinstance(ds[0], tuple)  # no field: (image, label)
         assert ds.skipped == [{"path": "one.tar.gz/part/0099", "reason": "no image among its members (cls)"}]
 
+    def test_a_zero_padded_cls_is_a_class_name(self, photo_folder, tmp_path):
+        """``cls`` members ``001``, ``002`` (an ImageFolder's folder names) are names, as a metadata table's
+        labels are: not the indices 1 and 2, which would add an empty class ``0``."""
+        shard = tmp_path / "one.tar"
+        with tarfile.open(shard, "w") as tar:
+            for position, path in enumerate(photos(photo_folder)[:4]):
+                add(tar, f"{position:04d}.jpg", path.read_bytes())
+                add(tar, f"{position:04d}.cls", f"{position % 2 + 1:03d}".encode())
+        ds = MemmapImageDataset(build_memmap(shard, tmp_path / "out", progress=False))
+        assert ds.classes == ["001", "002"] and ds.data.labels.tolist() == [0, 1, 0, 1]
+
     def test_read_as_a_stream_one_sample_at_a_time(self, photo_folder, tmp_path):
         shards = write_shards(tmp_path / "shards", photos(photo_folder)[:4], shards=1)
         samples = list(read_shard(shards / "train-000000.tar"))
