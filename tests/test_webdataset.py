@@ -161,6 +161,18 @@ class TestBadShards:
         with pytest.raises(SourceError, match=r"sample '2' of .*s.tar has no 'score'; every sample must have the same"):
             build_memmap(shard, tmp_path / "out", progress=False)
 
+    def test_a_member_twice_in_one_sample_is_refused(self, photo_folder, tmp_path):
+        """Two ``000001.jpg`` one after the other (a shard appended to twice): which is the image? Refused,
+        as webdataset refuses it ("duplicate file name in tar file"), and nothing written."""
+        sources = photos(photo_folder)[:2]
+        shard = tmp_path / "s.tar"
+        with tarfile.open(shard, "w") as tar:
+            add(tar, "000001.jpg", sources[0].read_bytes())
+            add(tar, "000001.jpg", sources[1].read_bytes())
+        with pytest.raises(SourceError, match=rf"^{shard}: sample '000001' holds the member 'jpg' twice; "):
+            build_memmap(shard, tmp_path / "out", progress=False)
+        assert not (tmp_path / "out").exists()
+
 
 def test_the_scan_shows_its_progress(photo_folder, tmp_path, capsys):
     shards = write_shards(tmp_path / "shards", photos(photo_folder)[:6], shards=1)

@@ -144,7 +144,13 @@ def read_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
                         yield key, members
                         count += 1
                     key, members = found[1], {}
-                members[found[2].lower()] = data
+                extension = found[2].lower()
+                if extension in members:  # which is the sample's? webdataset refuses it too
+                    raise SourceError(
+                        path,
+                        f"sample {key!r} holds the member {extension!r} twice; keep one of them (rewrite the shard)",
+                    )
+                members[extension] = data
     except (tarfile.TarError, EOFError, OSError) as error:
         if isinstance(error, OSError) and not _damage(error):
             raise
