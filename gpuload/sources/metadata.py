@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ..errors import SourceError, UsageError
-from .samples import Sample, SampleScan, ScannedIndex
+from .samples import Sample, SampleScan, ScannedIndex, with_defaults
 
 __all__ = ["TABLE_NAMES", "TABLE_SUFFIXES", "find_metadata", "read_rows", "scan_metadata"]
 
@@ -75,7 +75,7 @@ def scan_metadata(
         (['kitten'], [('background/0000.jpg', 0)], 'float32')
         >>> index.close()
     """
-    roles = _roles(roles, table)
+    roles = with_defaults(roles, _DEFAULT_ROLES)
     image_column = next(name for name, role in roles.items() if role == "image")
     label_column = next((name for name, role in roles.items() if role == "label"), None)
     scan = SampleScan(
@@ -115,13 +115,6 @@ def scan_metadata(
                 row[column] = _relative_path(row[column], where, table, column)
         scan.add(Sample(name=name, label=label, values=row, where=where))
     return scan.finish(describe=lambda position: f"{_row_word(table)} {position + 1}")
-
-
-def _roles(given: dict[str, str], table: Path) -> dict[str, str]:
-    """The roles given, over the defaults (``file_name``: image, ``label``: label, ``mask``: mask): a
-    default is dropped where another column was given its role."""
-    roles = {name: role for name, role in _DEFAULT_ROLES.items() if role not in given.values() and name not in given}
-    return {**roles, **given}
 
 
 def _relative_path(value: object, where: str, table: Path, column: str) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import SourceError, UsageError
-from .samples import Sample, SampleScan, ScannedIndex
+from .samples import Sample, SampleScan, ScannedIndex, with_defaults
 
 __all__ = ["open_parquet", "parquet_files", "scan_parquet"]
 
@@ -97,10 +97,7 @@ def scan_parquet(
     import pyarrow
 
     files = files or parquet_files(src)
-    roles = {
-        **{name: role for name, role in _DEFAULT_ROLES.items() if role not in roles.values() and name not in roles},
-        **roles,
-    }
+    roles = with_defaults(roles, _DEFAULT_ROLES)
     image = next(name for name, role in roles.items() if role == "image")
     label = next((name for name, role in roles.items() if role == "label"), None)
     given = classes if classes is not None else _class_names(open_parquet(files[0]), label)
