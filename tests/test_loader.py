@@ -1472,6 +1472,8 @@ class TestTorchDropIn:
         loader = DataLoader(subset, batch_size=2, sampler=[2, 2, 0], device="cpu")
         assert served_indices(loader) == [5, 5, 1] and len(loader) == 2
         assert served_indices(DataLoader(subset, sampler=iter([1]), device="cpu")) == [20]
+        with pytest.raises(TypeError, match="'float' object cannot be interpreted as an integer"):
+            served_indices(DataLoader(subset, sampler=[1.5], device="cpu"))  # not truncated to 1
 
     def test_a_shuffled_subset_is_refused_saying_what_subset_random_sampler_gives(self):
         subset = torch.utils.data.Subset(indexed_data(), [3, 1])
