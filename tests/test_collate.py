@@ -119,3 +119,36 @@ def test_a_gathered_channels_last_batch_is_handed_over_without_a_copy(built_data
     assert images.data_ptr() == gathered.data.images.data_ptr() and images.stride() == gathered.data.images.stride()
     assert images.is_contiguous(memory_format=torch.channels_last)
     assert labels.tolist() == [dataset.targets[index] for index in (3, 0, 5)]
+
+
+class TestFields:
+    """A dataset with fields: Collate gives the dict that gpuload.DataLoader gives (the fields' tensors on the
+    device with the images, text a list of ``str``), as ``FieldSamples`` promises."""
+
+    def test_the_stock_loader_with_collate_gives_the_loaders_dict(self, fields_dataset):
+        dataset = MemmapImageDataset(fields_dataset)
+        stock = next(iter(torch.utils.data.DataLoader(dataset, batch_size=5, collate_fn=Collate("cpu"))))
+        ours = next(iter(gpuload_loader(dataset, batch_size=5)))
+        assert sorted(stock) == sorted(ours)
+        for name, value in ours.items():
+            if isinstance(value, torch.Tensor):
+                assert stock[name].dtype == value.dtype and torch.equal(stock[name], value), name
+            else:
+                assert stock[name] == value, name
+
+    def test_a_jpeg_dataset_of_one_size_is_stacked_with_its_fields(self, table_folder, tmp_path):
+        dataset = MemmapImageDataset(build_memmap(table_folder, tmp_path / "jpeg", format="jpeg", progress=False))
+        batch = Collate("cpu")(dataset.__getitems__([3, 0]))
+        assert batch["image"].shape == (2, *dataset[0]["image"].shape) and batch["label"].dtype == torch.int64
+        assert torch.equal(batch["image"][0], dataset[3]["image"]) and batch["label"].tolist() == [
+            dataset[3]["label"],
+            dataset[0]["label"],
+        ]
+        assert batch["caption"] == [dataset[3]["caption"], dataset[0]["caption"]]
+        assert torch.equal(batch["boxes"], torch.stack([dataset[3]["boxes"], dataset[0]["boxes"]]))
+
+
+def gpuload_loader(dataset, **options):
+    from gpuload import DataLoader
+
+    return DataLoader(dataset, device="cpu", **options)

@@ -1440,6 +1440,20 @@ class TestTorchDropIn:
         with pytest.raises(TypeError, match="DataLoader\\(\\) got an unexpected keyword argument 'shufle'"):
             DataLoader(indexed_data(), device="cpu", shufle=True)
 
+    def test_a_stock_option_given_its_default_value_is_accepted(self):
+        """A stock call that spells torch's defaults out (``collate_fn=None``, ``timeout=0``...) asks for
+        nothing this loader lacks: it runs unchanged."""
+        defaults = {
+            "batch_sampler": None, "collate_fn": None, "worker_init_fn": None, "prefetch_factor": None,
+            "timeout": 0, "multiprocessing_context": None, "in_order": True, "pin_memory_device": "",
+        }  # fmt: skip
+        loader = DataLoader(indexed_data(), batch_size=4, device="cpu", **defaults)
+        assert [labels.tolist() for _, labels in loader] == [
+            labels.tolist() for _, labels in DataLoader(indexed_data(), batch_size=4, device="cpu")
+        ]
+        with pytest.raises(UsageError, match="takes no timeout"):
+            DataLoader(indexed_data(), device="cpu", timeout=5)
+
     def test_a_subset_serves_its_indices_in_its_order(self, built_dataset):
         dataset = MemmapImageDataset(built_dataset)
         subset = torch.utils.data.Subset(dataset, [7, 2, 19, 2])
@@ -1458,6 +1472,8 @@ class TestTorchDropIn:
         loader = DataLoader(subset, batch_size=2, sampler=[2, 2, 0], device="cpu")
         assert served_indices(loader) == [5, 5, 1] and len(loader) == 2
         assert served_indices(DataLoader(subset, sampler=iter([1]), device="cpu")) == [20]
+        with pytest.raises(TypeError, match="'float' object cannot be interpreted as an integer"):
+            served_indices(DataLoader(subset, sampler=[1.5], device="cpu"))  # not truncated to 1
 
     def test_a_shuffled_subset_is_refused_saying_what_subset_random_sampler_gives(self):
         subset = torch.utils.data.Subset(indexed_data(), [3, 1])

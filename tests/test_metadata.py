@@ -112,6 +112,26 @@ class TestOtherTables:
         ]
         assert ds[3]["flag"].item() is True and ds[4]["flag"].item() is False and ds[3]["ratio"].tolist() == [3, 0.5]
 
+    def test_zero_padded_labels_in_a_csv_are_class_names(self, photo_folder, tmp_path):
+        """Class folders ``001``, ``002``... (CUB, many 1-based datasets) written as a CSV's labels are the
+        names an ImageFolder of them has, not the indices 1, 2...: the same classes and labels as the folder's
+        build, and ``--classes-from`` that build maps each to its own class."""
+        folder = tmp_path / "padded"
+        for position, name in enumerate(sorted(path.name for path in photo_folder.iterdir())):
+            shutil.copytree(photo_folder / name, folder / f"{position + 1:03d}")
+        plain = MemmapImageDataset(build_memmap(folder, tmp_path / "plain", progress=False))
+        files = sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*.jpg"))
+        lines = ["file_name,label,count"] + [
+            f"{name},{name.split('/')[0]},{position:03d}" for position, name in enumerate(files)
+        ]
+        (folder / "metadata.csv").write_text("\n".join(lines) + "\n")
+        table = MemmapImageDataset(build_memmap(folder, tmp_path / "table", progress=False))
+        assert table.classes == plain.classes == [f"{position + 1:03d}" for position in range(len(plain.classes))]
+        assert torch.equal(table.data.labels, plain.data.labels)
+        given = MemmapImageDataset(build_memmap(folder, tmp_path / "given", classes=plain.classes, progress=False))
+        assert torch.equal(given.data.labels, plain.data.labels)
+        assert table[7]["count"].item() == 7  # a field's zero-padded integers stay numbers
+
     def test_metadata_parquet_naming_files(self, table_copy, tmp_path):
         rows = photo_rows(table_copy)
         (table_copy / "metadata.jsonl").unlink()

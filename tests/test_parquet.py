@@ -91,3 +91,20 @@ class TestBadParquet:
         path = write_parquet(tmp_path / "t.parquet", sources, classes, mask=masks)
         with pytest.raises(SourceError, match="'mask' is a segmentation mask, which this version"):
             build_memmap(path, tmp_path / "out", progress=False)
+
+    def test_a_full_disk_while_staging_is_not_blamed_on_the_file(self, sources, classes, tmp_path, monkeypatch):
+        """An ``OSError`` of the build's own disk (the scan stages the images there) stays what it is: the
+        Parquet file is fine, and "download it again" would send the user the wrong way."""
+        import errno
+
+        from gpuload.sources.samples import SampleScan
+
+        def full(self, sample):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(SampleScan, "add", full)
+        path = write_parquet(tmp_path / "train.parquet", sources, classes)
+        with pytest.raises(OSError, match="No space left on device") as raised:
+            build_memmap(path, tmp_path / "out", progress=False)
+        assert not isinstance(raised.value, SourceError)
+        assert not (tmp_path / "out").exists()

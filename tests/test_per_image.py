@@ -87,3 +87,28 @@ def test_a_hook_that_changes_the_image_is_refused(built_dataset, hook, error, me
 def test_per_image_must_be_callable(built_dataset):
     with pytest.raises(TypeError, match="per_image must be callable"):
         DataLoader(MemmapImageDataset(built_dataset), batch_size=4, per_image="flip")
+
+
+@pytest.mark.parametrize("hook", [lambda image: image.transpose(-1, -2), lambda image: image.mT])
+def test_a_hook_that_returns_a_view_of_the_image_is_applied(built_dataset, hook):
+    """A view of the image (a transpose of a square crop: the same first byte, other strides) is the hook's
+    result too, not the image left as it was."""
+    ds = MemmapImageDataset(built_dataset)
+    options = {"batch_size": 4, "decode": CenterCropDecode(16), "device": "cpu"}
+    crops, _ = batches(DataLoader(ds, **options))
+    out, _ = batches(DataLoader(ds, per_image=hook, **options))
+    assert not torch.equal(out, crops)
+    assert torch.equal(out, crops.transpose(-1, -2))
+
+
+def test_a_compiled_module_with_a_generator_gets_one(monkeypatch):
+    """``torch.compile`` hides a module's ``forward`` behind ``(*args, **kwargs)``: the hook's signature is read
+    from the module it wrapped, as the loader's ``transform=`` reads it (one helper for both)."""
+    from gpuload.loading.per_image import takes_generator
+
+    class Noise(torch.nn.Module):
+        def forward(self, image, generator=None):
+            return image
+
+    monkeypatch.setenv("TORCH_COMPILE_DISABLE", "1")  # wrapping only: nothing is compiled
+    assert takes_generator(torch.compile(Noise())) and not takes_generator(torch.compile(torch.nn.Identity()))

@@ -90,11 +90,36 @@ class TestShards:
         assert isinstance(ds[0], tuple)  # no field: (image, label)
         assert ds.skipped == [{"path": "one.tar.gz/part/0099", "reason": "no image among its members (cls)"}]
 
+    def test_a_zero_padded_cls_is_a_class_name(self, photo_folder, tmp_path):
+        """``cls`` members ``001``, ``002`` (an ImageFolder's folder names) are names, as a metadata table's
+        labels are: not the indices 1 and 2, which would add an empty class ``0``."""
+        shard = tmp_path / "one.tar"
+        with tarfile.open(shard, "w") as tar:
+            for position, path in enumerate(photos(photo_folder)[:4]):
+                add(tar, f"{position:04d}.jpg", path.read_bytes())
+                add(tar, f"{position:04d}.cls", f"{position % 2 + 1:03d}".encode())
+        ds = MemmapImageDataset(build_memmap(shard, tmp_path / "out", progress=False))
+        assert ds.classes == ["001", "002"] and ds.data.labels.tolist() == [0, 1, 0, 1]
+
     def test_read_as_a_stream_one_sample_at_a_time(self, photo_folder, tmp_path):
         shards = write_shards(tmp_path / "shards", photos(photo_folder)[:4], shards=1)
         samples = list(read_shard(shards / "train-000000.tar"))
         assert [key for key, _ in samples] == ["000000", "000001", "000002", "000003"]
         assert sorted(samples[0][1]) == ["cls", "jpg", "json", "txt"]
+
+    def test_the_stream_keeps_no_member_it_has_read(self, photo_folder, tmp_path, monkeypatch):
+        """tarfile's stream mode keeps every member's TarInfo in ``members`` (millions in one big shard):
+        the reader empties it as it goes, as webdataset's ``tar_file_iterator`` does."""
+        shards = write_shards(tmp_path / "shards", photos(photo_folder)[:6], shards=1)
+        opened, real_open = [], tarfile.open
+
+        def spy(*args, **kwargs):
+            opened.append(real_open(*args, **kwargs))
+            return opened[-1]
+
+        monkeypatch.setattr(tarfile, "open", spy)
+        kept = [len(opened[0].members) for _ in read_shard(shards / "train-000000.tar")]
+        assert len(kept) == 6 and max(kept) <= 1
 
     def test_expand_braces_as_webdataset(self):
         pattern = "s-{000..002}-{a,b}.tar"
@@ -135,6 +160,18 @@ class TestBadShards:
                 add(tar, f"{position}.json", json.dumps({"score": 1.0} if position != 2 else {}).encode())
         with pytest.raises(SourceError, match=r"sample '2' of .*s.tar has no 'score'; every sample must have the same"):
             build_memmap(shard, tmp_path / "out", progress=False)
+
+    def test_a_member_twice_in_one_sample_is_refused(self, photo_folder, tmp_path):
+        """Two ``000001.jpg`` one after the other (a shard appended to twice): which is the image? Refused,
+        as webdataset refuses it ("duplicate file name in tar file"), and nothing written."""
+        sources = photos(photo_folder)[:2]
+        shard = tmp_path / "s.tar"
+        with tarfile.open(shard, "w") as tar:
+            add(tar, "000001.jpg", sources[0].read_bytes())
+            add(tar, "000001.jpg", sources[1].read_bytes())
+        with pytest.raises(SourceError, match=rf"^{shard}: sample '000001' holds the member 'jpg' twice; "):
+            build_memmap(shard, tmp_path / "out", progress=False)
+        assert not (tmp_path / "out").exists()
 
 
 def test_the_scan_shows_its_progress(photo_folder, tmp_path, capsys):

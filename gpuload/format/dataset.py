@@ -122,8 +122,8 @@ class FieldSamples(Sequence):
     collate makes the same dict of the samples.
     """
 
-    def __init__(self, batch: dict[str, object], count: int) -> None:
-        self.batch, self.count = batch, count
+    def __init__(self, batch: dict[str, object], count: int, pairs: Sequence[tuple[torch.Tensor, int]]) -> None:
+        self.batch, self.count, self.pairs = batch, count, pairs  # pairs: the images and labels, as without fields
 
     def __len__(self) -> int:
         return self.count
@@ -586,7 +586,7 @@ class MemmapImageDataset(torch.utils.data.Dataset):
             images = pairs.data.images if isinstance(pairs, GatheredSamples) else [image for image, _ in pairs]
             labels = pairs.data.labels if isinstance(pairs, GatheredSamples) else [label for _, label in pairs]
             batch = {"image": images, "label": labels, **{name: field.batch(at) for name, field in self.fields.items()}}
-            return FieldSamples(batch, len(indices))
+            return FieldSamples(batch, len(indices), pairs)
         return self._pairs(indices)
 
     def _pairs(self, indices: Sequence[int]) -> Sequence[tuple[torch.Tensor, int]]:

@@ -86,14 +86,18 @@ class PerImage:
                     f"per_image must return the image as it came, {image.dtype} {list(image.shape)}, got {got}: "
                     "a transform that changes the size belongs in decode= or after the loader"
                 )
-            if result.data_ptr() != image.data_ptr():
-                image.copy_(result)
+            if result.data_ptr() != image.data_ptr() or result.stride() != image.stride():
+                # a view of the image (a transpose: the same first byte, other strides) is copied out first
+                shared = result.untyped_storage().data_ptr() == image.untyped_storage().data_ptr()
+                image.copy_(result.clone() if shared else result)
         return made
 
 
 def takes_generator(function: Callable) -> bool:
-    """Whether ``function`` (or a module's ``forward``) has a ``generator`` argument."""
-    signed = function.forward if isinstance(function, torch.nn.Module) else function
+    """Whether ``function`` (or a module's ``forward``; what ``torch.compile`` wrapped) has a ``generator``
+    argument."""
+    signed = getattr(function, "_orig_mod", function)  # torch.compile's wrapper takes (*args, **kwargs)
+    signed = signed.forward if isinstance(signed, torch.nn.Module) else signed  # a module's __call__ hides it
     try:
         return "generator" in inspect.signature(signed).parameters
     except (TypeError, ValueError):  # a builtin without a signature

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import atexit
 import hashlib
-import inspect
 import sys
 import threading
 import weakref
@@ -28,6 +27,7 @@ from ..format.dataset import MemmapImageDataset
 from ..machine import default_workers, limit_torch_threads
 from .crop import CenterCropDecode, RandomResizedCropDecode, decode_batch
 from .fields import FieldGather, tensors, to_device
+from .per_image import takes_generator
 from .prefetch import BlockPrefetcher
 
 if TYPE_CHECKING:
@@ -287,12 +287,7 @@ class BatchTransform:
         # CUDA graphs (torch.compile's "reduce-overhead" and "max-autotune") return static buffers that
         # the next replay overwrites, while the consumer may still be reading the batch before: keep a copy.
         self.copy_output = uses_cuda_graphs(function)
-        signed = getattr(function, "_orig_mod", function)  # what torch.compile wrapped
-        signed = signed.forward if isinstance(signed, torch.nn.Module) else signed  # a module's __call__ hides it
-        try:
-            self.takes_generator = "generator" in inspect.signature(signed).parameters
-        except (TypeError, ValueError):  # a builtin without a signature
-            self.takes_generator = False
+        self.takes_generator = takes_generator(function)
 
     def __call__(self, images: torch.Tensor, *, number: int) -> torch.Tensor:
         with torch.no_grad():

@@ -14,7 +14,8 @@ stored yet, unless left out (``--column mask=ignore``).
 The table is read a row at a time (CSV and JSON Lines with Python's readers, Parquet in record
 batches through pyarrow, ``pip install 'gpuload[parquet]'``): memory holds a few rows whatever its length.
 CSV cells are text: a cell that reads as an integer, a number, a bool (``True``, ``false``) or a JSON
-list (``[0.5, 2]``, ``["cat", "dog"]``) is taken as one, unless its column has the role ``text``.
+list (``[0.5, 2]``, ``["cat", "dog"]``) is taken as one, unless its column has the role ``text``; a
+zero-padded integer label (``001``) stays a class name, as an ImageFolder's folder ``001`` is one.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ..errors import SourceError, UsageError
-from .samples import Sample, SampleScan, ScannedIndex
+from .samples import Sample, SampleScan, ScannedIndex, with_defaults
 
 __all__ = ["TABLE_NAMES", "TABLE_SUFFIXES", "find_metadata", "read_rows", "scan_metadata"]
 
@@ -74,7 +75,7 @@ def scan_metadata(
         (['kitten'], [('background/0000.jpg', 0)], 'float32')
         >>> index.close()
     """
-    roles = _roles(roles, table)
+    roles = with_defaults(roles, _DEFAULT_ROLES)
     image_column = next(name for name, role in roles.items() if role == "image")
     label_column = next((name for name, role in roles.items() if role == "label"), None)
     scan = SampleScan(
@@ -89,7 +90,7 @@ def scan_metadata(
     )
     by_folder: bool | None = None
     text_columns = {name for name, role in roles.items() if role in ("text", "mask", "image")}
-    for where, row in read_rows(table, text_columns):
+    for where, row in read_rows(table, text_columns, name_columns={label_column} - {None}):
         if image_column not in row:
             raise SourceError(
                 table,
@@ -116,13 +117,6 @@ def scan_metadata(
     return scan.finish(describe=lambda position: f"{_row_word(table)} {position + 1}")
 
 
-def _roles(given: dict[str, str], table: Path) -> dict[str, str]:
-    """The roles given, over the defaults (``file_name``: image, ``label``: label, ``mask``: mask): a
-    default is dropped where another column was given its role."""
-    roles = {name: role for name, role in _DEFAULT_ROLES.items() if role not in given.values() and name not in given}
-    return {**roles, **given}
-
-
 def _relative_path(value: object, where: str, table: Path, column: str) -> str:
     """A path a row gives, relative to the table's folder and normalised.
 
@@ -145,9 +139,12 @@ def _row_word(table: Path) -> str:
     return "line" if table.suffix == ".jsonl" else "row"
 
 
-def read_rows(table: Path, text_columns: set[str] = frozenset()) -> Iterator[tuple[str, dict]]:
+def read_rows(
+    table: Path, text_columns: set[str] = frozenset(), name_columns: set[str] = frozenset()
+) -> Iterator[tuple[str, dict]]:
     """``(where, row)`` for each row of ``table`` (``.csv``, ``.jsonl`` or ``.parquet``), a row at a time.
-    CSV cells of the ``text_columns`` stay text; others are read as numbers or JSON lists where they are.
+    CSV cells of the ``text_columns`` stay text; others are read as numbers or JSON lists where they are,
+    but a zero-padded integer of the ``name_columns`` (the label's: class ``001``) stays a name.
 
     Raises:
         SourceError: the table is not readable as its kind says (named, with the line or what pyarrow said).
@@ -156,10 +153,10 @@ def read_rows(table: Path, text_columns: set[str] = frozenset()) -> Iterator[tup
     reader = {".csv": _csv_rows, ".jsonl": _jsonl_rows, ".parquet": _parquet_rows}.get(table.suffix.lower())
     if reader is None:
         raise UsageError(f"{table} is not a table gpuload reads; give a .csv, .jsonl or .parquet file")
-    yield from reader(table, text_columns)
+    yield from reader(table, text_columns, name_columns)
 
 
-def _csv_rows(table: Path, text_columns: set[str]) -> Iterator[tuple[str, dict]]:
+def _csv_rows(table: Path, text_columns: set[str], name_columns: set[str]) -> Iterator[tuple[str, dict]]:
     with open(table, newline="", encoding="utf-8-sig") as file:
         try:
             rows = csv.DictReader(file)
@@ -169,19 +166,28 @@ def _csv_rows(table: Path, text_columns: set[str]) -> Iterator[tuple[str, dict]]
                     raise SourceError(
                         table, f"{where} has {len(rows.fieldnames)} column names and another number of cells"
                     )
-                yield where, {name: cell if name in text_columns else _cell(cell) for name, cell in row.items()}
+                cells = {
+                    name: cell if name in text_columns else _cell(cell, name=name in name_columns)
+                    for name, cell in row.items()
+                }
+                yield where, cells
         except (UnicodeDecodeError, csv.Error) as error:
             raise SourceError(table, f"is not a readable CSV file ({error}); save it as UTF-8 CSV") from None
 
 
-def _cell(text: str) -> object:
+def _cell(text: str, *, name: bool = False) -> object:
     """A CSV cell as what it reads as: an int, a float, a bool (``true``/``false``, any case, as pandas and
-    Python write them), a JSON list, or its text.
+    Python write them), a JSON list, or its text; with ``name`` (a label), a zero-padded integer stays text:
+    folders ``001``, ``002``... are class names, as an ImageFolder of them has them, not indices 1, 2...
 
     Example:
-        >>> [_cell(text) for text in ("3", "0.5", "False", "[1, 2]", "cat")]
-        [3, 0.5, False, [1, 2], 'cat']
+        >>> [_cell(text) for text in ("3", "0.5", "False", "[1, 2]", "cat", "007")]
+        [3, 0.5, False, [1, 2], 'cat', 7]
+        >>> _cell("007", name=True), _cell("7", name=True), _cell("0", name=True)
+        ('007', 7, 0)
     """
+    if name and len(text) > 1 and text.startswith("0") and text.isdigit():
+        return text
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
     try:
@@ -200,7 +206,7 @@ def _cell(text: str) -> object:
     return text
 
 
-def _jsonl_rows(table: Path, text_columns: set[str]) -> Iterator[tuple[str, dict]]:
+def _jsonl_rows(table: Path, text_columns: set[str], name_columns: set[str]) -> Iterator[tuple[str, dict]]:
     with open(table, encoding="utf-8") as file:
         for number, line in enumerate(file, 1):
             if not line.strip():
@@ -215,7 +221,7 @@ def _jsonl_rows(table: Path, text_columns: set[str]) -> Iterator[tuple[str, dict
             yield where, row
 
 
-def _parquet_rows(table: Path, text_columns: set[str]) -> Iterator[tuple[str, dict]]:
+def _parquet_rows(table: Path, text_columns: set[str], name_columns: set[str]) -> Iterator[tuple[str, dict]]:
     from .parquet import open_parquet
 
     number = 0

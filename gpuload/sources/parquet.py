@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import SourceError, UsageError
-from .samples import Sample, SampleScan, ScannedIndex
+from .samples import Sample, SampleScan, ScannedIndex, with_defaults
 
 __all__ = ["open_parquet", "parquet_files", "scan_parquet"]
 
@@ -97,10 +97,7 @@ def scan_parquet(
     import pyarrow
 
     files = files or parquet_files(src)
-    roles = {
-        **{name: role for name, role in _DEFAULT_ROLES.items() if role not in roles.values() and name not in roles},
-        **roles,
-    }
+    roles = with_defaults(roles, _DEFAULT_ROLES)
     image = next(name for name, role in roles.items() if role == "image")
     label = next((name for name, role in roles.items() if role == "label"), None)
     given = classes if classes is not None else _class_names(open_parquet(files[0]), label)
@@ -123,25 +120,29 @@ def scan_parquet(
                 f"has no {image!r} column of images (its columns: {', '.join(parquet.schema_arrow.names)}); name the "
                 "image column with --column NAME=image",
             )
-        row = 0
-        try:
-            for batch in parquet.iter_batches(batch_size=_BATCH):
-                for values in batch.to_pylist():
-                    where = f"row {row} of {path}"
-                    data = _image_bytes(values.pop(image), where, path, image)
-                    sample = Sample(
-                        name=f"{path.relative_to(root).as_posix()}/{row}",
-                        image=data,
-                        label=values.pop(label, None) if label is not None else None,
-                        values=values,
-                        where=where,
-                    )
-                    scan.add(sample)
-                    row += 1
-        except (pyarrow.ArrowException, OSError) as error:
-            raise SourceError(
-                path, f"cannot be read past row {row} ({error}): truncated or damaged? download it again"
-            ) from None
+        row, batches = 0, parquet.iter_batches(batch_size=_BATCH)
+        while True:
+            try:  # only the file's reading: an OSError of the scan's own disk stays what it is
+                batch = next(batches, None)
+                rows = None if batch is None else batch.to_pylist()
+            except (pyarrow.ArrowException, OSError) as error:
+                raise SourceError(
+                    path, f"cannot be read past row {row} ({error}): truncated or damaged? download it again"
+                ) from None
+            if rows is None:
+                break
+            for values in rows:
+                where = f"row {row} of {path}"
+                data = _image_bytes(values.pop(image), where, path, image)
+                sample = Sample(
+                    name=f"{path.relative_to(root).as_posix()}/{row}",
+                    image=data,
+                    label=values.pop(label, None) if label is not None else None,
+                    values=values,
+                    where=where,
+                )
+                scan.add(sample)
+                row += 1
     return scan.finish(describe=lambda position: f"sample {position}")
 
 

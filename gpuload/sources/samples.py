@@ -36,7 +36,7 @@ from ..format.fields import NAME, NUMBER_DTYPES, RESERVED, FieldSpec, field_path
 from ..format.table import SampleTable, TableWriter, map_array
 from .folder import ScannedSamples, estimated_bytes
 
-__all__ = ["ROLES", "Sample", "SampleScan", "ScannedIndex", "StagedField", "check_roles"]
+__all__ = ["ROLES", "Sample", "SampleScan", "ScannedIndex", "StagedField", "check_roles", "with_defaults"]
 
 # What a source's column (a table's, a tar's member or JSON key, a Parquet column) can be taken as.
 ROLES = ("image", "label", "multilabel", "mask", "number", "text", "ignore")
@@ -86,6 +86,18 @@ def check_roles(columns: dict[str, str] | None) -> dict[str, str]:
         if len(named) > 1:
             raise UsageError(f"columns name {len(named)} {role} columns ({', '.join(named)}); name one")
     return dict(columns)
+
+
+def with_defaults(given: dict[str, str], defaults: dict[str, str]) -> dict[str, str]:
+    """The roles ``given`` over a source's ``defaults`` (column name to role): a default is dropped where
+    its column was given a role, or another column was given its role.
+
+    Example:
+        >>> with_defaults({"path": "image"}, {"file_name": "image", "label": "label"})
+        {'label': 'label', 'path': 'image'}
+    """
+    kept = {name: role for name, role in defaults.items() if role not in given.values() and name not in given}
+    return {**kept, **given}
 
 
 class _Appender:

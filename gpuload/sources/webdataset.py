@@ -11,8 +11,8 @@ What a sample's members become:
 
 - the image: its member with an image extension (``jpg``, ``jpeg``, ``webp``, ``png``... the first of
   those in that order), or the member given the role ``image``;
-- ``cls``: the class label (an index, or a class name), as WebDataset writes it; or a JSON key
-  ``label``;
+- ``cls``: the class label (an index, or a class name: a zero-padded ``001`` is a name), as WebDataset
+  writes it; or a JSON key ``label``;
 - ``txt``: a text field named ``txt``;
 - ``json``: an object, each of whose keys is a field (see :mod:`gpuload.sources.samples`);
 - another image member (``png`` beside a ``jpg``, ``seg.png``: a segmentation mask) is refused, as masks
@@ -132,6 +132,7 @@ def read_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
     try:
         with open(path, "rb") as file, tarfile.open(fileobj=file, mode="r|*") as tar:
             for member in tar:
+                tar.members = []  # the stream mode keeps every TarInfo read: millions in one big shard
                 if not member.isfile():
                     continue
                 found = _KEY.match(member.name)
@@ -143,7 +144,13 @@ def read_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
                         yield key, members
                         count += 1
                     key, members = found[1], {}
-                members[found[2].lower()] = data
+                extension = found[2].lower()
+                if extension in members:  # which is the sample's? webdataset refuses it too
+                    raise SourceError(
+                        path,
+                        f"sample {key!r} holds the member {extension!r} twice; keep one of them (rewrite the shard)",
+                    )
+                members[extension] = data
     except (tarfile.TarError, EOFError, OSError) as error:
         if isinstance(error, OSError) and not _damage(error):
             raise
@@ -238,7 +245,8 @@ def _values(
     for extension, data in members.items():
         if extension == "cls":
             label = _text(data, where, shard, "cls").strip()
-            label = int(label) if label.lstrip("-").isdigit() else label
+            zero_padded = len(label) > 1 and label.startswith("0")  # folder 001: a class name, as a table's
+            label = int(label) if label.lstrip("-").isdigit() and not zero_padded else label
         elif extension == "txt":
             values["txt"] = _text(data, where, shard, "txt")
         elif extension == "json":
