@@ -124,8 +124,11 @@ def median_spread(values: list[float]) -> dict:
 
 class UnreclaimableMemory:
     """Peak memory the OS cannot reclaim while a block runs: the anonymous memory of this
-    process and its children plus the growth of shared memory system-wide (page cache,
-    which the kernel can drop or write back, is left out).
+    process and its children plus the growth of shared memory (page cache, which the kernel can
+    drop or write back, is left out). ``shared="system"`` counts the growth of the whole machine's
+    shared memory (a stock loader's workers hand batches over in shared memory that several
+    processes map); ``shared="tree"``, the shared pages this process and its children map, which
+    other jobs on a shared machine cannot inflate.
 
     Example:
         with UnreclaimableMemory() as memory:
@@ -133,8 +136,10 @@ class UnreclaimableMemory:
         print(memory.peak_bytes)
     """
 
-    def __init__(self, interval: float = 0.02) -> None:
-        self.interval = interval
+    def __init__(self, interval: float = 0.02, shared: str = "system") -> None:
+        if shared not in ("system", "tree"):
+            raise ValueError(f"shared is 'system' or 'tree', got {shared!r}")
+        self.interval, self.shared = interval, shared
         self.peak_bytes = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
@@ -150,8 +155,12 @@ class UnreclaimableMemory:
 
     def _watch(self) -> None:
         while True:
-            now = sum(_status_kib(pid, "RssAnon") for pid in _process_tree(os.getpid()))
-            now += max(0, _meminfo_kib("Shmem") - self._shmem_start)
+            tree = _process_tree(os.getpid())
+            now = sum(_status_kib(pid, "RssAnon") for pid in tree)
+            if self.shared == "tree":
+                now += sum(_status_kib(pid, "RssShmem") for pid in tree)
+            else:
+                now += max(0, _meminfo_kib("Shmem") - self._shmem_start)
             self.peak_bytes = max(self.peak_bytes, now * 1024)
             if self._stop.wait(self.interval):
                 return

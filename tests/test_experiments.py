@@ -340,3 +340,48 @@ class TestSources:
                 ("box", "int64", (4,)),
                 ("flag", "bool", ()),
             ], name
+
+
+class TestUnreclaimableMemory:
+    @pytest.mark.parametrize("shared", ["system", "tree"])
+    def test_shared_pages_this_process_touches_are_counted(self, shared):
+        import mmap
+
+        with _common.UnreclaimableMemory(interval=0.005, shared=shared) as memory:
+            pages = mmap.mmap(-1, 32 << 20)  # shared and anonymous: shmem, which no reclaim can drop
+            pages.write(b"x" * (32 << 20))
+            import time
+
+            time.sleep(0.05)
+            pages.close()
+        assert memory.peak_bytes >= 32 << 20
+
+    def test_the_tree_leaves_out_shared_memory_that_no_process_of_it_maps(self, tmp_path):
+        """Another job's shared memory, here a file in /dev/shm this process writes but does not map, grows
+        the machine's shared memory: counted by "system", not by "tree"."""
+        import time
+        from pathlib import Path
+
+        shm = Path("/dev/shm")
+        if not shm.is_dir():
+            pytest.skip("needs /dev/shm")
+        path = shm / f"gpuload-test-{tmp_path.name}"
+        peaks = {}
+        try:
+            for shared in ("system", "tree"):
+                path.unlink(missing_ok=True)
+                with _common.UnreclaimableMemory(interval=0.005, shared=shared) as before:
+                    time.sleep(0.05)  # the process's own memory
+                with _common.UnreclaimableMemory(interval=0.005, shared=shared) as memory:
+                    with path.open("wb") as file:  # a megabyte at a time: the process holds no copy
+                        for _ in range(64):
+                            file.write(b"x" * (1 << 20))
+                    time.sleep(0.05)
+                peaks[shared] = memory.peak_bytes - before.peak_bytes
+        finally:
+            path.unlink(missing_ok=True)
+        assert peaks["system"] >= 64 << 20 > (32 << 20) > peaks["tree"], peaks
+
+    def test_an_unknown_kind_is_refused(self):
+        with pytest.raises(ValueError, match="'system' or 'tree'"):
+            _common.UnreclaimableMemory(shared="machine")
