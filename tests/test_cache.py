@@ -424,6 +424,17 @@ class TestInfoAndClear:
         with pytest.raises(FileNotFoundError, match="does not exist; pass the folder given as cache="):
             getattr(cache_module, function)(tmp_path / "nowhere")
 
+    @pytest.mark.parametrize("function", ["describe_cache", "clear_cache"])
+    def test_a_cache_killed_before_its_folders_were_made_is_empty(self, tmp_path, function):
+        """A BlockCache killed (-9) between writing its marker and making objects/ and locks/ leaves a cache
+        with no blocks: info and clear say so, instead of "[Errno 2] No such file or directory: .../objects"."""
+        BlockCache(tmp_path / "cache", "1MB")
+        shutil.rmtree(tmp_path / "cache" / "objects")
+        shutil.rmtree(tmp_path / "cache" / "locks")
+        result = getattr(cache_module, function)(tmp_path / "cache")
+        blocks = result["blocks"] if function == "describe_cache" else result["removed"]["blocks"]
+        assert blocks == 0
+
     def test_a_cache_others_may_write_is_refused_and_left_alone(self, tmp_path):
         cache, _ = self.filled(tmp_path / "cache")
         (tmp_path / "cache").chmod(0o777)

@@ -581,8 +581,13 @@ def _write_usage(fd: int, value: int) -> None:
 
 
 def _files(folder: Path) -> Iterator[tuple[Path, os.stat_result]]:
-    """Every block and temporary block file of the cache ``folder``, with its ``stat``."""
-    for space in os.scandir(folder / "objects"):
+    """Every block and temporary block file of the cache ``folder``, with its ``stat``; none where its
+    ``objects`` folder is missing (a BlockCache killed before it made it)."""
+    try:
+        spaces = list(os.scandir(folder / "objects"))
+    except FileNotFoundError:
+        return
+    for space in spaces:
         if not space.is_dir(follow_symlinks=False):
             continue
         for entry in os.scandir(space.path):
