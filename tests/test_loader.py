@@ -1459,6 +1459,28 @@ class TestTorchDropIn:
         assert served_indices(loader) == [5, 5, 1] and len(loader) == 2
         assert served_indices(DataLoader(subset, sampler=iter([1]), device="cpu")) == [20]
 
+    @pytest.mark.parametrize(
+        ("make", "message"),
+        [
+            (
+                lambda data: DataLoader(torch.utils.data.Subset(torch.utils.data.Subset(data, [20, 10]), [0, 2])),
+                r"^the Subset's indices gave position 2 in a Subset of 2 images \(positions 0 to 1\)",
+            ),
+            (
+                lambda data: DataLoader(torch.utils.data.Subset(data, [20, 10]), sampler=[1, 2]),
+                r"^the sampler gave position 2 in a Subset of 2 images \(positions 0 to 1\)",
+            ),
+            (
+                lambda data: DataLoader(torch.utils.data.Subset(data, [20, 10]), sampler=iter([-3])),
+                r"^the sampler gave position -3 in a Subset of 2 images \(positions 0 to 1\)",
+            ),
+        ],
+    )
+    def test_a_position_outside_a_subset_is_refused_in_one_line(self, make, message):
+        """Not torch's "IndexError: index 2 is out of bounds for dimension 0 with size 2" from the loader's insides."""
+        with pytest.raises(UsageError, match=message):
+            list(make(indexed_data()))
+
     def test_a_shuffled_subset_is_refused_saying_what_subset_random_sampler_gives(self):
         subset = torch.utils.data.Subset(indexed_data(), [3, 1])
         with pytest.raises(UsageError) as caught:

@@ -682,7 +682,8 @@ def _unwrap(dataset: object, shuffle: bool, sampler: Iterable[int] | None) -> tu
         return dataset, sampler
     indices, inner = torch.as_tensor(list(dataset.indices), dtype=torch.int64), dataset.dataset
     while isinstance(inner, torch.utils.data.Subset):  # a Subset of a Subset: positions in the inner one
-        indices, inner = torch.as_tensor(list(inner.indices), dtype=torch.int64)[indices], inner.dataset
+        outer = torch.as_tensor(list(inner.indices), dtype=torch.int64)
+        indices, inner = outer[_positions(indices, len(outer), "the Subset's indices")], inner.dataset
     if shuffle:
         raise UsageError(
             "gpuload.DataLoader shuffles a whole dataset, got a Subset with shuffle=True: pass "
@@ -697,7 +698,7 @@ def _unwrap(dataset: object, shuffle: bool, sampler: Iterable[int] | None) -> tu
     if sampler is None:
         return inner, indices.tolist()
     if not hasattr(sampler, "__len__"):  # an iterator of positions: mapped as it goes
-        return inner, (int(indices[position]) for position in sampler)
+        return inner, (int(indices[_position(position, len(indices))]) for position in sampler)
     return inner, _SubsetSampler(sampler, indices)
 
 
@@ -710,7 +711,7 @@ class _SubsetSampler:
 
     def __iter__(self) -> Iterator[int]:
         for position in self.positions:
-            yield int(self.indices[position])
+            yield int(self.indices[_position(position, len(self.indices))])
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -718,6 +719,23 @@ class _SubsetSampler:
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.positions, "set_epoch"):
             self.positions.set_epoch(epoch)
+
+
+def _positions(positions: torch.Tensor, length: int, what: str) -> torch.Tensor:
+    """``positions`` in a Subset of ``length`` images (negative ones count from its end, as torch's Subset
+    indexes), or one line naming the first outside it."""
+    bad = positions[(positions < -length) | (positions >= length)]
+    if len(bad):
+        raise UsageError(
+            f"{what} gave position {int(bad[0])} in a Subset of {length} images (positions 0 to {length - 1}); "
+            "give positions in the Subset (or pass its dataset with the indices you mean)"
+        )
+    return positions
+
+
+def _position(position: int, length: int) -> int:
+    """One position a sampler gave in a Subset of ``length`` images (see :func:`_positions`)."""
+    return int(_positions(torch.tensor([operator.index(position)]), length, "the sampler")[0])
 
 
 def _largest_batch(batch_size: int, sampler: Iterable[int] | None, length: int) -> int:
