@@ -82,12 +82,18 @@ class PerImage:
                     result = self.function(image)
             if not isinstance(result, torch.Tensor) or result.shape != image.shape or result.dtype != image.dtype:
                 got = f"{result.dtype} {list(result.shape)}" if isinstance(result, torch.Tensor) else type(result)
-                raise UsageError(
-                    f"per_image must return the image as it came, {image.dtype} {list(image.shape)}, got {got}: "
-                    "a transform that changes the size belongs in decode= or after the loader"
+                fix = (
+                    "return uint8 pixels (.round().clamp(0, 255).to(torch.uint8)), or convert after the loader"
+                    if isinstance(result, torch.Tensor) and result.shape == image.shape
+                    else "a transform that changes the size belongs in decode= or after the loader"
                 )
-            if result.data_ptr() != image.data_ptr():
-                image.copy_(result)
+                raise UsageError(
+                    f"per_image must return the image as it came, {image.dtype} {list(image.shape)}, got {got}: {fix}"
+                )
+            if result.data_ptr() != image.data_ptr() or result.stride() != image.stride():
+                # a view of the image in another order (a transposed square) is read whole before it is written
+                shared = result.untyped_storage().data_ptr() == image.untyped_storage().data_ptr()
+                image.copy_(result.clone() if shared else result)
         return made
 
 
