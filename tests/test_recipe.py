@@ -140,6 +140,15 @@ class TestNoSecondCrop:
         with pytest.raises(UsageError, match="Recipe.loader decides decode="):
             Recipe(32).loader(ds, batch_size=4, decode=CenterCropDecode(32))
 
+    def test_recipe_loader_refuses_a_dataset_of_more_classes_than_its_targets(self, built_dataset):
+        """The dataset's 5 classes in targets of 3: said when the loader is made, not as an index error (or a
+        CUDA device-side assert) at the first batch."""
+        ds = MemmapImageDataset(built_dataset)
+        with pytest.raises(
+            UsageError, match=r"^the dataset has 5 classes, and the recipe's targets 3: pass num_classes=5"
+        ):
+            Recipe.torchvision(num_classes=3, size=32).loader(ds, batch_size=4)
+
 
 class TestRecipe:
     def test_draws_come_from_the_generator_and_the_recipe_as_the_loaders_transform(self, built_dataset):

@@ -145,6 +145,13 @@ class Recipe(nn.Module):
                 f"Recipe.loader decides {' and '.join(taken)}=: build the loader with gpuload.DataLoader "
                 "yourself to choose them, and apply the recipe to its batches"
             )
+        inner = getattr(dataset, "dataset", dataset)  # a Subset's
+        classes = getattr(inner, "classes", None)
+        if self.mix is not None and classes is not None and len(classes) > self.mix.num_classes:
+            raise UsageError(
+                f"the dataset has {len(classes)} classes, and the recipe's targets {self.mix.num_classes}: pass "
+                f"num_classes={len(classes)} (labels past {self.mix.num_classes - 1} would fail at the first batch)"
+            )
         return DataLoader(dataset, decode=self.decode(train=train), **options)
 
     def forward(
