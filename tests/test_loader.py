@@ -1481,6 +1481,12 @@ class TestTorchDropIn:
         with pytest.raises(UsageError, match=message):
             list(make(indexed_data()))
 
+    @pytest.mark.parametrize("indices", [[1.5, 2.0], ["1"], [True, False]])
+    def test_a_subset_of_indices_that_are_not_integers_is_refused(self, indices):
+        """Not truncated (1.5 served as image 1) nor read as 0/1: torch's Subset would not take them either."""
+        with pytest.raises(UsageError, match=r"^a Subset's indices must be integers, got "):
+            DataLoader(torch.utils.data.Subset(indexed_data(), indices), device="cpu")
+
     def test_a_shuffled_subset_is_refused_saying_what_subset_random_sampler_gives(self):
         subset = torch.utils.data.Subset(indexed_data(), [3, 1])
         with pytest.raises(UsageError) as caught:

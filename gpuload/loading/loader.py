@@ -680,9 +680,9 @@ def _unwrap(dataset: object, shuffle: bool, sampler: Iterable[int] | None) -> tu
         )
     if not isinstance(dataset, torch.utils.data.Subset):
         return dataset, sampler
-    indices, inner = torch.as_tensor(list(dataset.indices), dtype=torch.int64), dataset.dataset
+    indices, inner = _subset_indices(dataset), dataset.dataset
     while isinstance(inner, torch.utils.data.Subset):  # a Subset of a Subset: positions in the inner one
-        outer = torch.as_tensor(list(inner.indices), dtype=torch.int64)
+        outer = _subset_indices(inner)
         indices, inner = outer[_positions(indices, len(outer), "the Subset's indices")], inner.dataset
     if shuffle:
         raise UsageError(
@@ -700,6 +700,22 @@ def _unwrap(dataset: object, shuffle: bool, sampler: Iterable[int] | None) -> tu
     if not hasattr(sampler, "__len__"):  # an iterator of positions: mapped as it goes
         return inner, (int(indices[_position(position, len(indices))]) for position in sampler)
     return inner, _SubsetSampler(sampler, indices)
+
+
+def _subset_indices(subset: torch.utils.data.Subset) -> torch.Tensor:
+    """A Subset's indices as int64, or one line where they are not integers (1.5 would be truncated to 1)."""
+    values = list(subset.indices)
+    try:
+        indices = torch.as_tensor(values) if values else torch.empty(0, dtype=torch.int64)
+    except (TypeError, ValueError, RuntimeError):
+        indices = None
+    if indices is None or indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
+        got = f"{indices.dtype}" if indices is not None else f"{type(values[0]).__name__}"
+        raise UsageError(
+            f"a Subset's indices must be integers, got {got} (first {values[0]!r}); give the positions of the "
+            "images in its dataset as ints"
+        )
+    return indices.to(torch.int64)
 
 
 @dataclass
