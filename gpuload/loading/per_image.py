@@ -28,6 +28,7 @@ from collections.abc import Callable
 import torch
 
 from ..errors import UsageError
+from .pipeline import stop_iteration_as_error
 
 __all__ = ["PerImage", "image_seed"]
 
@@ -74,12 +75,13 @@ class PerImage:
         for row, index in enumerate(indices.tolist()):
             image = batch[row]
             seed = image_seed(self.seed, self.epoch, index)
-            if self.takes_generator:
-                result = self.function(image, generator=torch.Generator().manual_seed(seed))
-            else:
-                with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
-                    torch.default_generator.manual_seed(seed)
-                    result = self.function(image)
+            with stop_iteration_as_error("per_image"):
+                if self.takes_generator:
+                    result = self.function(image, generator=torch.Generator().manual_seed(seed))
+                else:
+                    with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
+                        torch.default_generator.manual_seed(seed)
+                        result = self.function(image)
             if not isinstance(result, torch.Tensor) or result.shape != image.shape or result.dtype != image.dtype:
                 got = f"{result.dtype} {list(result.shape)}" if isinstance(result, torch.Tensor) else type(result)
                 fix = (
