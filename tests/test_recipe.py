@@ -164,6 +164,16 @@ class TestRecipe:
         first = epoch()
         assert first.shape == (20, 3, 32, 32) and first.dtype == torch.float32 and torch.equal(first, epoch())
 
+    def test_a_recipe_that_mixes_refuses_a_batch_without_labels_in_training(self, built_dataset):
+        """As a loader's transform= it gets the images only: MixUp/CutMix and the soft targets would be
+        skipped without a word. In eval() it takes images alone, as the README's evaluation does."""
+        recipe = Recipe.torchvision(num_classes=5, size=32, crop="device")
+        loader = DataLoader(MemmapImageDataset(built_dataset), batch_size=4, transform=recipe, device="cpu")
+        with pytest.raises(UsageError, match=r"^this recipe mixes images and their labels \(mix=MixUpCutMix"):
+            next(iter(loader))
+        recipe.eval()
+        assert recipe(torch.zeros((2, 3, 40, 40), dtype=torch.uint8)).shape == (2, 3, 32, 32)
+
     def test_the_order_is_crop_policy_normalize_erasing_mix(self, monkeypatch):
         calls = []
         recipe = Recipe.timm(num_classes=5, size=16, crop="device")

@@ -169,6 +169,12 @@ class Recipe(nn.Module):
         if not isinstance(images, torch.Tensor) or images.dim() != 4:
             got = list(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
             raise UsageError(f"expected a batch of images [B, 3, H, W], got {got}")
+        if labels is None and self.training and self.mix is not None:
+            raise UsageError(
+                f"this recipe mixes images and their labels (mix={type(self.mix).__name__}), and got no labels (as a "
+                "loader's transform= it gets the images only): call it on the loader's batches, images, targets = "
+                "recipe(images, labels); or recipe.eval() for evaluation"
+            )
         cropped = tuple(images.shape[-2:]) == self.size
         if self.cropper is None and not cropped:
             raise UsageError(
