@@ -1422,6 +1422,15 @@ class TestTorchDropIn:
         with pytest.raises(error, match=re.escape(message)):
             DataLoader(indexed_data(), device="cpu", **arguments)
 
+    def test_stock_options_at_torchs_defaults_are_taken(self):
+        """Code that spells out every torch argument (a config dict, DataLoader(**cfg)) passes them at their
+        defaults: they ask for nothing this loader does not do."""
+        defaults = {
+            "batch_sampler": None, "collate_fn": None, "worker_init_fn": None, "prefetch_factor": None,
+            "timeout": 0, "multiprocessing_context": None, "in_order": True, "pin_memory_device": "",
+        }  # fmt: skip
+        assert len(served_indices(DataLoader(indexed_data(), batch_size=4, device="cpu", **defaults))) == 23
+
     @pytest.mark.parametrize(
         "name, value, advice",
         [

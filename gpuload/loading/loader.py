@@ -140,7 +140,8 @@ class DataLoader:
             to keep, and the threads start again in microseconds each epoch.
         torch_only: torch's ``batch_sampler``, ``collate_fn``, ``worker_init_fn``, ``prefetch_factor``,
             ``timeout``, ``multiprocessing_context``, ``in_order`` and ``pin_memory_device`` are refused, each
-            in one line saying what to pass instead; any other name is a ``TypeError`` as for any function.
+            in one line saying what to pass instead, unless given at torch's default (``None``, ``0``, ``True``,
+            ``""``: they ask for nothing); any other name is a ``TypeError`` as for any function.
         block_shuffle: with ``shuffle``, the window of the block-aware order in blocks of the image
             file (4 MiB, the cache's): ``0`` shuffles every image uniformly (the stock semantics),
             ``K`` permutes the blocks and shuffles the images of each ``K`` consecutive blocks together
@@ -661,11 +662,22 @@ _TORCH_ONLY = {
 }
 
 
+# torch's defaults of those options: asking for nothing this loader does not do, they are taken (code that
+# spells out every argument, DataLoader(**config), passes them).
+_TORCH_DEFAULTS = {
+    "batch_sampler": None, "collate_fn": None, "worker_init_fn": None, "prefetch_factor": None, "timeout": 0,
+    "multiprocessing_context": None, "in_order": True, "pin_memory_device": "",
+}  # fmt: skip
+
+
 def _refuse_torch_only(options: dict[str, Any]) -> None:
     """A stock loader's option that this one does not take: one line with what to pass instead."""
-    for name in options:
+    for name, value in options.items():
         if name not in _TORCH_ONLY:
             raise TypeError(f"DataLoader() got an unexpected keyword argument {name!r}")
+        default = _TORCH_DEFAULTS[name]
+        if value is default or (type(value) is type(default) and value == default):
+            continue
         raise UsageError(f"gpuload.DataLoader takes no {name} (torch.utils.data.DataLoader's): {_TORCH_ONLY[name]}")
 
 
