@@ -276,6 +276,10 @@ class TestFaults:
         finally:
             process.kill()
             process.stdout.close()
+        before = files_on_disk(cache)
+        info = cache_module.describe_cache(tmp_path / "cache")  # gpuload cache info, before any repair
+        assert info["being_written"] == {"blocks": 0, "bytes": 0}  # its writer is dead: nothing is being written
+        assert files_on_disk(cache) == before  # and info changed nothing
         again = BlockCache(tmp_path / "cache", "1MB")
         assert files_on_disk(again) == {f"{space.key[:6]}/7": 100}
         assert again.usage() == 100
@@ -474,6 +478,7 @@ class TestInfoAndClear:
         )
         try:
             assert process.stdout.readline() == "writing\n"
+            assert cache_module.describe_cache(tmp_path / "cache")["being_written"] == {"blocks": 1, "bytes": 100}
             result = cache_module.clear_cache(tmp_path / "cache")
             assert result["removed"] == {"blocks": 2, "bytes": 200}
             assert result["kept"] == {"blocks": 1, "bytes": 100}  # the reservation of the block being written
