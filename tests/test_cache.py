@@ -276,6 +276,10 @@ class TestFaults:
         finally:
             process.kill()
             process.stdout.close()
+        before = files_on_disk(cache)
+        info = cache_module.describe_cache(tmp_path / "cache")  # gpuload cache info, before any repair
+        assert info["being_written"] == {"blocks": 0, "bytes": 0}  # its writer is dead: nothing is being written
+        assert files_on_disk(cache) == before  # and info changed nothing
         again = BlockCache(tmp_path / "cache", "1MB")
         assert files_on_disk(again) == {f"{space.key[:6]}/7": 100}
         assert again.usage() == 100
@@ -424,6 +428,17 @@ class TestInfoAndClear:
         with pytest.raises(FileNotFoundError, match="does not exist; pass the folder given as cache="):
             getattr(cache_module, function)(tmp_path / "nowhere")
 
+    @pytest.mark.parametrize("function", ["describe_cache", "clear_cache"])
+    def test_a_cache_killed_before_its_folders_were_made_is_empty(self, tmp_path, function):
+        """A BlockCache killed (-9) between writing its marker and making objects/ and locks/ leaves a cache
+        with no blocks: info and clear say so, instead of "[Errno 2] No such file or directory: .../objects"."""
+        BlockCache(tmp_path / "cache", "1MB")
+        shutil.rmtree(tmp_path / "cache" / "objects")
+        shutil.rmtree(tmp_path / "cache" / "locks")
+        result = getattr(cache_module, function)(tmp_path / "cache")
+        blocks = result["blocks"] if function == "describe_cache" else result["removed"]["blocks"]
+        assert blocks == 0
+
     def test_a_cache_others_may_write_is_refused_and_left_alone(self, tmp_path):
         cache, _ = self.filled(tmp_path / "cache")
         (tmp_path / "cache").chmod(0o777)
@@ -463,6 +478,7 @@ class TestInfoAndClear:
         )
         try:
             assert process.stdout.readline() == "writing\n"
+            assert cache_module.describe_cache(tmp_path / "cache")["being_written"] == {"blocks": 1, "bytes": 100}
             result = cache_module.clear_cache(tmp_path / "cache")
             assert result["removed"] == {"blocks": 2, "bytes": 200}
             assert result["kept"] == {"blocks": 1, "bytes": 100}  # the reservation of the block being written

@@ -96,6 +96,11 @@ class TestPixels:
         (lambda: RandomErasing(value=(1, 2))(torch.zeros(2, 3, 8, 8)), "one number or 3"),
         (lambda: RandomErasing(value="random")(torch.zeros(2, 3, 8, 8, dtype=torch.uint8)), "for a float batch"),
         (lambda: RandomErasing()(torch.zeros(3, 8, 8)), r"batch of images \[B, C, H, W\]"),
+        (
+            lambda: RandomErasing(value=300)(torch.zeros(2, 3, 8, 8, dtype=torch.uint8)),
+            r"^value=300 does not fit a torch.uint8 batch \(integers 0 to 255\)",
+        ),
+        (lambda: RandomErasing(value=(0, 1.5, 0))(torch.zeros(2, 3, 8, 8, dtype=torch.uint8)), "does not fit"),
     ],
 )
 def test_bad_arguments(call, message):

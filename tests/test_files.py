@@ -32,6 +32,15 @@ def test_a_lock_file_that_cannot_be_created_names_the_output_and_what_to_do(tmp_
     )
 
 
+def test_a_lock_file_that_is_a_folder_says_to_remove_it_and_is_left_alone(tmp_path):
+    """Not "[Errno 21] Is a directory: ...": what it is, and what to do; the folder is not the tool's to remove."""
+    (tmp_path / ".out.memmap.lock" / "inside").mkdir(parents=True)
+    with pytest.raises(IsADirectoryError, match=r"its lock file .*\.out\.memmap\.lock is a folder, not a file"):
+        with OutputLock(tmp_path / "out.memmap"):
+            pass
+    assert (tmp_path / ".out.memmap.lock" / "inside").is_dir()
+
+
 def test_an_output_under_a_file_is_not_given_disk_advice(tmp_path):
     """Errors that are not the disk's refusal pass as they are, naming the path that failed."""
     (tmp_path / "afile").write_text("notes")

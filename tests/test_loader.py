@@ -1422,6 +1422,15 @@ class TestTorchDropIn:
         with pytest.raises(error, match=re.escape(message)):
             DataLoader(indexed_data(), device="cpu", **arguments)
 
+    def test_stock_options_at_torchs_defaults_are_taken(self):
+        """Code that spells out every torch argument (a config dict, DataLoader(**cfg)) passes them at their
+        defaults: they ask for nothing this loader does not do."""
+        defaults = {
+            "batch_sampler": None, "collate_fn": None, "worker_init_fn": None, "prefetch_factor": None,
+            "timeout": 0, "multiprocessing_context": None, "in_order": True, "pin_memory_device": "",
+        }  # fmt: skip
+        assert len(served_indices(DataLoader(indexed_data(), batch_size=4, device="cpu", **defaults))) == 23
+
     @pytest.mark.parametrize(
         "name, value, advice",
         [
@@ -1474,6 +1483,34 @@ class TestTorchDropIn:
         assert served_indices(DataLoader(subset, sampler=iter([1]), device="cpu")) == [20]
         with pytest.raises(TypeError, match="'float' object cannot be interpreted as an integer"):
             served_indices(DataLoader(subset, sampler=[1.5], device="cpu"))  # not truncated to 1
+
+    @pytest.mark.parametrize(
+        ("make", "message"),
+        [
+            (
+                lambda data: DataLoader(torch.utils.data.Subset(torch.utils.data.Subset(data, [20, 10]), [0, 2])),
+                r"^the Subset's indices gave position 2 in a Subset of 2 images \(positions 0 to 1\)",
+            ),
+            (
+                lambda data: DataLoader(torch.utils.data.Subset(data, [20, 10]), sampler=[1, 2]),
+                r"^the sampler gave position 2 in a Subset of 2 images \(positions 0 to 1\)",
+            ),
+            (
+                lambda data: DataLoader(torch.utils.data.Subset(data, [20, 10]), sampler=iter([-3])),
+                r"^the sampler gave position -3 in a Subset of 2 images \(positions 0 to 1\)",
+            ),
+        ],
+    )
+    def test_a_position_outside_a_subset_is_refused_in_one_line(self, make, message):
+        """Not torch's "IndexError: index 2 is out of bounds for dimension 0 with size 2" from the loader's insides."""
+        with pytest.raises(UsageError, match=message):
+            list(make(indexed_data()))
+
+    @pytest.mark.parametrize("indices", [[1.5, 2.0], ["1"], [True, False]])
+    def test_a_subset_of_indices_that_are_not_integers_is_refused(self, indices):
+        """Not truncated (1.5 served as image 1) nor read as 0/1: torch's Subset would not take them either."""
+        with pytest.raises(UsageError, match=r"^a Subset's indices must be integers, got "):
+            DataLoader(torch.utils.data.Subset(indexed_data(), indices), device="cpu")
 
     def test_a_shuffled_subset_is_refused_saying_what_subset_random_sampler_gives(self):
         subset = torch.utils.data.Subset(indexed_data(), [3, 1])

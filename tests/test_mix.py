@@ -140,6 +140,11 @@ class TestDraws:
         (lambda: MixUpCutMix(5)(torch.zeros(2, 3, 4, 4), torch.zeros(2)), "labels must be class indices"),
         (lambda: MixUpCutMix(5)(torch.zeros(2, 3, 4, 4), torch.zeros(3, dtype=torch.int64)), r"integers \[2\]"),
         (lambda: MixUpCutMix(5)(torch.zeros(3, 4, 4), torch.zeros(3, dtype=torch.int64)), "batch of images"),
+        (
+            lambda: MixUpCutMix(5)(torch.zeros(2, 3, 4, 4), torch.tensor([1, 5])),
+            r"^labels must be in \[0, 5\) for num_classes=5, got 5: pass num_classes=",
+        ),
+        (lambda: MixUpCutMix(5)(torch.zeros(2, 3, 4, 4), torch.tensor([-1, 0])), r"in \[0, 5\).*got -1"),
     ],
 )
 def test_bad_input(call, message):

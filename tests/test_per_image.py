@@ -5,7 +5,7 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from gpuload import CenterCropDecode, DataLoader, MemmapImageDataset, RandomResizedCropDecode, UsageError
+from gpuload import CenterCropDecode, DataLoader, ImageData, MemmapImageDataset, RandomResizedCropDecode, UsageError
 from gpuload.loading.order import epoch_order
 from gpuload.loading.per_image import image_seed
 
@@ -112,3 +112,19 @@ def test_a_compiled_module_with_a_generator_gets_one(monkeypatch):
 
     monkeypatch.setenv("TORCH_COMPILE_DISABLE", "1")  # wrapping only: nothing is compiled
     assert takes_generator(torch.compile(Noise())) and not takes_generator(torch.compile(torch.nn.Identity()))
+
+
+def test_a_hook_that_returns_a_view_of_the_image_in_another_order_is_applied():
+    """A transposed view of a square image has its shape, dtype and first byte: it is still copied in, not dropped."""
+    images = torch.arange(2 * 3 * 4 * 4, dtype=torch.uint8).reshape(2, 3, 4, 4)
+    data = ImageData(images=images, labels=torch.zeros(2, dtype=torch.int64), batch_size=[2])
+    served, _ = batches(DataLoader(data, batch_size=2, device="cpu", per_image=lambda image: image.transpose(-1, -2)))
+    assert torch.equal(served, images.transpose(-1, -2))
+
+
+def test_a_hook_that_changes_the_dtype_is_told_to_return_uint8(built_dataset):
+    loader = DataLoader(
+        MemmapImageDataset(built_dataset), batch_size=4, decode=CenterCropDecode(16), per_image=lambda i: i.float()
+    )
+    with pytest.raises(UsageError, match=r"got torch.float32 \[3, 16, 16\]: return uint8 pixels"):
+        batches(loader)

@@ -140,6 +140,15 @@ class TestNoSecondCrop:
         with pytest.raises(UsageError, match="Recipe.loader decides decode="):
             Recipe(32).loader(ds, batch_size=4, decode=CenterCropDecode(32))
 
+    def test_recipe_loader_refuses_a_dataset_of_more_classes_than_its_targets(self, built_dataset):
+        """The dataset's 5 classes in targets of 3: said when the loader is made, not as an index error (or a
+        CUDA device-side assert) at the first batch."""
+        ds = MemmapImageDataset(built_dataset)
+        with pytest.raises(
+            UsageError, match=r"^the dataset has 5 classes, and the recipe's targets 3: pass num_classes=5"
+        ):
+            Recipe.torchvision(num_classes=3, size=32).loader(ds, batch_size=4)
+
 
 class TestRecipe:
     def test_draws_come_from_the_generator_and_the_recipe_as_the_loaders_transform(self, built_dataset):
@@ -154,6 +163,16 @@ class TestRecipe:
 
         first = epoch()
         assert first.shape == (20, 3, 32, 32) and first.dtype == torch.float32 and torch.equal(first, epoch())
+
+    def test_a_recipe_that_mixes_refuses_a_batch_without_labels_in_training(self, built_dataset):
+        """As a loader's transform= it gets the images only: MixUp/CutMix and the soft targets would be
+        skipped without a word. In eval() it takes images alone, as the README's evaluation does."""
+        recipe = Recipe.torchvision(num_classes=5, size=32, crop="device")
+        loader = DataLoader(MemmapImageDataset(built_dataset), batch_size=4, transform=recipe, device="cpu")
+        with pytest.raises(UsageError, match=r"^this recipe mixes images and their labels \(mix=MixUpCutMix"):
+            next(iter(loader))
+        recipe.eval()
+        assert recipe(torch.zeros((2, 3, 40, 40), dtype=torch.uint8)).shape == (2, 3, 32, 32)
 
     def test_the_order_is_crop_policy_normalize_erasing_mix(self, monkeypatch):
         calls = []

@@ -75,6 +75,16 @@ def test_changed_and_missing_sources_are_found(writable_copy, photo_copy):
     assert problems[1].startswith("source of image 11 cannot be decoded") and "face/0003.jpg" in problems[1]
 
 
+@pytest.mark.parametrize("wrong", ["a class folder", "another folder of photos"])
+def test_a_source_folder_that_holds_none_of_the_sources_is_one_error(built_dataset, photo_folder, tmp_path, wrong):
+    """Not one "cannot be decoded" problem per image (a million lines for a million images): the folder is wrong."""
+    folder = next(p for p in sorted(photo_folder.iterdir()) if p.is_dir()) if wrong == "a class folder" else tmp_path
+    if wrong != "a class folder":
+        photo().save(tmp_path / "0001.jpg")
+    with pytest.raises(FileNotFoundError, match=rf"^none of the sources of {built_dataset} are in {folder} \(first "):
+        verify_memmap(built_dataset, sources="all", source_folder=folder, progress=False)
+
+
 def test_all_sources(built_dataset, monkeypatch):
     decoded = []
     real = gpuload.format.verify.decode_image

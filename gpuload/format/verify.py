@@ -132,6 +132,8 @@ def verify_memmap(
                 f"{root}, {where}, is not a folder (moved or deleted?); pass the folder where the sources are now "
                 "(--source-folder DIR, source_folder= in Python), or leave --sources out"
             )
+    if root is not None and len(dataset):
+        _check_holds_sources(dataset, root, path)
     problems = [
         f"manifest.json: the field {name!r} was changed after the build (its digest differs); rebuild the dataset"
         for name in manifest.edited_fields()
@@ -203,6 +205,18 @@ def _check_holds_a_dataset(path: Path) -> None:
         raise UsageError(
             f"{path} is not a gpuload dataset: it holds none of the files build-memmap writes "
             f"({MANIFEST_NAME}, labels.memmap...); pass the folder that build-memmap wrote"
+        )
+
+
+def _check_holds_sources(dataset: MemmapImageDataset, root: Path, path: Path, looks: int = 20) -> None:
+    """A folder where none of ``looks`` sources spread over the dataset are is the wrong folder (a class folder,
+    another dataset's): one error, not one problem per image. A folder that lost some of them passes here."""
+    indices = sorted({index * (len(dataset) - 1) // max(1, looks - 1) for index in range(looks)})
+    if not any((root / dataset.table.path(index)).exists() for index in indices):
+        raise FileNotFoundError(
+            f"none of the sources of {path} are in {root} (first looked for: {root / dataset.table.path(indices[0])}; "
+            f"{count(len(indices), 'source')} looked for): pass the folder the dataset was built from, the one that "
+            "holds its class folders (--source-folder DIR, source_folder= in Python)"
         )
 
 

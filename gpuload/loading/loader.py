@@ -147,7 +147,8 @@ class DataLoader:
             to keep, and the threads start again in microseconds each epoch.
         torch_only: torch's ``batch_sampler``, ``collate_fn``, ``worker_init_fn``, ``prefetch_factor``,
             ``timeout``, ``multiprocessing_context``, ``in_order`` and ``pin_memory_device`` are refused, each
-            in one line saying what to pass instead (given torch's default value, they pass); any other name is a ``TypeError`` as for any function.
+            in one line saying what to pass instead, unless given at torch's default (``None``, ``0``, ``True``,
+            ``""``: they ask for nothing); any other name is a ``TypeError`` as for any function.
         block_shuffle: with ``shuffle``, the window of the block-aware order in blocks of the image
             file (4 MiB, the cache's): ``0`` shuffles every image uniformly (the stock semantics),
             ``K`` permutes the blocks and shuffles the images of each ``K`` consecutive blocks together
@@ -670,7 +671,8 @@ _TORCH_ONLY = {
 }
 
 
-# Their values in torch.utils.data.DataLoader's signature: given as such, they ask for nothing.
+# torch's defaults of those options: asking for nothing this loader does not do, they are taken (code that
+# spells out every argument, DataLoader(**config), passes them).
 _TORCH_DEFAULTS = {
     "batch_sampler": None, "collate_fn": None, "worker_init_fn": None, "prefetch_factor": None, "timeout": 0,
     "multiprocessing_context": None, "in_order": True, "pin_memory_device": "",
@@ -700,9 +702,10 @@ def _unwrap(dataset: object, shuffle: bool, sampler: Iterable[int] | None) -> tu
         )
     if not isinstance(dataset, torch.utils.data.Subset):
         return dataset, sampler
-    indices, inner = torch.as_tensor(list(dataset.indices), dtype=torch.int64), dataset.dataset
+    indices, inner = _subset_indices(dataset), dataset.dataset
     while isinstance(inner, torch.utils.data.Subset):  # a Subset of a Subset: positions in the inner one
-        indices, inner = torch.as_tensor(list(inner.indices), dtype=torch.int64)[indices], inner.dataset
+        outer = _subset_indices(inner)
+        indices, inner = outer[_positions(indices, len(outer), "the Subset's indices")], inner.dataset
     if shuffle:
         raise UsageError(
             "gpuload.DataLoader shuffles a whole dataset, got a Subset with shuffle=True: pass "
@@ -717,8 +720,24 @@ def _unwrap(dataset: object, shuffle: bool, sampler: Iterable[int] | None) -> tu
     if sampler is None:
         return inner, indices.tolist()
     if not hasattr(sampler, "__len__"):  # an iterator of positions: mapped as it goes
-        return inner, (int(indices[position]) for position in sampler)
+        return inner, (int(indices[_position(position, len(indices))]) for position in sampler)
     return inner, _SubsetSampler(sampler, indices)
+
+
+def _subset_indices(subset: torch.utils.data.Subset) -> torch.Tensor:
+    """A Subset's indices as int64, or one line where they are not integers (1.5 would be truncated to 1)."""
+    values = list(subset.indices)
+    try:
+        indices = torch.as_tensor(values) if values else torch.empty(0, dtype=torch.int64)
+    except (TypeError, ValueError, RuntimeError):
+        indices = None
+    if indices is None or indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
+        got = f"{indices.dtype}" if indices is not None else f"{type(values[0]).__name__}"
+        raise UsageError(
+            f"a Subset's indices must be integers, got {got} (first {values[0]!r}); give the positions of the "
+            "images in its dataset as ints"
+        )
+    return indices.to(torch.int64)
 
 
 @dataclass
@@ -731,7 +750,7 @@ class _SubsetSampler:
     def __iter__(self) -> Iterator[int]:
         # One gather for the epoch: an index per position costs seconds at ImageNet's count (2.5 s for 1.28M)
         positions = torch.tensor([operator.index(position) for position in self.positions], dtype=torch.int64)
-        yield from self.indices[positions].tolist()
+        yield from self.indices[_positions(positions, len(self.indices), "the sampler")].tolist()
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -739,6 +758,23 @@ class _SubsetSampler:
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.positions, "set_epoch"):
             self.positions.set_epoch(epoch)
+
+
+def _positions(positions: torch.Tensor, length: int, what: str) -> torch.Tensor:
+    """``positions`` in a Subset of ``length`` images (negative ones count from its end, as torch's Subset
+    indexes), or one line naming the first outside it."""
+    bad = positions[(positions < -length) | (positions >= length)]
+    if len(bad):
+        raise UsageError(
+            f"{what} gave position {int(bad[0])} in a Subset of {length} images (positions 0 to {length - 1}); "
+            "give positions in the Subset (or pass its dataset with the indices you mean)"
+        )
+    return positions
+
+
+def _position(position: int, length: int) -> int:
+    """One position a sampler gave in a Subset of ``length`` images (see :func:`_positions`)."""
+    return int(_positions(torch.tensor([operator.index(position)]), length, "the sampler")[0])
 
 
 def _largest_batch(batch_size: int, sampler: Iterable[int] | None, length: int) -> int:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 import torch
 
 from ..errors import UsageError
+from .pipeline import stop_iteration_as_error
 
 __all__ = ["PerImage", "image_seed"]
 
@@ -74,20 +75,25 @@ class PerImage:
         for row, index in enumerate(indices.tolist()):
             image = batch[row]
             seed = image_seed(self.seed, self.epoch, index)
-            if self.takes_generator:
-                result = self.function(image, generator=torch.Generator().manual_seed(seed))
-            else:
-                with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
-                    torch.default_generator.manual_seed(seed)
-                    result = self.function(image)
+            with stop_iteration_as_error("per_image"):
+                if self.takes_generator:
+                    result = self.function(image, generator=torch.Generator().manual_seed(seed))
+                else:
+                    with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
+                        torch.default_generator.manual_seed(seed)
+                        result = self.function(image)
             if not isinstance(result, torch.Tensor) or result.shape != image.shape or result.dtype != image.dtype:
                 got = f"{result.dtype} {list(result.shape)}" if isinstance(result, torch.Tensor) else type(result)
+                fix = (
+                    "return uint8 pixels (.round().clamp(0, 255).to(torch.uint8)), or convert after the loader"
+                    if isinstance(result, torch.Tensor) and result.shape == image.shape
+                    else "a transform that changes the size belongs in decode= or after the loader"
+                )
                 raise UsageError(
-                    f"per_image must return the image as it came, {image.dtype} {list(image.shape)}, got {got}: "
-                    "a transform that changes the size belongs in decode= or after the loader"
+                    f"per_image must return the image as it came, {image.dtype} {list(image.shape)}, got {got}: {fix}"
                 )
             if result.data_ptr() != image.data_ptr() or result.stride() != image.stride():
-                # a view of the image (a transpose: the same first byte, other strides) is copied out first
+                # a view of the image in another order (a transposed square) is read whole before it is written
                 shared = result.untyped_storage().data_ptr() == image.untyped_storage().data_ptr()
                 image.copy_(result.clone() if shared else result)
         return made

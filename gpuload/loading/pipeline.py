@@ -290,7 +290,7 @@ class BatchTransform:
         self.takes_generator = takes_generator(function)
 
     def __call__(self, images: torch.Tensor, *, number: int) -> torch.Tensor:
-        with torch.no_grad():
+        with torch.no_grad(), stop_iteration_as_error("transform"):
             if not self.takes_generator:
                 out = self.function(images)
             else:
@@ -299,6 +299,25 @@ class BatchTransform:
                 seed = int.from_bytes(digest.digest(), "big") >> 1
                 out = self.function(images, generator=torch.Generator(device=images.device).manual_seed(seed))
             return out.clone() if self.copy_output and out.is_cuda else out
+
+
+class stop_iteration_as_error:  # noqa: N801 (used as a context manager, as contextlib's)
+    """A ``StopIteration`` out of the user's ``where`` as a ``RuntimeError``: raised from the loader's
+    ``__next__`` it would end the user's epoch early without a word (as PEP 479 does for generators). A class,
+    not ``contextlib.contextmanager``, which gives back the StopIteration of a RuntimeError caused by it."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if isinstance(error, StopIteration):
+            raise RuntimeError(
+                f"the loader's {self.where} raised StopIteration (a next() on an exhausted iterator?); it would "
+                "have ended the epoch early: catch it in your function"
+            ) from error
 
 
 def _on_consumer_side(transform: BatchTransform | None) -> bool:

@@ -396,7 +396,8 @@ def _stripe(key: str, index: int) -> int:
 
 def describe_cache(path: str | os.PathLike) -> dict:
     """What the cache folder ``path`` holds: its blocks and bytes per object version, and the blocks being
-    written now; read without a lock, changing nothing (see :func:`clear_cache`).
+    written now by live processes (the temporary file of a writer killed outright is not counted; the next
+    :class:`BlockCache` or :func:`clear_cache` removes it); read without a lock, changing nothing.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -415,8 +416,10 @@ def describe_cache(path: str | os.PathLike) -> dict:
     objects: dict[str, dict] = {}
     writing = written = 0
     for file, stat in _files(folder):
-        if _TEMPORARY.fullmatch(file.name):
-            writing, written = writing + 1, written + stat.st_size
+        temporary = _TEMPORARY.fullmatch(file.name)
+        if temporary:
+            if _stripe_held(folder, file.parent.name, int(temporary[1])):  # else its writer died (kill -9)
+                writing, written = writing + 1, written + stat.st_size
             continue
         if not file.name.isdigit():
             continue
@@ -581,8 +584,13 @@ def _write_usage(fd: int, value: int) -> None:
 
 
 def _files(folder: Path) -> Iterator[tuple[Path, os.stat_result]]:
-    """Every block and temporary block file of the cache ``folder``, with its ``stat``."""
-    for space in os.scandir(folder / "objects"):
+    """Every block and temporary block file of the cache ``folder``, with its ``stat``; none where its
+    ``objects`` folder is missing (a BlockCache killed before it made it)."""
+    try:
+        spaces = list(os.scandir(folder / "objects"))
+    except FileNotFoundError:
+        return
+    for space in spaces:
         if not space.is_dir(follow_symlinks=False):
             continue
         for entry in os.scandir(space.path):
@@ -603,6 +611,22 @@ def _recount(folder: Path) -> int:
             continue
         total += stat.st_size
     return total
+
+
+def _stripe_held(folder: Path, key: str, index: int) -> bool:
+    """Whether a live process holds the stripe of block ``index`` (a writer of it), creating no file and
+    taking no lock that a writer could wait on for longer than this look."""
+    try:
+        fd = os.open(folder / "locks" / str(_stripe(key, index)), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the shared lock where it was taken
+    return False
 
 
 def _stripe_free(folder: Path, key: str, index: int) -> bool:

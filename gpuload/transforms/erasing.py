@@ -97,6 +97,13 @@ class RandomErasing(nn.Module):
             raise UsageError(
                 f"value='random' fills with normal noise, for a float batch (after gpuload.Normalize), got {images.dtype}"
             )
+        if self.fill is not None and not images.is_floating_point():
+            info = torch.iinfo(images.dtype)
+            if any(value != int(value) or not info.min <= value <= info.max for value in self.fill):
+                raise UsageError(
+                    f"value={self.value!r} does not fit a {images.dtype} batch (integers {info.min} to {info.max}); "
+                    "erase after gpuload.Normalize (a float batch), or give a value that fits"
+                )
         if not self.training:
             return images
         draws = uniforms(batch, self.draws, device=images.device, generator=generator, uniform=uniform)

@@ -189,4 +189,11 @@ def _check(images: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tupl
     if not isinstance(labels, torch.Tensor) or labels.shape != images.shape[:1] or labels.is_floating_point():
         got = f"{labels.dtype} {list(labels.shape)}" if isinstance(labels, torch.Tensor) else type(labels).__name__
         raise UsageError(f"labels must be class indices, integers [{images.shape[0]}], got {got}")
+    if labels.device.type == "cpu" and labels.numel() and not _traced():  # free here; on a GPU it would sync
+        low, high = (int(value) for value in torch.aminmax(labels.to(torch.int64)))
+        if low < 0 or high >= num_classes:
+            raise UsageError(
+                f"labels must be in [0, {num_classes}) for num_classes={num_classes}, got {low if low < 0 else high}: "
+                "pass num_classes=len(dataset.classes)"
+            )
     return images.shape[0], images.shape[2], images.shape[3]

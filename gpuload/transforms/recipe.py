@@ -145,6 +145,13 @@ class Recipe(nn.Module):
                 f"Recipe.loader decides {' and '.join(taken)}=: build the loader with gpuload.DataLoader "
                 "yourself to choose them, and apply the recipe to its batches"
             )
+        inner = getattr(dataset, "dataset", dataset)  # a Subset's
+        classes = getattr(inner, "classes", None)
+        if self.mix is not None and classes is not None and len(classes) > self.mix.num_classes:
+            raise UsageError(
+                f"the dataset has {len(classes)} classes, and the recipe's targets {self.mix.num_classes}: pass "
+                f"num_classes={len(classes)} (labels past {self.mix.num_classes - 1} would fail at the first batch)"
+            )
         return DataLoader(dataset, decode=self.decode(train=train), **options)
 
     def forward(
@@ -162,6 +169,12 @@ class Recipe(nn.Module):
         if not isinstance(images, torch.Tensor) or images.dim() != 4:
             got = list(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
             raise UsageError(f"expected a batch of images [B, 3, H, W], got {got}")
+        if labels is None and self.training and self.mix is not None:
+            raise UsageError(
+                f"this recipe mixes images and their labels (mix={type(self.mix).__name__}), and got no labels (as a "
+                "loader's transform= it gets the images only): call it on the loader's batches, images, targets = "
+                "recipe(images, labels); or recipe.eval() for evaluation"
+            )
         cropped = tuple(images.shape[-2:]) == self.size
         if self.cropper is None and not cropped:
             raise UsageError(

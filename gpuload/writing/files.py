@@ -206,6 +206,12 @@ class OutputLock:
         try:
             self.lock_path.parent.mkdir(parents=True, exist_ok=True)
             return os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except IsADirectoryError:
+            raise IsADirectoryError(
+                errno.EISDIR,
+                f"cannot write {self.path}: its lock file {self.lock_path} is a folder, not a file (made by hand or "
+                f"another tool?); move it away or remove it (rmdir {self.lock_path}), then run again",
+            ) from None
         except OSError as error:  # a read-only disk, a full one, no free inode, a folder we may not write
             if error.errno not in _DISK_REFUSALS:
                 raise
