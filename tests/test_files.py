@@ -41,6 +41,19 @@ def test_a_lock_file_that_is_a_folder_says_to_remove_it_and_is_left_alone(tmp_pa
     assert (tmp_path / ".out.memmap.lock" / "inside").is_dir()
 
 
+@pytest.mark.parametrize("target", ["ghost", "notes.txt"])
+def test_a_lock_file_that_is_a_symlink_is_not_followed(tmp_path, target):
+    """A link at the lock's name, to a missing path or to a user's file: nothing is created or locked there,
+    the link stays, and the error says what to do."""
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / ".out.memmap.lock").symlink_to(tmp_path / target)
+    with pytest.raises(OSError, match=r"lock file .*\.out\.memmap\.lock is a symbolic link .*remove the link"):
+        with OutputLock(tmp_path / "out.memmap"):
+            pass
+    assert not (tmp_path / "ghost").exists() and (tmp_path / "notes.txt").read_text() == "mine"
+    assert (tmp_path / ".out.memmap.lock").is_symlink()
+
+
 def test_an_output_under_a_file_is_not_given_disk_advice(tmp_path):
     """Errors that are not the disk's refusal pass as they are, naming the path that failed."""
     (tmp_path / "afile").write_text("notes")

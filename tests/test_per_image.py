@@ -101,19 +101,6 @@ def test_a_hook_that_returns_a_view_of_the_image_is_applied(built_dataset, hook)
     assert torch.equal(out, crops.transpose(-1, -2))
 
 
-def test_a_compiled_module_with_a_generator_gets_one(monkeypatch):
-    """``torch.compile`` hides a module's ``forward`` behind ``(*args, **kwargs)``: the hook's signature is read
-    from the module it wrapped, as the loader's ``transform=`` reads it (one helper for both)."""
-    from gpuload.loading.per_image import takes_generator
-
-    class Noise(torch.nn.Module):
-        def forward(self, image, generator=None):
-            return image
-
-    monkeypatch.setenv("TORCH_COMPILE_DISABLE", "1")  # wrapping only: nothing is compiled
-    assert takes_generator(torch.compile(Noise())) and not takes_generator(torch.compile(torch.nn.Identity()))
-
-
 def test_a_hook_that_returns_a_view_of_the_image_in_another_order_is_applied():
     """A transposed view of a square image has its shape, dtype and first byte: it is still copied in, not dropped."""
     images = torch.arange(2 * 3 * 4 * 4, dtype=torch.uint8).reshape(2, 3, 4, 4)

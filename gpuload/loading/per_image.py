@@ -21,14 +21,13 @@ cheaper; the hook is for what is not there.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import threading
 from collections.abc import Callable
 
 import torch
 
 from ..errors import UsageError
-from .pipeline import stop_iteration_as_error
+from .calls import stop_iteration_as_error, takes_generator
 
 __all__ = ["PerImage", "image_seed"]
 
@@ -97,14 +96,3 @@ class PerImage:
                 shared = result.untyped_storage().data_ptr() == image.untyped_storage().data_ptr()
                 image.copy_(result.clone() if shared else result)
         return made
-
-
-def takes_generator(function: Callable) -> bool:
-    """Whether ``function`` (or a module's ``forward``; what ``torch.compile`` wrapped) has a ``generator``
-    argument."""
-    signed = getattr(function, "_orig_mod", function)  # torch.compile's wrapper takes (*args, **kwargs)
-    signed = signed.forward if isinstance(signed, torch.nn.Module) else signed  # a module's __call__ hides it
-    try:
-        return "generator" in inspect.signature(signed).parameters
-    except (TypeError, ValueError):  # a builtin without a signature
-        return False

@@ -25,9 +25,9 @@ import torch
 
 from ..format.dataset import MemmapImageDataset
 from ..machine import default_workers, limit_torch_threads
+from .calls import stop_iteration_as_error, takes_generator
 from .crop import CenterCropDecode, RandomResizedCropDecode, decode_batch
 from .fields import FieldGather, tensors, to_device
-from .per_image import takes_generator
 from .prefetch import BlockPrefetcher
 
 if TYPE_CHECKING:
@@ -299,25 +299,6 @@ class BatchTransform:
                 seed = int.from_bytes(digest.digest(), "big") >> 1
                 out = self.function(images, generator=torch.Generator(device=images.device).manual_seed(seed))
             return out.clone() if self.copy_output and out.is_cuda else out
-
-
-class stop_iteration_as_error:  # noqa: N801 (used as a context manager, as contextlib's)
-    """A ``StopIteration`` out of the user's ``where`` as a ``RuntimeError``: raised from the loader's
-    ``__next__`` it would end the user's epoch early without a word (as PEP 479 does for generators). A class,
-    not ``contextlib.contextmanager``, which gives back the StopIteration of a RuntimeError caused by it."""
-
-    def __init__(self, where: str) -> None:
-        self.where = where
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, error, traceback) -> None:
-        if isinstance(error, StopIteration):
-            raise RuntimeError(
-                f"the loader's {self.where} raised StopIteration (a next() on an exhausted iterator?); it would "
-                "have ended the epoch early: catch it in your function"
-            ) from error
 
 
 def _on_consumer_side(transform: BatchTransform | None) -> bool:

@@ -186,8 +186,9 @@ class Recipe(nn.Module):
             if cropped:
                 raise UsageError(
                     f"this recipe crops on the device (crop='device'), and the batch is already {list(self.size)}: "
-                    "it was cropped before (a loader with decode=?); cropping again zooms in. Use "
-                    "Recipe(crop='loader') with recipe.loader(dataset, ...), or a loader without decode="
+                    "it was cropped before (a loader with decode=?), and cropping again zooms in; or the dataset "
+                    "is stored at the crop size. Use Recipe(crop='loader') with recipe.loader(dataset, ...) (its "
+                    "crop reads the stored image: right for both), or a loader without decode="
                 )
             images = self.cropper(images, generator=generator)
         if self.training and self.augment is not None:

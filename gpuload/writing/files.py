@@ -205,7 +205,8 @@ class OutputLock:
     def _open(self) -> int:
         try:
             self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-            return os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            # O_NOFOLLOW: a link at the lock's name would make the run create or lock what it points to
+            return os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except IsADirectoryError:
             raise IsADirectoryError(
                 errno.EISDIR,
@@ -213,6 +214,12 @@ class OutputLock:
                 f"another tool?); move it away or remove it (rmdir {self.lock_path}), then run again",
             ) from None
         except OSError as error:  # a read-only disk, a full one, no free inode, a folder we may not write
+            if error.errno == errno.ELOOP:
+                raise OSError(
+                    errno.ELOOP,
+                    f"cannot write {self.path}: its lock file {self.lock_path} is a symbolic link (made by hand or "
+                    f"another tool?), which gpuload does not follow; remove the link (rm {self.lock_path}), then run again",
+                ) from None
             if error.errno not in _DISK_REFUSALS:
                 raise
             if error.errno == errno.ENOSPC:  # out of bytes or of inodes: say which
