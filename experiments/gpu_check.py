@@ -79,6 +79,7 @@ CUDA_TEST_FILES = (
     "tests/test_collate.py",
     "tests/test_augment.py",
     "tests/test_normalize.py",
+    "tests/test_fields.py",
 )
 EXPERIMENTS = (
     "gpu_preprocess",
@@ -86,6 +87,7 @@ EXPERIMENTS = (
     "train_order",
     "jpeg_store",
     "train_augment",
+    "recipe",
     "memmap_vs_folder",
     "jpeg_quality",
 )
