@@ -380,7 +380,8 @@ class TestUnreclaimableMemory:
                 peaks[shared] = memory.peak_bytes - before.peak_bytes
         finally:
             path.unlink(missing_ok=True)
-        assert peaks["system"] >= 64 << 20 > (32 << 20) > peaks["tree"], peaks
+        # 64 MiB written; other jobs' shared memory comes and goes meanwhile on a shared machine: margins
+        assert peaks["system"] >= 32 << 20 > (16 << 20) > peaks["tree"], peaks
 
     def test_an_unknown_kind_is_refused(self):
         with pytest.raises(ValueError, match="'system' or 'tree'"):
