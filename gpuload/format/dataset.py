@@ -736,24 +736,36 @@ def _check_files(path: Path, manifest: Manifest) -> None:
             )
 
 
-def _check_meta(path: Path, manifest: Manifest) -> None:
-    """The manifest's image layout and shape must be those tensordict's ``meta.json`` recorded for the
-    file (format version 2 on): a manifest edited by hand (``layout``, ``image_shape``, an older
-    ``format_version``) would otherwise serve the same bytes as scrambled pixels, without an error."""
+def check_meta_shape(
+    manifest: Manifest,
+    read_meta: Callable[[], bytes | str],
+    where: str,
+    unreadable: str,
+    edited: str,
+    errors: tuple[type[Exception], ...] = (ValueError, KeyError, TypeError),
+) -> None:
+    """The manifest's image layout and shape must be those tensordict's ``meta.json`` (``read_meta()``) recorded
+    for the file (format version 2 on): a manifest edited by hand (``layout``, ``image_shape``, an older
+    ``format_version``) would otherwise serve the same bytes as scrambled pixels, without an error. A local
+    and a remote open check it alike; ``unreadable`` and ``edited`` say what to do in each case.
+
+    Raises:
+        DatasetError: they differ, or meta.json does not give the shape (``errors`` while reading it).
+    """
     if manifest.format_version < 2:
         return  # version 1's metadata records no shapes
     try:
-        recorded = json.loads((path / "meta.json").read_text())["images"]["shape"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
+        recorded = json.loads(read_meta())["images"]["shape"]
+    except errors as error:
         raise DatasetError(
-            f"{path} is damaged: meta.json does not give the images' shape ({error!r}); rebuild it"
+            f"{where} is damaged: meta.json does not give the images' shape ({error!r}); {unreadable}"
         ) from None
     expected = list(manifest.array_shapes["images"])
     if recorded != expected:
         raise DatasetError(
-            f"{path} is damaged: its manifest ({manifest.layout}, image_shape {manifest.image_shape}) means "
+            f"{where} is damaged: its manifest ({manifest.layout}, image_shape {manifest.image_shape}) means "
             f"images.memmap is {expected}, and meta.json recorded {recorded} when it was built: the manifest was "
-            "edited; run gpuload verify, then rebuild the dataset"
+            f"edited; {edited}"
         )
 
 
@@ -784,7 +796,14 @@ def _open_field(path: Path, spec: FieldSpec, count: int, index: list[mmap.mmap])
 def _open_raw(path: Path, manifest: Manifest, index: list[mmap.mmap]) -> ImageData:
     shapes = manifest.array_shapes
     images = _map(path, manifest.array_path("images"), torch.uint8, shapes["images"])
-    _check_meta(path, manifest)  # the bytes fit the manifest's shape: is it the shape they were written in?
+    check_meta_shape(  # the bytes fit the manifest's shape: is it the shape they were written in?
+        manifest,
+        (path / "meta.json").read_text,
+        str(path),
+        "rebuild it",
+        "run gpuload verify, then rebuild the dataset",
+        errors=(OSError, ValueError, KeyError, TypeError),
+    )
     if manifest.layout == "channels_last":
         images = images.permute(0, 3, 1, 2)  # [N, 3, H, W] with channels-last strides: a view
     labels = _map(path, manifest.array_path("labels"), torch.int64, shapes["labels"], index)

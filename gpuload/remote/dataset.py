@@ -24,6 +24,7 @@ import xxhash
 
 from ..errors import DatasetError, UsageError
 from ..format.columns import FieldColumn
+from ..format.dataset import check_meta_shape
 from ..format.fields import NUMBER_DTYPES, field_path
 from ..format.manifest import MANIFEST_NAME, Manifest
 from ..text import count, either
@@ -195,7 +196,13 @@ def open_remote(url: str | Store, cache: BlockCache | None = None) -> RemoteInde
         if (shapes <= 0).any():
             raise DatasetError(f"{store.display} is damaged: shapes.memmap holds a size that is not positive")
     else:
-        _check_raw_meta(store, objects, manifest)
+        check_meta_shape(  # as a local open checks it
+            manifest,
+            lambda: store.read_all("meta.json", objects["meta.json"]),
+            store.display,
+            "push the dataset again",
+            "push the dataset again from an intact copy",
+        )
         size = int(np.prod(manifest.image_shape))
         starts, lengths, shapes = np.arange(count, dtype=np.int64) * size, np.full(count, size, dtype=np.int64), None
     manifest.check_labels(table.labels, store.display, "push the dataset again")
@@ -276,31 +283,6 @@ def _map_block(path: Path, size: int) -> mmap.mmap | None:
 
 def _digest(data: bytes | mmap.mmap) -> str:
     return f"{xxhash.xxh3_64_intdigest(data):016x}"
-
-
-def _check_raw_meta(store: Store, objects: dict[str, ObjectInfo], manifest: Manifest) -> None:
-    """A raw dataset's manifest must give the images the shape tensordict's ``meta.json`` recorded when
-    they were written (format version 2 on), as a local open checks: a manifest edited to another
-    layout or shape would serve the same bytes as scrambled pixels.
-
-    Raises:
-        DatasetError: they differ, or meta.json does not give the shape.
-    """
-    if manifest.format_version < 2:
-        return
-    try:
-        recorded = json.loads(store.read_all("meta.json", objects["meta.json"]))["images"]["shape"]
-    except (ValueError, KeyError, TypeError) as error:
-        raise DatasetError(
-            f"{store.display} is damaged: meta.json does not give the images' shape ({error!r}); push the dataset again"
-        ) from None
-    expected = list(manifest.array_shapes["images"])
-    if recorded != expected:
-        raise DatasetError(
-            f"{store.display} is damaged: its manifest ({manifest.layout}, image_shape {manifest.image_shape}) means "
-            f"images.memmap is {expected}, and meta.json recorded {recorded} when it was built: the manifest was "
-            "edited; push the dataset again from an intact copy"
-        )
 
 
 def describe_remote(url: str) -> dict:
