@@ -417,6 +417,10 @@ def _scale(result: dict, into: dict[str, str]) -> None:
     row = max(result["rows"], key=lambda row: row["images"])
     into["scale.images"] = count(row["images"])
     into["scale.build.first_image"] = f"{row['build']['first_image_s']:.1f} s"
+    cold = row["first_image"]
+    into["scale.first_image"] = f"{cold['seconds']:.1f} s"
+    into["scale.first_image.range"] = f"{cold['min_s']:.1f}-{cold['max_s']:.1f} s"
+    into["scale.first_image.import"] = f"{cold['import_s']:.1f} s"
     into["scale.build.peak"] = megabytes(row["build"]["peak_unreclaimable_bytes"])
     into["scale.build.rate"] = f"{count(row['build']['images_per_second'])} images/s"
     if "build_first_run" in row:  # the build measured again on its own (its "run" says how)
@@ -659,7 +663,9 @@ def _scale_table(results: dict[str, dict]) -> str:
 
     table = [
         line("build: images/s", lambda row: count(row["build"]["images_per_second"])),
-        line("build: seconds to the first image", lambda row: f"{row['build']['first_image_s']:.2f}"),
+        line("build: seconds to the first image, page cache dropped (median of 3)",
+             lambda row: f"{row['first_image']['seconds']:.2f}"),
+        line("... in the whole build's run", lambda row: f"{row['build']['first_image_s']:.2f}"),
         line("build: peak unreclaimable memory", lambda row: megabytes(row["build"]["peak_unreclaimable_bytes"])),
         line("open a folder: seconds", lambda row: f"{row['open']['seconds']:.3f}"),
         line("open a folder: resident memory added (anonymous)",

@@ -8,6 +8,11 @@ small enough for this machine's disk) is made once, built into a jpeg dataset, p
 - ``build``: images/s, the seconds from the start to the first image written (the scan before it),
   and the peak memory the OS cannot reclaim (anonymous and shared: not the page cache), the
   sources read once before (warm in the page cache at every N);
+- ``first_image``: the seconds from ``build_memmap``'s call to its first image written, with the
+  page cache dropped first with ``--drop-caches`` (root: ``/proc/sys/vm/drop_caches``, the whole
+  machine's; ``page_cache`` says whether), each of 3 runs in a fresh process stopped at its first image (the build removes its
+  temporary folder); the median and the range, and the seconds the cold ``import gpuload`` took
+  before (a command's start pays it too);
 - ``open``: ``MemmapImageDataset(path)`` in a fresh process: seconds, and the resident memory it adds
   (all of it, and its anonymous part); the same at the URL with a warm cache (``cache=``), and in a
   spawned ``DataLoader`` worker (the stock loader's first batch with 2 spawned workers, and each worker's
@@ -26,7 +31,7 @@ small enough for this machine's disk) is made once, built into a jpeg dataset, p
 The results (``assets/results/scale.json``) and a plot against N (``assets/scale.png``): the lines
 should be flat.
 
-    python -m experiments.scale [--counts 10000 100000 1281167] [--quick]
+    python -m experiments.scale [--counts 10000 100000 1281167] [--quick] [--drop-caches] [--first-image-only]
 """
 
 from __future__ import annotations
@@ -161,6 +166,50 @@ def step_build(src: str, out: str) -> dict:
         "images_per_second": count / seconds,
         "first_image_s": first[0] - started,
         "peak_unreclaimable_bytes": memory.peak_bytes - baseline.peak_bytes,
+    }
+
+
+class _FirstImage(Exception):
+    """Stops a build at its first image (``step_first_image``)."""
+
+
+def step_first_image(src: str, out: str, drop_caches: str) -> dict:
+    page_cache = "as found"
+    if drop_caches == "yes":
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")  # PermissionError unless root: asked, not done
+        page_cache = "dropped"
+    started = time.perf_counter()
+    import gpuload
+    import gpuload.writing.build as build
+
+    imported = time.perf_counter()
+
+    def append(self, position, stored):
+        raise _FirstImage(time.perf_counter())
+
+    build._JpegStore.append = append
+    try:
+        gpuload.build_memmap(src, out, format="jpeg", progress=False)
+    except _FirstImage as first:
+        return {"seconds": first.args[0] - imported, "import_s": imported - started, "page_cache": page_cache}
+    raise RuntimeError(f"the build of {src} wrote no image")
+
+
+def first_image(src: str, drop_caches: bool, runs: int = 3) -> dict:
+    """:func:`step_first_image` ``runs`` times, each in a fresh process (each build stopped before it
+    leaves anything at its out, ``SRC.first-image.jpeg``): the median, the range, each run."""
+    out, drop = f"{src}.first-image.jpeg", "yes" if drop_caches else "no"
+    each = [run_step("first_image", src, out, drop) for _ in range(runs)]
+    seconds = sorted(run["seconds"] for run in each)
+    return {
+        "seconds": seconds[len(seconds) // 2],
+        "min_s": seconds[0],
+        "max_s": seconds[-1],
+        "import_s": sorted(run["import_s"] for run in each)[len(each) // 2],
+        "page_cache": each[0]["page_cache"],
+        "runs": each,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
     }
 
 
@@ -324,13 +373,14 @@ def step_orders(path: str) -> dict:
     }
 
 
-def measure(count: int, workdir: Path) -> dict:
+def measure(count: int, workdir: Path, drop_caches: bool) -> dict:
     source = make_images(workdir, count)
     built = workdir / f"scale-{count}.jpeg"
     shutil.rmtree(built, ignore_errors=True)
     os.sync()
     row: dict = {"images": count, "source_bytes": _bytes_under(source)}
     _read_every_file(source)  # the sources in the page cache, at every N (a real build may read them cold)
+    row["first_image"] = first_image(str(source), drop_caches)
     row["build"] = run_step("build", str(source), str(built))
     print(f"  N={count:,} build: {row['build']['images_per_second']:,.0f} images/s, first image after "
           f"{row['build']['first_image_s']:.2f} s, peak {row['build']['peak_unreclaimable_bytes'] / 1e6:,.0f} MB", flush=True)  # fmt: skip
@@ -366,7 +416,7 @@ def plot(result: dict) -> None:
     left, middle, right = axes[0]
     left.plot(counts, [row["open"]["seconds"] for row in rows], "o-", label="open")
     left.plot(counts, [row["open_url_warm"]["seconds"] for row in rows], "s-", label="open, URL")
-    left.plot(counts, [row["build"]["first_image_s"] for row in rows], "^-", label="build: 1st image")
+    left.plot(counts, [row["first_image"]["seconds"] for row in rows], "^-", label="build: 1st image")
     left.set_ylabel("seconds")
     left.set_title("time")
     middle.plot(counts, [row["open"]["resident_bytes"] / 1e6 for row in rows], "o-", label="open")
@@ -393,7 +443,7 @@ def main(argv: list[str] | None = None) -> None:
         argv = sys.argv[1:]
     if argv and argv[0] == "_step":
         name, *args = argv[1:]
-        answer = {"build": step_build, "open": step_open, "workers": step_workers, "loader": step_loader,
+        answer = {"build": step_build, "first_image": step_first_image, "open": step_open, "workers": step_workers, "loader": step_loader,
                   "orders": step_orders}[name]  # fmt: skip
         if name == "open" and len(args) == 1:
             args.append(None)
@@ -403,6 +453,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--counts", type=int, nargs="+", default=[10_000, 100_000, IMAGENET])
     parser.add_argument("--quick", action="store_true", help="2,000 and 6,000 images (a smoke test)")
     parser.add_argument("--plot-only", action="store_true")
+    parser.add_argument(
+        "--drop-caches",
+        action="store_true",
+        help="drop the whole machine's page cache before each first-image run (root only; the committed run did)",
+    )
+    parser.add_argument(
+        "--first-image-only",
+        action="store_true",
+        help="measure only the cold build's first image, into the committed result's rows of these counts",
+    )
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "gpuload-experiments")
     args = parser.parse_args(argv)
     from ._common import read_result
@@ -412,9 +472,22 @@ def main(argv: list[str] | None = None) -> None:
         return
     counts = [2_000, 6_000] if args.quick else args.counts
     args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.first_image_only:
+        result = read_result("scale")
+        for row in result["rows"]:
+            if row["images"] in counts:
+                row["first_image"] = first_image(str(make_images(args.workdir, row["images"])), args.drop_caches)
+                print(f"  N={row['images']:,} first image after {row['first_image']['seconds']:.2f} s "
+                      f"({row['first_image']['min_s']:.2f}-{row['first_image']['max_s']:.2f}), page cache "
+                      f"{row['first_image']['page_cache']}", flush=True)  # fmt: skip
+        path = write_result(
+            "scale", {key: value for key, value in result.items() if key not in ("experiment", "machine")}
+        )
+        plot(json.loads(path.read_text()))
+        return
     rows = []
     for count in counts:  # written after each count: the largest takes an hour, and may be stopped
-        rows.append(measure(count, args.workdir))
+        rows.append(measure(count, args.workdir, args.drop_caches))
         path = write_result(
             "scale", {"device": "cpu", "side": SIDE, "batch_size": BATCH, "quick": args.quick, "rows": rows}
         )

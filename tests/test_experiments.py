@@ -278,6 +278,9 @@ class TestScale:
         (row,) = result["rows"]
         assert row["images"] == 300
         assert row["build"]["images_per_second"] > 0 and row["build"]["first_image_s"] > 0
+        assert len(row["first_image"]["runs"]) == 3 and row["first_image"]["page_cache"] == "as found"
+        assert row["first_image"]["min_s"] <= row["first_image"]["seconds"] <= row["first_image"]["max_s"]
+        assert not list((tmp_path / "work").glob("*first-image*"))  # the stopped builds left nothing
         assert row["open"]["seconds"] > 0 and row["open_url_warm"]["seconds"] > 0
         assert row["workers"]["worker_private_bytes"] > 0
         assert 1 <= row["orders"]["classes_block_shuffled_storage"] <= 30  # 300 images in 30 classes

@@ -130,7 +130,10 @@ class TestNoSecondCrop:
             device, loader = Recipe(32, crop="device"), Recipe(32, crop="loader")
             getattr(device, mode)()
             getattr(loader, mode)()
-            with pytest.raises(UsageError, match="already \\[32, 32\\]: it was cropped before .*or the dataset is stored at the crop size"):
+            with pytest.raises(
+                UsageError,
+                match="already \\[32, 32\\]: it was cropped before .*or the dataset is stored at the crop size",
+            ):
                 device(cropped)
             with pytest.raises(UsageError, match="crops in the loader .*takes \\[32, 32\\] batches, got \\[48, 64\\]"):
                 loader(whole)
