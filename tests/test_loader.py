@@ -714,6 +714,72 @@ class TestResume:
             assert [batches + rest for (batches, _), rest in zip(first, resumed)] == uninterrupted
 
 
+class TestUniforms:
+    """``loader.uniforms(count)``: each sample's draws for a recipe run in the loop, a function of
+    (seed, epoch, dataset index) only, so that a resumed run repeats them."""
+
+    @staticmethod
+    def draws(loader, batches=None) -> list[tuple[list[int], torch.Tensor]]:
+        out = []
+        for number, (_, labels) in enumerate(loader):
+            if number == batches:
+                break
+            out.append((labels.tolist(), loader.uniforms(5)))
+        return out
+
+    def test_each_sample_keeps_its_draws_whatever_batch_or_world_size_it_comes_in(self):
+        data = indexed_data(23)
+        whole = {}
+        for labels, draws in self.draws(DataLoader(data, batch_size=4, shuffle=True, seed=1, device="cpu")):
+            assert draws.shape == (len(labels), 5) and draws.dtype == torch.float32
+            assert bool(((draws >= 0) & (draws < 1)).all())
+            whole.update(zip(labels, draws))
+        assert len(whole) == 23 and len({tuple(row.tolist()) for row in whole.values()}) == 23
+        for world_size in (1, 2, 3):
+            for rank in range(world_size):
+                with as_rank(rank, world_size):
+                    loader = DataLoader(data, batch_size=3, shuffle=True, seed=1, device="cpu")
+                    for labels, draws in self.draws(loader):
+                        assert all(torch.equal(row, whole[label]) for label, row in zip(labels, draws))
+
+    def test_a_resumed_run_repeats_the_draws_and_another_epoch_changes_them(self):
+        data = indexed_data(23)
+        loader = DataLoader(data, batch_size=4, shuffle=True, seed=0, device="cpu")
+        loader.set_epoch(2)
+        iterator = iter(loader)
+        next(iterator)
+        saved = loader.state_dict()
+        rest = [(labels.tolist(), loader.uniforms(5)) for _, labels in iterator]
+        resumed = DataLoader(data, batch_size=4, shuffle=True, seed=7, device="cpu")  # its seed until loaded
+        resumed.load_state_dict(saved)
+        resumed.set_epoch(2)
+        again = self.draws(resumed)
+        assert [labels for labels, _ in again] == [labels for labels, _ in rest]
+        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(again, rest))
+        later = dict(
+            (label, row) for labels, draws in self.draws(resumed) for label, row in zip(labels, draws)
+        )  # epoch 3
+        first = {label: row for labels, draws in rest for label, row in zip(labels, draws)}
+        assert not any(torch.equal(first[label], later[label]) for label in first)
+
+    def test_the_draws_are_not_the_crops(self):
+        """The decode-time crop keys its draws on (seed, epoch, index) too: the recipe's must be other numbers."""
+        from gpuload.loading.crop import counter_uniforms
+
+        loader = DataLoader(indexed_data(23), batch_size=4, shuffle=True, seed=1, device="cpu")
+        for _, labels in loader:
+            crops = counter_uniforms(loader.seed, 0, labels, 5).to(torch.float32)
+            assert not torch.isclose(loader.uniforms(5), crops).any()
+            break
+
+    def test_before_any_batch_it_says_when_to_call_it(self):
+        loader = DataLoader(indexed_data(8), batch_size=4, device="cpu")
+        with pytest.raises(UsageError, match="inside the loop over the loader, after each batch"):
+            loader.uniforms(3)
+        with pytest.raises(ValueError, match="count must be at least 1, got 0"):
+            next(iter(loader)) and loader.uniforms(0)
+
+
 class TestTransform:
     """``transform=`` runs in the background threads, with draws that depend only on where the batch is."""
 

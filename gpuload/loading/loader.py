@@ -17,7 +17,14 @@ import torch.distributed as dist
 from ..errors import UsageError
 from ..format.dataset import ImageData, MemmapImageDataset, storage_order
 from ..machine import default_workers
-from .crop import CenterCropDecode, RandomResizedCropDecode, crop_raw, crop_remote_raw, decode_crops
+from .crop import (
+    CenterCropDecode,
+    RandomResizedCropDecode,
+    counter_uniforms,
+    crop_raw,
+    crop_remote_raw,
+    decode_crops,
+)
 from .device import check_gpu_decode, current_device, resolve_device
 from .fields import FieldGather
 from .order import distributed_rank, epoch_order
@@ -28,6 +35,7 @@ from .pipeline import (
     Gather,
     Ring,
     RingPool,
+    ServedBatch,
     decode_on_device,
     index_select,
     read_raw,
@@ -331,6 +339,7 @@ class DataLoader:
             fields=self._fields,
         )
         self._rings: dict[torch.device, RingPool] = {}  # per device: "cuda" resolves at each iteration
+        self._served: ServedBatch | None = None  # the batch served last (set by its EpochIterator)
         self._initialized = True
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -551,6 +560,34 @@ class DataLoader:
         pool = self._ring_pool(device, max((len(batch) for batch in batches), default=1))
         return EpochIterator(self, pool, batches, self._position, gather, transform, prefetcher)
 
+    def uniforms(self, count: int) -> torch.Tensor:
+        """``count`` uniform draws in [0, 1) per sample of the batch served last: float32 ``[B, count]`` on the
+        batch's device, a pure function of (seed, epoch, dataset index), like the decode-time crop's (but
+        not the same numbers). Give them to a recipe run in the training loop (``uniform=``), and a
+        resumed run repeats its per-sample draws exactly, whatever the world size, as it repeats the
+        order and the crops; a sample that comes twice in a batch gets the same draws twice.
+
+        Example:
+            >>> import tempfile
+            >>> from pathlib import Path
+            >>> from gpuload import build_memmap, make_sample_folder
+            >>> src = make_sample_folder(Path(tempfile.mkdtemp()) / "photos", images_per_class=2, size=(12, 16))
+            >>> loader = DataLoader(MemmapImageDataset(build_memmap(src, progress=False)), batch_size=4, device="cpu")
+            >>> images, labels = next(iter(loader))
+            >>> draws = loader.uniforms(3)
+            >>> draws.shape, bool(((draws >= 0) & (draws < 1)).all())
+            (torch.Size([4, 3]), True)
+        """
+        _check_int("count", count)
+        if count < 1:
+            raise ValueError(f"count must be at least 1, got {count}")
+        if self._served is None:
+            raise UsageError("loader.uniforms() gives the draws of the batch served last, and none was: call it "
+                             "inside the loop over the loader, after each batch")  # fmt: skip
+        served = self._served
+        draws = counter_uniforms(_stream_seed(self.seed), served.epoch, served.indices, count)
+        return draws.to(device=served.device, dtype=torch.float32)
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(images={len(self._labels)}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
@@ -574,6 +611,11 @@ class Position:
     def advance(self, samples: int) -> None:
         """Count a batch of ``samples`` served on every rank."""
         self.global_position = min(self.global_position + samples * self.world_size, self.end)
+
+
+def _stream_seed(seed: int) -> int:
+    """The key of :meth:`DataLoader.uniforms`' draws: another stream than the crop's, which keys on ``seed``."""
+    return int.from_bytes(hashlib.blake2b(repr(("uniforms", seed)).encode(), digest_size=8).digest(), "big")
 
 
 def _crops(transform: object) -> bool:

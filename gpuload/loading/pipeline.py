@@ -17,6 +17,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -463,6 +464,15 @@ class _Pipeline:
                 self.condition.release()
 
 
+@dataclass(frozen=True)
+class ServedBatch:
+    """Which samples the batch a loader served last holds: its epoch, the dataset indices, its device."""
+
+    epoch: int
+    indices: torch.Tensor
+    device: torch.device
+
+
 class EpochIterator:
     """One epoch of a :class:`DataLoader`; closing it (or dropping it) stops its threads."""
 
@@ -479,6 +489,8 @@ class EpochIterator:
         self.position = position
         self.served = 0
         self.total = len(batches)
+        self._batches = batches
+        self._loader = weakref.ref(loader)  # told which samples each batch holds (DataLoader.uniforms)
         self.closed = False
         self.fields = bool(loader._fields)
         self._pipeline = _Pipeline(
@@ -527,6 +539,9 @@ class EpochIterator:
             self._pipeline.release(slot)  # refilled only after its event: the copy is done
         if _on_consumer_side(self._pipeline.transform):  # after the wait: queued on the consumer's stream
             images = self._pipeline.transform(images, number=self.served)
+        loader = self._loader()
+        if loader is not None:
+            loader._served = ServedBatch(self.position.epoch, self._batches[self.served], images.device)
         self.served += 1
         if self._pipeline.prefetcher is not None:
             self._pipeline.prefetcher.served(self.served)
