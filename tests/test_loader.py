@@ -22,6 +22,7 @@ from torch.utils.data import DistributedSampler
 
 import gpuload.loading.crop
 from gpuload import DataLoader, ImageData, MemmapImageDataset, RandomResizedCrop, UsageError
+from gpuload.loading import gathers as gathers_module
 from gpuload.loading import loader as loader_module
 from gpuload.loading import pipeline as pipeline_module
 from gpuload.loading.crop import CenterCropDecode, RandomResizedCropDecode, decode_crops
@@ -205,7 +206,7 @@ class TestBatches:
 
     def test_errors_in_the_gather_reach_the_consumer(self, monkeypatch):
         calls = []
-        real = loader_module.index_select
+        real = gathers_module.index_select
 
         def failing(*args):
             calls.append(1)
@@ -213,7 +214,7 @@ class TestBatches:
                 raise OSError("a disk error on the second batch")
             return real(*args)
 
-        monkeypatch.setattr(loader_module, "index_select", failing)
+        monkeypatch.setattr(gathers_module, "index_select", failing)
         loader = DataLoader(indexed_data(), batch_size=2, device="cpu", threads=1)
         iterator = iter(loader)
         next(iterator)
@@ -378,7 +379,7 @@ class TestBuffers:
             del view
         assert len(pointers) <= loader.prefetch + 2
 
-    @pytest.mark.parametrize("module", ["loader", "pipeline", "device"])
+    @pytest.mark.parametrize("module", ["loader", "pipeline", "device", "gathers"])
     def test_the_loader_uses_no_private_torch_api(self, module):
         source = (Path(loader_module.__file__).parent / f"{module}.py").read_text()
         assert not re.findall(r"torch(?:\.\w+)*\._\w+|\._cdata\b", source)
@@ -839,7 +840,7 @@ class TestJpegDatasets:
     def test_every_decoding_thread_decodes_at_once_whatever_the_prefetch(self, jpeg_dataset, threads, monkeypatch):
         """Each thread decodes a whole batch: ``threads`` batches must be in flight, even with prefetch=1."""
         running, peak, lock = [0], [0], threading.Lock()
-        real = loader_module.decode_crops
+        real = gathers_module.decode_crops
 
         def slow(*args, **kwargs):
             with lock:
@@ -850,7 +851,7 @@ class TestJpegDatasets:
             with lock:
                 running[0] -= 1
 
-        monkeypatch.setattr(loader_module, "decode_crops", slow)
+        monkeypatch.setattr(gathers_module, "decode_crops", slow)
         loader = DataLoader(MemmapImageDataset(jpeg_dataset), batch_size=2, prefetch=1, threads=threads,
                             device="cpu", decode=RandomResizedCropDecode(16))  # fmt: skip
         assert sum(len(labels) for _, labels in loader) == 20
@@ -1180,13 +1181,13 @@ class TestCuda:
 
     def test_each_producer_copies_on_a_stream_of_its_own(self, data, monkeypatch):
         streams = set()
-        real = loader_module.index_select
+        real = gathers_module.index_select
 
         def gather(*args):
             streams.add(torch.cuda.current_stream().stream_id)
             return real(*args)
 
-        monkeypatch.setattr(loader_module, "index_select", gather)
+        monkeypatch.setattr(gathers_module, "index_select", gather)
         loader = DataLoader(data, batch_size=16, device="cuda", threads=2, prefetch=4)
         list(loader)
         assert len(streams) == 2 and torch.cuda.default_stream().stream_id not in streams

@@ -15,23 +15,15 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UsageError
-from ..format.dataset import ImageData, MemmapImageDataset, storage_order
+from ..format.dataset import ImageData, MemmapImageDataset
 from ..machine import default_workers
-from .crop import CenterCropDecode, RandomResizedCropDecode, crop_raw, crop_remote_raw, decode_crops
+from .crop import CenterCropDecode, RandomResizedCropDecode
 from .device import check_gpu_decode, current_device, resolve_device
 from .fields import FieldGather
+from .gathers import dataset_gather, stored_pixels
 from .order import distributed_rank, epoch_order
 from .per_image import PerImage
-from .pipeline import (
-    BatchTransform,
-    EpochIterator,
-    Gather,
-    Ring,
-    RingPool,
-    decode_on_device,
-    index_select,
-    read_raw,
-)
+from .pipeline import BatchTransform, EpochIterator, Ring, RingPool
 from .prefetch import DEFAULT_AHEAD_BLOCKS, BlockPrefetcher
 
 __all__ = ["DataLoader"]
@@ -275,11 +267,7 @@ class DataLoader:
         self.decode = decode
         # Plain tensors over the same memory, in the order of the file's bytes (a raw dataset's
         # channels-last [N, H, W, 3]): gathers move bytes as they lie and skip tensordict's dispatch.
-        if remote and not jpeg:  # pixels in storage: read by ranges into the batch's buffer
-            images, self._stored_channels_last = None, dataset.manifest.layout == "channels_last"
-        else:
-            images, self._stored_channels_last = (None, False) if jpeg else storage_order(data.images)
-        self._images = images
+        self._stored_channels_last = stored_pixels(dataset)[1]
         self._image_view = None if jpeg or remote else torch.Tensor.as_subclass(data.images, torch.Tensor)
         self._labels = torch.Tensor.as_subclass(data.labels, torch.Tensor)
         self.batch_size = batch_size
@@ -524,19 +512,7 @@ class DataLoader:
         if self.transform is not None:
             transform = BatchTransform(self.transform, (self.seed, epoch, rank, start, self.batch_size * world_size))
         device = current_device(self.device)  # a loader made before torch.cuda.set_device follows it
-        remote_raw = self._images is None and self._image_view is None and self.dataset.storage == "raw"
-        if self.decode is None and remote_raw:
-            gather: Gather = partial(read_raw, self.dataset, self._stored_channels_last)
-        elif self.decode is None:
-            gather = partial(index_select, self._images, self._stored_channels_last)
-        elif remote_raw:
-            gather = partial(crop_remote_raw, self.dataset, decode=self.decode, seed=self.seed, epoch=epoch)
-        elif self._images is not None:
-            gather = partial(crop_raw, self._image_view, decode=self.decode, seed=self.seed, epoch=epoch)
-        elif self.decode.gpu:
-            gather = partial(decode_on_device, self.dataset, self.decode, self.seed, epoch, device)
-        else:
-            gather = partial(decode_crops, self.dataset, decode=self.decode, seed=self.seed, epoch=epoch)
+        gather = dataset_gather(self.dataset, self.decode, seed=self.seed, epoch=epoch, device=device)
         if self.per_image is not None:
             gather = PerImage(self.per_image, gather, seed=self.seed, epoch=epoch)
         prefetcher = None
