@@ -25,6 +25,7 @@ from .order import distributed_rank, epoch_order
 from .per_image import PerImage
 from .pipeline import BatchTransform, EpochIterator, Ring, RingPool
 from .prefetch import DEFAULT_AHEAD_BLOCKS, BlockPrefetcher
+from .subsets import check_positions, subset_indices
 
 __all__ = ["DataLoader"]
 
@@ -678,10 +679,10 @@ def _unwrap(dataset: object, shuffle: bool, sampler: Iterable[int] | None) -> tu
         )
     if not isinstance(dataset, torch.utils.data.Subset):
         return dataset, sampler
-    indices, inner = _subset_indices(dataset), dataset.dataset
+    indices, inner = subset_indices(dataset), dataset.dataset
     while isinstance(inner, torch.utils.data.Subset):  # a Subset of a Subset: positions in the inner one
-        outer = _subset_indices(inner)
-        indices, inner = outer[_positions(indices, len(outer), "the Subset's indices")], inner.dataset
+        outer = subset_indices(inner)
+        indices, inner = outer[check_positions(indices, len(outer), "the Subset's indices")], inner.dataset
     if shuffle:
         raise UsageError(
             "gpuload.DataLoader shuffles a whole dataset, got a Subset with shuffle=True: pass "
@@ -700,22 +701,6 @@ def _unwrap(dataset: object, shuffle: bool, sampler: Iterable[int] | None) -> tu
     return inner, _SubsetSampler(sampler, indices)
 
 
-def _subset_indices(subset: torch.utils.data.Subset) -> torch.Tensor:
-    """A Subset's indices as int64, or one line where they are not integers (1.5 would be truncated to 1)."""
-    values = list(subset.indices)
-    try:
-        indices = torch.as_tensor(values) if values else torch.empty(0, dtype=torch.int64)
-    except (TypeError, ValueError, RuntimeError):
-        indices = None
-    if indices is None or indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
-        got = f"{indices.dtype}" if indices is not None else f"{type(values[0]).__name__}"
-        raise UsageError(
-            f"a Subset's indices must be integers, got {got} (first {values[0]!r}); give the positions of the "
-            "images in its dataset as ints"
-        )
-    return indices.to(torch.int64)
-
-
 @dataclass
 class _SubsetSampler:
     """A sampler of positions in a Subset, giving the indices of the Subset's dataset."""
@@ -726,7 +711,7 @@ class _SubsetSampler:
     def __iter__(self) -> Iterator[int]:
         # One gather for the epoch: an index per position costs seconds at ImageNet's count (2.5 s for 1.28M)
         positions = torch.tensor([operator.index(position) for position in self.positions], dtype=torch.int64)
-        yield from self.indices[_positions(positions, len(self.indices), "the sampler")].tolist()
+        yield from self.indices[check_positions(positions, len(self.indices), "the sampler")].tolist()
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -736,21 +721,9 @@ class _SubsetSampler:
             self.positions.set_epoch(epoch)
 
 
-def _positions(positions: torch.Tensor, length: int, what: str) -> torch.Tensor:
-    """``positions`` in a Subset of ``length`` images (negative ones count from its end, as torch's Subset
-    indexes), or one line naming the first outside it."""
-    bad = positions[(positions < -length) | (positions >= length)]
-    if len(bad):
-        raise UsageError(
-            f"{what} gave position {int(bad[0])} in a Subset of {length} images (positions 0 to {length - 1}); "
-            "give positions in the Subset (or pass its dataset with the indices you mean)"
-        )
-    return positions
-
-
 def _position(position: int, length: int) -> int:
-    """One position a sampler gave in a Subset of ``length`` images (see :func:`_positions`)."""
-    return int(_positions(torch.tensor([operator.index(position)]), length, "the sampler")[0])
+    """One position a sampler gave in a Subset of ``length`` images (see :func:`~gpuload.loading.subsets.check_positions`)."""
+    return int(check_positions(torch.tensor([operator.index(position)]), length, "the sampler")[0])
 
 
 def _largest_batch(batch_size: int, sampler: Iterable[int] | None, length: int) -> int:
