@@ -379,7 +379,7 @@ class TestBuffers:
             del view
         assert len(pointers) <= loader.prefetch + 2
 
-    @pytest.mark.parametrize("module", ["loader", "pipeline", "device", "gathers"])
+    @pytest.mark.parametrize("module", ["loader", "pipeline", "device", "gathers", "concat"])
     def test_the_loader_uses_no_private_torch_api(self, module):
         source = (Path(loader_module.__file__).parent / f"{module}.py").read_text()
         assert not re.findall(r"torch(?:\.\w+)*\._\w+|\._cdata\b", source)
@@ -1400,7 +1400,7 @@ class TestBlockShuffle:
 
 
 class TestTorchDropIn:
-    """What a call written for torch.utils.data.DataLoader gets: its options, a Subset, a ConcatDataset."""
+    """What a call written for torch.utils.data.DataLoader gets: its options, a Subset (a ConcatDataset: test_concat.py)."""
 
     def test_num_workers_sets_the_threads_and_pin_memory_and_persistent_workers_set_nothing(self):
         stock = {"num_workers": 4, "pin_memory": True, "persistent_workers": True}
@@ -1525,11 +1525,9 @@ class TestTorchDropIn:
         loader = DataLoader(subset.dataset, sampler=torch.utils.data.SubsetRandomSampler(subset.indices), device="cpu")
         assert sorted(served_indices(loader)) == [1, 3]  # what the message says works
 
-    def test_a_concat_dataset_is_refused_in_one_line(self):
-        both = torch.utils.data.ConcatDataset([indexed_data(), indexed_data()])
-        with pytest.raises(UsageError, match=r"^gpuload.DataLoader reads one dataset, got a ConcatDataset of 2: build"):
-            DataLoader(both, device="cpu")
-
     def test_a_subset_of_another_dataset_is_refused(self):
-        with pytest.raises(TypeError, match="needs a Subset of a MemmapImageDataset or an ImageData, got one of list"):
+        with pytest.raises(
+            TypeError,
+            match="needs a Subset of a MemmapImageDataset, an ImageData or a ConcatDataset of them, got one of list",
+        ):
             DataLoader(torch.utils.data.Subset([1, 2, 3], [0]), device="cpu")
