@@ -106,6 +106,20 @@ class TestBatches:
             orders.append(order.tolist())
         assert orders[0] != orders[1] != orders[2]
 
+    @pytest.mark.parametrize("batch_size", [3, 20])
+    def test_a_channels_last_and_a_channel_first_part_make_channels_last_batches(self, built_dataset, batch_size):
+        """A raw dataset (channels-last) and an NCHW ImageData of its images, batches of one part and of both."""
+        dataset = MemmapImageDataset(built_dataset)
+        first = ImageData(images=dataset.data.images.contiguous(), labels=dataset.data.labels + 5, batch_size=[20])
+        both = ConcatDataset([first, dataset])
+        loader = DataLoader(both, batch_size=batch_size, shuffle=batch_size == 3, seed=1, device="cpu")
+        images, labels = served(loader)
+        order = epoch_order(40, epoch=0, seed=1, shuffle=batch_size == 3)
+        expected_images = torch.cat([first.images, dataset.data.images])
+        expected_labels = torch.cat([first.labels, dataset.data.labels])
+        assert torch.equal(images, expected_images[order]) and torch.equal(labels, expected_labels[order])
+        assert images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous()
+
     @pytest.mark.parametrize("kinds", [("jpeg", "jpeg"), ("raw", "jpeg")])
     def test_jpeg_parts_are_decoded_by_their_own_reader(
         self, kinds, built_dataset, jpeg_dataset, small_raw, small_jpeg

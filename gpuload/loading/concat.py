@@ -93,8 +93,8 @@ class ConcatImages:
 
 class ConcatGather:
     """A batch of a concatenation: each part's rows read by ``gathers[part]`` (``gather(local, out)``, a crop's
-    with ``keys=``, the concatenation's indices: its parts draw apart) into a buffer of that part's layout and
-    copied into the batch; a batch of one part whose layout is the batch's is read into it directly.
+    with ``keys=``, the concatenation's indices: its parts draw apart) into a buffer in that part's layout (its
+    bytes as they lie) and copied into the batch's rows; a batch of one part is read into the batch directly.
 
     Example:
         >>> def data(n, value): return ImageData(images=torch.full((n, 3, 1, 1), value, dtype=torch.uint8), labels=torch.zeros(n, dtype=torch.int64), batch_size=[n])
@@ -113,11 +113,10 @@ class ConcatGather:
     def __call__(self, indices: torch.Tensor, out: torch.Tensor) -> None:
         for number, rows, local in self.images.split(indices):
             keys = {"keys": indices[rows]} if self.keyed else {}
-            channels_last = self.images.layouts[number]
-            if len(rows) == len(indices) and channels_last == self.images.channels_last:
+            if len(rows) == len(indices):
                 self.gathers[number](local, out, **keys)
                 continue
-            memory_format = torch.channels_last if channels_last else torch.contiguous_format
+            memory_format = torch.channels_last if self.images.layouts[number] else torch.contiguous_format
             scratch = torch.empty((len(rows), *out.shape[1:]), dtype=out.dtype, memory_format=memory_format)
             self.gathers[number](local, scratch, **keys)
             out.index_copy_(0, rows, scratch)
