@@ -1257,7 +1257,7 @@ class TestCuda:
             return flipped
 
         flip = torch.compile(flip_then_wait, mode="reduce-overhead")
-        assert loader_module.uses_cuda_graphs(flip)
+        assert pipeline_module.uses_cuda_graphs(flip)
         loader = DataLoader(data, batch_size=32, shuffle=True, seed=3, device="cuda", transform=flip, threads=2)
         consumer = torch.cuda.Stream()
         sums = []
