@@ -43,6 +43,7 @@ class ConcatImages:
         labels: int64 ``[N]``. ``fields``: the :class:`ConcatFields` of the batches.
         image_shape: ``(3, H, W)`` of the parts' images (without ``decode``).
         channels_last: whether batches are channels-last in memory (channel-first only when every part is).
+        layouts: whether each part's gather writes channels-last (a crop does; a raw part as it is stored).
 
     Raises:
         TypeError: a part that is no gpuload dataset. UsageError: parts that cannot make one batch.
@@ -56,7 +57,7 @@ class ConcatImages:
 
     def __init__(
         self, dataset: torch.utils.data.ConcatDataset, decode: RandomResizedCropDecode | CenterCropDecode | None
-    ):
+    ) -> None:
         self.parts, self.part, self.local = _flatten(dataset)
         _check_parts(self.parts, decode)
         self.labels = torch.empty(len(self.part), dtype=torch.int64)
@@ -67,9 +68,6 @@ class ConcatImages:
         self.channels_last = decode is not None or any(layouts)
         self.image_shape = None if decode is not None else _image_shape(self.parts[0])
         self.fields = ConcatFields(self)
-
-    def __len__(self) -> int:
-        return len(self.part)
 
     def image_blocks(self) -> torch.Tensor:
         """int64 ``[N]``: the block each image starts in (:func:`~gpuload.loading.order.image_blocks` of its part),
