@@ -22,6 +22,7 @@ from torch.utils.data import DistributedSampler
 
 import gpuload.loading.crop
 from gpuload import DataLoader, ImageData, MemmapImageDataset, RandomResizedCrop, UsageError
+from gpuload.loading import gathers as gathers_module
 from gpuload.loading import loader as loader_module
 from gpuload.loading import pipeline as pipeline_module
 from gpuload.loading.crop import CenterCropDecode, RandomResizedCropDecode, decode_crops
@@ -205,7 +206,7 @@ class TestBatches:
 
     def test_errors_in_the_gather_reach_the_consumer(self, monkeypatch):
         calls = []
-        real = loader_module.index_select
+        real = gathers_module.index_select
 
         def failing(*args):
             calls.append(1)
@@ -213,7 +214,7 @@ class TestBatches:
                 raise OSError("a disk error on the second batch")
             return real(*args)
 
-        monkeypatch.setattr(loader_module, "index_select", failing)
+        monkeypatch.setattr(gathers_module, "index_select", failing)
         loader = DataLoader(indexed_data(), batch_size=2, device="cpu", threads=1)
         iterator = iter(loader)
         next(iterator)
@@ -378,7 +379,7 @@ class TestBuffers:
             del view
         assert len(pointers) <= loader.prefetch + 2
 
-    @pytest.mark.parametrize("module", ["loader", "pipeline", "device"])
+    @pytest.mark.parametrize("module", ["loader", "pipeline", "device", "gathers", "concat"])
     def test_the_loader_uses_no_private_torch_api(self, module):
         source = (Path(loader_module.__file__).parent / f"{module}.py").read_text()
         assert not re.findall(r"torch(?:\.\w+)*\._\w+|\._cdata\b", source)
@@ -905,7 +906,7 @@ class TestJpegDatasets:
     def test_every_decoding_thread_decodes_at_once_whatever_the_prefetch(self, jpeg_dataset, threads, monkeypatch):
         """Each thread decodes a whole batch: ``threads`` batches must be in flight, even with prefetch=1."""
         running, peak, lock = [0], [0], threading.Lock()
-        real = loader_module.decode_crops
+        real = gathers_module.decode_crops
 
         def slow(*args, **kwargs):
             with lock:
@@ -916,7 +917,7 @@ class TestJpegDatasets:
             with lock:
                 running[0] -= 1
 
-        monkeypatch.setattr(loader_module, "decode_crops", slow)
+        monkeypatch.setattr(gathers_module, "decode_crops", slow)
         loader = DataLoader(MemmapImageDataset(jpeg_dataset), batch_size=2, prefetch=1, threads=threads,
                             device="cpu", decode=RandomResizedCropDecode(16))  # fmt: skip
         assert sum(len(labels) for _, labels in loader) == 20
@@ -1246,13 +1247,13 @@ class TestCuda:
 
     def test_each_producer_copies_on_a_stream_of_its_own(self, data, monkeypatch):
         streams = set()
-        real = loader_module.index_select
+        real = gathers_module.index_select
 
         def gather(*args):
             streams.add(torch.cuda.current_stream().stream_id)
             return real(*args)
 
-        monkeypatch.setattr(loader_module, "index_select", gather)
+        monkeypatch.setattr(gathers_module, "index_select", gather)
         loader = DataLoader(data, batch_size=16, device="cuda", threads=2, prefetch=4)
         list(loader)
         assert len(streams) == 2 and torch.cuda.default_stream().stream_id not in streams
@@ -1322,7 +1323,7 @@ class TestCuda:
             return flipped
 
         flip = torch.compile(flip_then_wait, mode="reduce-overhead")
-        assert loader_module.uses_cuda_graphs(flip)
+        assert pipeline_module.uses_cuda_graphs(flip)
         loader = DataLoader(data, batch_size=32, shuffle=True, seed=3, device="cuda", transform=flip, threads=2)
         consumer = torch.cuda.Stream()
         sums = []
@@ -1465,7 +1466,7 @@ class TestBlockShuffle:
 
 
 class TestTorchDropIn:
-    """What a call written for torch.utils.data.DataLoader gets: its options, a Subset, a ConcatDataset."""
+    """What a call written for torch.utils.data.DataLoader gets: its options, a Subset (a ConcatDataset: test_concat.py)."""
 
     def test_num_workers_sets_the_threads_and_pin_memory_and_persistent_workers_set_nothing(self):
         stock = {"num_workers": 4, "pin_memory": True, "persistent_workers": True}
@@ -1590,11 +1591,9 @@ class TestTorchDropIn:
         loader = DataLoader(subset.dataset, sampler=torch.utils.data.SubsetRandomSampler(subset.indices), device="cpu")
         assert sorted(served_indices(loader)) == [1, 3]  # what the message says works
 
-    def test_a_concat_dataset_is_refused_in_one_line(self):
-        both = torch.utils.data.ConcatDataset([indexed_data(), indexed_data()])
-        with pytest.raises(UsageError, match=r"^gpuload.DataLoader reads one dataset, got a ConcatDataset of 2: build"):
-            DataLoader(both, device="cpu")
-
     def test_a_subset_of_another_dataset_is_refused(self):
-        with pytest.raises(TypeError, match="needs a Subset of a MemmapImageDataset or an ImageData, got one of list"):
+        with pytest.raises(
+            TypeError,
+            match="needs a Subset of a MemmapImageDataset, an ImageData or a ConcatDataset of them, got one of list",
+        ):
             DataLoader(torch.utils.data.Subset([1, 2, 3], [0]), device="cpu")

@@ -330,16 +330,18 @@ def decode_crops(
     *,
     seed: int,
     epoch: int,
+    keys: torch.Tensor | None = None,
 ) -> None:
     """Decode the images ``indices`` of a jpeg dataset, each cropped as ``decode`` says, into ``out``
     (uint8 ``[len(indices), 3, S, S]``, channels-last memory is fastest), through one reused decode
-    buffer.
+    buffer. The boxes and flips are drawn for ``keys`` (default ``indices``): the indices that a
+    ``ConcatDataset`` of this dataset gives these images, so that its parts draw apart.
 
     Raises:
         DatasetError: an image's bytes fail their checksum or do not decode (named, with its source).
     """
     shapes = dataset.data.shapes[indices]
-    boxes, flips = decode.draw(shapes, indices, seed=seed, epoch=epoch)
+    boxes, flips = decode.draw(shapes, indices if keys is None else keys, seed=seed, epoch=epoch)
     scratch = Scratch()
     blobs = dataset.read_images(indices.tolist())  # at a URL: the batch's reads in parallel
     for row, (index, shape) in enumerate(zip(indices.tolist(), shapes.tolist())):
@@ -357,10 +359,12 @@ def crop_raw(
     *,
     seed: int,
     epoch: int,
+    keys: torch.Tensor | None = None,
 ) -> None:
     """Crop the images ``indices`` of a raw dataset as ``decode`` says into ``out`` (uint8
     ``[len(indices), 3, S, S]``, channels-last memory is fastest): the same boxes and flips as a
-    jpeg dataset of the same images gets for the same (seed, epoch, index).
+    jpeg dataset of the same images gets for the same (seed, epoch, index), drawn for ``keys``
+    (default ``indices``, see :func:`decode_crops`).
 
     ``images``: the dataset's ``[N, 3, H, W]``; each crop reads only its box's rows of the mapped
     file (channels-last) or its box's pixels (a channel-first dataset of format version 1 or 2).
@@ -372,7 +376,8 @@ def crop_raw(
         >>> out.shape
         torch.Size([2, 3, 8, 8])
     """
-    boxes, flips = _same_size_draws(decode, images.shape[2:], indices, seed=seed, epoch=epoch)
+    keys = indices if keys is None else keys
+    boxes, flips = _same_size_draws(decode, images.shape[2:], keys, seed=seed, epoch=epoch)
     for row, index in enumerate(indices.tolist()):
         decode.crop(images[index].permute(1, 2, 0), boxes[row], flips[row], out[row])
 
@@ -404,10 +409,12 @@ def crop_remote_raw(
     *,
     seed: int,
     epoch: int,
+    keys: torch.Tensor | None = None,
 ) -> None:
     """:func:`crop_raw` for a raw dataset at a URL: each image read whole (its checksum checked, through
     the node's block cache), then cropped as ``decode`` says into ``out``: the same boxes and flips."""
-    boxes, flips = _same_size_draws(decode, dataset.image_shape[1:], indices, seed=seed, epoch=epoch)
+    keys = indices if keys is None else keys
+    boxes, flips = _same_size_draws(decode, dataset.image_shape[1:], keys, seed=seed, epoch=epoch)
     blobs = dataset.read_images(indices.tolist())
     for row in range(len(indices)):
         decode.crop(dataset.raw_pixels(blobs[row]).permute(1, 2, 0), boxes[row], flips[row], out[row])

@@ -6,41 +6,28 @@ import hashlib
 import math
 import operator
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import ConcatDataset
 
 from ..errors import UsageError
-from ..format.dataset import ImageData, MemmapImageDataset, storage_order
+from ..format.dataset import ImageData, MemmapImageDataset
 from ..machine import default_workers
-from .crop import (
-    CenterCropDecode,
-    RandomResizedCropDecode,
-    counter_uniforms,
-    crop_raw,
-    crop_remote_raw,
-    decode_crops,
-)
+from .concat import ConcatGather, ConcatImages
+from .crop import CenterCropDecode, RandomResizedCropDecode, counter_uniforms
 from .device import check_gpu_decode, current_device, resolve_device
 from .fields import FieldGather
-from .order import distributed_rank, epoch_order
+from .gathers import dataset_gather, stored_pixels
+from .order import distributed_rank, epoch_order, image_blocks
 from .per_image import PerImage
-from .pipeline import (
-    BatchTransform,
-    EpochIterator,
-    Gather,
-    Ring,
-    RingPool,
-    ServedBatch,
-    decode_on_device,
-    index_select,
-    read_raw,
-)
-from .prefetch import DEFAULT_AHEAD_BLOCKS, BlockPrefetcher
+from .pipeline import BatchTransform, EpochIterator, Gather, Ring, RingPool, ServedBatch
+from .prefetch import DEFAULT_AHEAD_BLOCKS, BlockPrefetcher, BlockPrefetchers
+from .subsets import check_positions, subset_indices
 
 __all__ = ["DataLoader"]
 
@@ -97,7 +84,9 @@ class DataLoader:
     same number of batches, all a pure function of (seed, epoch), with the same exact and elastic
     resume; a background thread fetches the blocks of the coming batches into the cache, in the
     epoch's order, at most 32 blocks (or one window) ahead. ``block_shuffle=0`` keeps the exact
-    uniform shuffle (each image a ranged read, or its block's).
+    uniform shuffle (each image a ranged read, or its block's). A ``ConcatDataset`` with such a part
+    gets the block-aware order over the blocks of all its parts (each part's numbered after the
+    previous part's), and each such part a read-ahead of its own.
 
     Args:
         dataset: a :class:`MemmapImageDataset`, or an :class:`ImageData` with ``images`` and ``labels``,
@@ -106,8 +95,13 @@ class DataLoader:
             A Subset with ``shuffle=True`` is refused: pass the whole dataset with
             ``sampler=torch.utils.data.SubsetRandomSampler(subset.indices)`` (a new permutation of those
             indices every epoch, drawn from torch's global generator: no mid-epoch resume, no sharding
-            over ranks), or build a dataset of those images. A ``ConcatDataset`` is refused: build one
-            dataset from all the class folders.
+            over ranks), or build a dataset of those images. A ``torch.utils.data.ConcatDataset`` of them
+            (raw or jpeg, local or at a URL, Subsets and nested ConcatDatasets) is read as one dataset of its
+            indices (:mod:`gpuload.loading.concat`): ordered, shuffled, sharded and resumed across all its
+            parts, a batch mixing them, each part read by its own reader. Its parts must make one batch:
+            without ``decode``, raw images of one size; the same fields; class lists that agree on every
+            label (one the start of the other: torch's ConcatDataset would mix two label spaces silently).
+            Anything else, and ``gpu=True`` decoding, is refused in one line.
         batch_size: images per batch.
         shuffle: visit the images in a new random order every epoch.
         sampler: an iterable of indices to use instead (``shuffle`` must be ``False``).
@@ -189,7 +183,7 @@ class DataLoader:
 
     def __init__(
         self,
-        dataset: MemmapImageDataset | ImageData,
+        dataset: MemmapImageDataset | ImageData | torch.utils.data.Subset | ConcatDataset,
         batch_size: int = 1,
         shuffle: bool = False,
         sampler: Iterable[int] | None = None,
@@ -248,14 +242,17 @@ class DataLoader:
                 )
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable, got {type(transform).__name__}: {transform!r}")
-        data = dataset.data if isinstance(dataset, MemmapImageDataset) else dataset
-        if not (jpeg or remote or hasattr(data, "images")) or not hasattr(data, "labels"):
-            raise TypeError(f"DataLoader needs a MemmapImageDataset or an ImageData, got {type(dataset).__name__}")
         if decode is not None and not isinstance(decode, (RandomResizedCropDecode, CenterCropDecode)):
             raise UsageError(
                 "decode must be a gpuload.RandomResizedCropDecode (training) or a gpuload.CenterCropDecode "
                 f"(evaluation), got {type(decode).__name__}: {decode!r}"
             )
+        # A ConcatDataset's parts: each checked as a dataset of its own, then against each other.
+        self._concat = ConcatImages(dataset, decode) if isinstance(dataset, ConcatDataset) else None
+        parts = [dataset] if self._concat is None else self._concat.parts
+        data = dataset.data if isinstance(dataset, MemmapImageDataset) else dataset
+        if self._concat is None and (not (jpeg or remote or hasattr(data, "images")) or not hasattr(data, "labels")):
+            raise TypeError(f"DataLoader needs a MemmapImageDataset or an ImageData, got {type(dataset).__name__}")
         if per_image is not None and not callable(per_image):
             raise TypeError(f"per_image must be callable, got {type(per_image).__name__}: {per_image!r}")
         if per_image is not None and decode is not None and decode.gpu:
@@ -277,25 +274,26 @@ class DataLoader:
                 "gpu=True decodes JPEGs on the GPU, and a raw dataset holds decoded pixels: crop them in the "
                 "loader's threads with gpu=False, or on the device with transform=gpuload.RandomResizedCrop(...)"
             )
-        if not isinstance(dataset, MemmapImageDataset):  # a dataset's arrays are checked when it opens
-            _check_image_data(data, decode)
+        for part in parts:
+            if not isinstance(part, MemmapImageDataset):  # a dataset's arrays are checked when it opens
+                _check_image_data(part, decode)
         self.dataset = dataset
         self.decode = decode
-        # Plain tensors over the same memory, in the order of the file's bytes (a raw dataset's
-        # channels-last [N, H, W, 3]): gathers move bytes as they lie and skip tensordict's dispatch.
-        if remote and not jpeg:  # pixels in storage: read by ranges into the batch's buffer
-            images, self._stored_channels_last = None, dataset.manifest.layout == "channels_last"
+        if self._concat is None:
+            # Plain tensors over the same memory, in the order of the file's bytes (a raw dataset's
+            # channels-last [N, H, W, 3]): gathers move bytes as they lie and skip tensordict's dispatch.
+            self._stored_channels_last = stored_pixels(dataset)[1]
+            self._image_view = None if jpeg or remote else torch.Tensor.as_subclass(data.images, torch.Tensor)
+            self._labels = torch.Tensor.as_subclass(data.labels, torch.Tensor)
         else:
-            images, self._stored_channels_last = (None, False) if jpeg else storage_order(data.images)
-        self._images = images
-        self._image_view = None if jpeg or remote else torch.Tensor.as_subclass(data.images, torch.Tensor)
-        self._labels = torch.Tensor.as_subclass(data.labels, torch.Tensor)
+            self._stored_channels_last, self._image_view = self._concat.channels_last, None
+            self._labels = self._concat.labels
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.sampler = sampler
         self.drop_last = drop_last
         if block_shuffle is None:
-            block_shuffle = DEFAULT_BLOCK_WINDOW if shuffle and remote and dataset.cache is not None else 0
+            block_shuffle = DEFAULT_BLOCK_WINDOW if shuffle and any(_cached(part) for part in parts) else 0
         self.block_shuffle = block_shuffle
         self._blocks: torch.Tensor | None = None  # each image's block, when block_shuffle asks for it
         self._order_world_size: int | None = None  # the world size that started a loaded state's epoch
@@ -304,7 +302,7 @@ class DataLoader:
         random = (
             shuffle or transform is not None or per_image is not None or isinstance(decode, RandomResizedCropDecode)
         )
-        self.seed = seed if seed is not None else _draw_seed(generator, broadcast=random, dataset=dataset)
+        self.seed = seed if seed is not None else _draw_seed(generator, broadcast=random, datasets=parts)
         self.device = resolve_device(device)
         if decode is not None and decode.gpu:
             check_gpu_decode(self.device)
@@ -322,6 +320,8 @@ class DataLoader:
         # them (so are FFCV's); a raw dataset of format version 1 or 2 keeps its channel-first order.
         if decode is not None:
             shape = torch.Size((3, *decode.size))
+        elif self._concat is not None:
+            shape = torch.Size(self._concat.image_shape)
         else:
             shape = torch.Size(dataset.image_shape) if remote and not jpeg else self._image_view.shape[1:]
         channels_last = decode is not None or self._stored_channels_last
@@ -329,7 +329,10 @@ class DataLoader:
         # holds pinned labels only (no host image buffer a GPU decode would never use).
         self._ahead = max(prefetch, threads) if decode is not None and not gpu_decode else prefetch
         self._ring_rows = _largest_batch(batch_size, sampler, len(self._labels))  # grown by a padded order
-        self._fields = FieldGather(dataset.fields if isinstance(dataset, MemmapImageDataset) else {})
+        if self._concat is not None:
+            self._fields: FieldGather = self._concat.fields
+        else:
+            self._fields = FieldGather(dataset.fields if isinstance(dataset, MemmapImageDataset) else {})
         self._make_ring = partial(
             Ring,
             shape=shape,
@@ -481,13 +484,7 @@ class DataLoader:
     def _image_blocks(self) -> torch.Tensor:
         """int64 ``[N]``: the block each image starts in, which the block-aware order groups by."""
         if self._blocks is None:
-            if isinstance(self.dataset, MemmapImageDataset):
-                self._blocks = self.dataset.image_blocks()
-            else:  # an ImageData: images one after the other in 4 MiB blocks
-                from ..remote.file import DEFAULT_BLOCK_SIZE
-
-                size = self._image_view[0].numel()
-                self._blocks = torch.arange(len(self._labels), dtype=torch.int64) * size // DEFAULT_BLOCK_SIZE
+            self._blocks = image_blocks(self.dataset) if self._concat is None else self._concat.image_blocks()
         return self._blocks
 
     # -- iteration ---------------------------------------------------------------------
@@ -533,32 +530,39 @@ class DataLoader:
         if self.transform is not None:
             transform = BatchTransform(self.transform, (self.seed, epoch, rank, start, self.batch_size * world_size))
         device = current_device(self.device)  # a loader made before torch.cuda.set_device follows it
-        remote_raw = self._images is None and self._image_view is None and self.dataset.storage == "raw"
-        if self.decode is None and remote_raw:
-            gather: Gather = partial(read_raw, self.dataset, self._stored_channels_last)
-        elif self.decode is None:
-            gather = partial(index_select, self._images, self._stored_channels_last)
-        elif remote_raw:
-            gather = partial(crop_remote_raw, self.dataset, decode=self.decode, seed=self.seed, epoch=epoch)
-        elif self._images is not None:
-            gather = partial(crop_raw, self._image_view, decode=self.decode, seed=self.seed, epoch=epoch)
-        elif self.decode.gpu:
-            gather = partial(decode_on_device, self.dataset, self.decode, self.seed, epoch, device)
-        else:
-            gather = partial(decode_crops, self.dataset, decode=self.decode, seed=self.seed, epoch=epoch)
+        gather = self._gather(epoch, device)
         if self.per_image is not None:
             gather = PerImage(self.per_image, gather, seed=self.seed, epoch=epoch)
-        prefetcher = None
-        if isinstance(self.dataset, MemmapImageDataset) and self.dataset.remote and self.dataset.cache is not None:
-            prefetcher = BlockPrefetcher(
-                self.dataset.image_file,
-                self.dataset._starts,
-                self.dataset._lengths,
-                batches,
-                ahead=max(DEFAULT_AHEAD_BLOCKS, self.block_shuffle),
-            )
         pool = self._ring_pool(device, max((len(batch) for batch in batches), default=1))
-        return EpochIterator(self, pool, batches, self._position, gather, transform, prefetcher)
+        return EpochIterator(self, pool, batches, self._position, gather, transform, self._prefetcher(batches))
+
+    def _gather(self, epoch: int, device: torch.device) -> Gather:
+        """What fills a batch of ``epoch``: the dataset's gather, or one per part of a ConcatDataset."""
+        if self._concat is None:
+            return dataset_gather(self.dataset, self.decode, seed=self.seed, epoch=epoch, device=device)
+        gathers = [
+            dataset_gather(part, self.decode, seed=self.seed, epoch=epoch, device=device) for part in self._concat.parts
+        ]
+        return ConcatGather(self._concat, gathers, keyed=self.decode is not None)
+
+    def _prefetcher(self, batches: list[torch.Tensor]) -> BlockPrefetchers | None:
+        """The read-ahead of the epoch's blocks into the node's cache, one per dataset at a URL with a cache
+        (each part of a ConcatDataset its own, given its rows of each batch); ``None`` without one."""
+        ahead = max(DEFAULT_AHEAD_BLOCKS, self.block_shuffle)
+        if self._concat is None:
+            reads = [(self.dataset, batches)] if _cached(self.dataset) else []
+        else:
+            concat = self._concat
+            reads = [
+                (part, [concat.local[batch][concat.part[batch] == number] for batch in batches])
+                for number, part in enumerate(concat.parts)
+                if _cached(part)
+            ]
+        prefetchers = [
+            BlockPrefetcher(part.image_file, part._starts, part._lengths, part_batches, ahead=ahead)
+            for part, part_batches in reads
+        ]
+        return BlockPrefetchers(prefetchers) if prefetchers else None
 
     def uniforms(self, count: int) -> torch.Tensor:
         """``count`` uniform draws in [0, 1) per sample of the batch served last: float32 ``[B, count]`` on the
@@ -629,18 +633,20 @@ def _crops(transform: object) -> bool:
     )
 
 
-def _draw_seed(generator: torch.Generator | None, *, broadcast: bool, dataset: object = None) -> int:
+def _draw_seed(generator: torch.Generator | None, *, broadcast: bool, datasets: Sequence[object] = ()) -> int:
     """A seed from ``generator`` (or torch's global RNG); with ``broadcast`` under ``torch.distributed``,
     rank 0's on every rank, so that the ranks shard one permutation however each was seeded, sent with
-    the version of ``dataset`` that rank 0 opened: a rank that opened another (the dataset was pushed
-    again or rebuilt between the ranks' opens) refuses it, rather than disagree on the epoch's length."""
-    version = getattr(dataset, "version", None)
-    sent = [int(torch.randint(0, 2**62, (), generator=generator)), version]
+    the version of each of ``datasets`` (the dataset, or a ConcatDataset's parts) that rank 0 opened: a
+    rank that opened another (a dataset pushed again or rebuilt between the ranks' opens) refuses it,
+    rather than disagree on the epoch's length."""
+    versions = [getattr(dataset, "version", None) for dataset in datasets]
+    sent = [int(torch.randint(0, 2**62, (), generator=generator)), versions]
     if broadcast and dist.is_available() and dist.is_initialized():
         _check_rank_device()
         dist.broadcast_object_list(sent, src=0)
-        if isinstance(dataset, MemmapImageDataset):
-            dataset.check_version(sent[1], "by rank 0")
+        for dataset, version in zip(datasets, sent[1]):
+            if isinstance(dataset, MemmapImageDataset):
+                dataset.check_version(version, "by rank 0")
     return sent[0]
 
 
@@ -734,20 +740,14 @@ def _refuse_torch_only(options: dict[str, Any]) -> None:
 
 
 def _unwrap(dataset: object, shuffle: bool, sampler: Iterable[int] | None) -> tuple[object, Iterable[int] | None]:
-    """A ``Subset`` of a gpuload dataset as the dataset and a sampler of the Subset's indices (see
-    :class:`DataLoader`); anything else as given."""
-    if isinstance(dataset, torch.utils.data.ConcatDataset):
-        raise UsageError(
-            f"gpuload.DataLoader reads one dataset, got a ConcatDataset of {len(dataset.datasets)}: build one "
-            "dataset from all their class folders (gpuload build-memmap over a folder that holds them), or use "
-            "one loader per dataset"
-        )
+    """A ``Subset`` of a gpuload dataset (or of a ConcatDataset of them) as the dataset and a sampler of the
+    Subset's indices (see :class:`DataLoader`); anything else as given."""
     if not isinstance(dataset, torch.utils.data.Subset):
         return dataset, sampler
-    indices, inner = _subset_indices(dataset), dataset.dataset
+    indices, inner = subset_indices(dataset), dataset.dataset
     while isinstance(inner, torch.utils.data.Subset):  # a Subset of a Subset: positions in the inner one
-        outer = _subset_indices(inner)
-        indices, inner = outer[_positions(indices, len(outer), "the Subset's indices")], inner.dataset
+        outer = subset_indices(inner)
+        indices, inner = outer[check_positions(indices, len(outer), "the Subset's indices")], inner.dataset
     if shuffle:
         raise UsageError(
             "gpuload.DataLoader shuffles a whole dataset, got a Subset with shuffle=True: pass "
@@ -755,31 +755,16 @@ def _unwrap(dataset: object, shuffle: bool, sampler: Iterable[int] | None) -> tu
             "permutation of those indices each epoch, from torch's global generator: no mid-epoch resume, no "
             "sharding over ranks), or build a dataset of those images"
         )
-    if not isinstance(inner, (MemmapImageDataset, ImageData)):
+    if not isinstance(inner, (MemmapImageDataset, ImageData, ConcatDataset)):
         raise TypeError(
-            f"DataLoader needs a Subset of a MemmapImageDataset or an ImageData, got one of {type(inner).__name__}"
+            "DataLoader needs a Subset of a MemmapImageDataset, an ImageData or a ConcatDataset of them, got one of "
+            f"{type(inner).__name__}"
         )
     if sampler is None:
         return inner, indices.tolist()
     if not hasattr(sampler, "__len__"):  # an iterator of positions: mapped as it goes
         return inner, (int(indices[_position(position, len(indices))]) for position in sampler)
     return inner, _SubsetSampler(sampler, indices)
-
-
-def _subset_indices(subset: torch.utils.data.Subset) -> torch.Tensor:
-    """A Subset's indices as int64, or one line where they are not integers (1.5 would be truncated to 1)."""
-    values = list(subset.indices)
-    try:
-        indices = torch.as_tensor(values) if values else torch.empty(0, dtype=torch.int64)
-    except (TypeError, ValueError, RuntimeError):
-        indices = None
-    if indices is None or indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
-        got = f"{indices.dtype}" if indices is not None else f"{type(values[0]).__name__}"
-        raise UsageError(
-            f"a Subset's indices must be integers, got {got} (first {values[0]!r}); give the positions of the "
-            "images in its dataset as ints"
-        )
-    return indices.to(torch.int64)
 
 
 @dataclass
@@ -792,7 +777,7 @@ class _SubsetSampler:
     def __iter__(self) -> Iterator[int]:
         # One gather for the epoch: an index per position costs seconds at ImageNet's count (2.5 s for 1.28M)
         positions = torch.tensor([operator.index(position) for position in self.positions], dtype=torch.int64)
-        yield from self.indices[_positions(positions, len(self.indices), "the sampler")].tolist()
+        yield from self.indices[check_positions(positions, len(self.indices), "the sampler")].tolist()
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -802,21 +787,9 @@ class _SubsetSampler:
             self.positions.set_epoch(epoch)
 
 
-def _positions(positions: torch.Tensor, length: int, what: str) -> torch.Tensor:
-    """``positions`` in a Subset of ``length`` images (negative ones count from its end, as torch's Subset
-    indexes), or one line naming the first outside it."""
-    bad = positions[(positions < -length) | (positions >= length)]
-    if len(bad):
-        raise UsageError(
-            f"{what} gave position {int(bad[0])} in a Subset of {length} images (positions 0 to {length - 1}); "
-            "give positions in the Subset (or pass its dataset with the indices you mean)"
-        )
-    return positions
-
-
 def _position(position: int, length: int) -> int:
-    """One position a sampler gave in a Subset of ``length`` images (see :func:`_positions`)."""
-    return int(_positions(torch.tensor([operator.index(position)]), length, "the sampler")[0])
+    """One position a sampler gave in a Subset of ``length`` images (see :func:`~gpuload.loading.subsets.check_positions`)."""
+    return int(check_positions(torch.tensor([operator.index(position)]), length, "the sampler")[0])
 
 
 def _largest_batch(batch_size: int, sampler: Iterable[int] | None, length: int) -> int:
@@ -835,6 +808,11 @@ def _check_indices(order: torch.Tensor, length: int) -> None:
             f"the sampler gave index {int(bad[0])}, and the dataset has {length} images (indices 0 to {length - 1}); "
             "give a sampler of indices into this dataset"
         )
+
+
+def _cached(dataset: object) -> bool:
+    """Whether ``dataset`` is read from a URL through a node's block cache (what the read-ahead fills)."""
+    return isinstance(dataset, MemmapImageDataset) and dataset.remote and dataset.cache is not None
 
 
 def _check_int(name: str, value: object) -> None:

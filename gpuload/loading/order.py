@@ -22,8 +22,17 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UsageError
+from ..format.dataset import ImageData, MemmapImageDataset
 
-__all__ = ["block_sequence", "deal_pieces", "distributed_rank", "epoch_order", "global_order", "sampler_indices"]
+__all__ = [
+    "block_sequence",
+    "deal_pieces",
+    "distributed_rank",
+    "epoch_order",
+    "global_order",
+    "image_blocks",
+    "sampler_indices",
+]
 
 
 def sampler_indices(sampler: Iterable[int]) -> torch.Tensor:
@@ -59,6 +68,23 @@ def distributed_rank() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def image_blocks(dataset: MemmapImageDataset | ImageData) -> torch.Tensor:
+    """int64 ``[N]``: the block each image of ``dataset`` starts in, what :func:`block_sequence` groups by: a
+    :class:`MemmapImageDataset`'s blocks of its image file, an :class:`ImageData`'s images taken one after the
+    other in 4 MiB blocks.
+
+    Example:
+        >>> image_blocks(ImageData(images=torch.zeros(3, 3, 1024, 1024, dtype=torch.uint8), labels=torch.zeros(3), batch_size=[3])).tolist()
+        [0, 0, 1]
+    """
+    if isinstance(dataset, MemmapImageDataset):
+        return dataset.image_blocks()
+    from ..remote.file import DEFAULT_BLOCK_SIZE
+
+    size = dataset.images.shape[1:].numel()
+    return torch.arange(len(dataset), dtype=torch.int64) * size // DEFAULT_BLOCK_SIZE
 
 
 def block_sequence(blocks: torch.Tensor, *, epoch: int, seed: int, window: int) -> torch.Tensor:

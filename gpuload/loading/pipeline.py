@@ -29,7 +29,7 @@ from ..machine import default_workers, limit_torch_threads
 from .calls import stop_iteration_as_error, takes_generator
 from .crop import CenterCropDecode, RandomResizedCropDecode, decode_batch
 from .fields import FieldGather, tensors, to_device
-from .prefetch import BlockPrefetcher
+from .prefetch import BlockPrefetchers
 
 if TYPE_CHECKING:
     from .loader import DataLoader, Position
@@ -348,7 +348,7 @@ class _Pipeline:
         producers: int,
         give_back: Callable[[Ring], None],
         transform: BatchTransform | None,
-        prefetcher: BlockPrefetcher | None = None,
+        prefetcher: BlockPrefetchers | None = None,
     ) -> None:
         self.ring, self.gather, self.labels, self.batches, self.ahead = ring, gather, labels, batches, ahead
         self.transform = transform
@@ -484,7 +484,7 @@ class EpochIterator:
         position: Position,
         gather: Gather,
         transform: BatchTransform | None,
-        prefetcher: BlockPrefetcher | None = None,
+        prefetcher: BlockPrefetchers | None = None,
     ) -> None:
         self.position = position
         self.served = 0

@@ -12,7 +12,7 @@ import torch
 from ..errors import ObjectChangedError, RemoteError
 from ..remote.file import RemoteFile
 
-__all__ = ["DEFAULT_AHEAD_BLOCKS", "BlockPrefetcher"]
+__all__ = ["DEFAULT_AHEAD_BLOCKS", "BlockPrefetcher", "BlockPrefetchers"]
 
 DEFAULT_AHEAD_BLOCKS = 32  # 128 MiB of 4 MiB blocks: several requests in flight at any latency
 _GROUP_BLOCKS = 16  # blocks handed to the request threads at once (4 requests of 4 blocks)
@@ -126,3 +126,33 @@ class BlockPrefetcher:
                     self.error = error
         except BaseException as error:  # the readers meet it themselves, with their context
             self.error = error
+
+
+class BlockPrefetchers:
+    """The read-aheads of one epoch as one: a dataset's, or each of a ``ConcatDataset``'s parts at a URL with
+    its rows of every batch (each up to its own ``ahead`` blocks, in its own thread).
+
+    Example:
+        >>> both = BlockPrefetchers([])
+        >>> both.start(); both.served(1); both.stop(); both.join()
+    """
+
+    def __init__(self, prefetchers: list[BlockPrefetcher]) -> None:
+        self.prefetchers = prefetchers
+
+    def start(self) -> None:
+        for prefetcher in self.prefetchers:
+            prefetcher.start()
+
+    def served(self, batches: int) -> None:
+        """The consumer has taken ``batches`` batches (see :meth:`BlockPrefetcher.served`)."""
+        for prefetcher in self.prefetchers:
+            prefetcher.served(batches)
+
+    def stop(self) -> None:
+        for prefetcher in self.prefetchers:
+            prefetcher.stop()
+
+    def join(self, timeout: float | None = None) -> None:
+        for prefetcher in self.prefetchers:
+            prefetcher.join(timeout)
