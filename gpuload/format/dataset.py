@@ -23,7 +23,7 @@ from ..errors import DatasetError, UsageError
 from ..remote.store import is_url
 from ..text import image_size
 from .columns import FieldColumn
-from .fields import NUMBER_DTYPES, FieldSpec, field_path
+from .fields import FieldSpec, field_path
 from .manifest import Manifest
 from .table import SampleTable
 
@@ -780,9 +780,9 @@ def _open_table(path: Path, manifest: Manifest) -> SampleTable:
 
 def _open_field(path: Path, spec: FieldSpec, count: int, index: list[mmap.mmap]) -> FieldColumn:
     """A field's files mapped (the mappings appended to ``index``), checked for their sizes and ends."""
-    if spec.kind == "number":
+    if spec.fixed:
         data = _map(path, field_path(spec.name), torch.uint8, (count * spec.row_bytes(),), index).numpy()
-        column = FieldColumn(spec, {"data": data.view(NUMBER_DTYPES[spec.dtype])}, count)
+        column = FieldColumn(spec, {"data": data.view(spec.stored_dtype)}, count)
     else:
         ragged = np.dtype(np.int32 if spec.kind == "multilabel" else np.uint8)
         offsets = _map(path, field_path(spec.name, "offsets"), torch.int64, (count + 1,), index).numpy()
