@@ -20,6 +20,7 @@ from ..machine import default_workers
 from .crop import CenterCropDecode, RandomResizedCropDecode, crop_raw, crop_remote_raw, decode_crops
 from .device import check_gpu_decode, current_device, resolve_device
 from .fields import FieldGather
+from .masks import MaskCrop
 from .order import distributed_rank, epoch_order
 from .per_image import PerImage
 from .pipeline import (
@@ -321,7 +322,9 @@ class DataLoader:
         # holds pinned labels only (no host image buffer a GPU decode would never use).
         self._ahead = max(prefetch, threads) if decode is not None and not gpu_decode else prefetch
         self._ring_rows = _largest_batch(batch_size, sampler, len(self._labels))  # grown by a padded order
-        self._fields = FieldGather(dataset.fields if isinstance(dataset, MemmapImageDataset) else {})
+        self._fields = FieldGather(
+            dataset.fields if isinstance(dataset, MemmapImageDataset) else {}, None if decode is None else decode.size
+        )
         self._make_ring = partial(
             Ring,
             shape=shape,
@@ -549,7 +552,12 @@ class DataLoader:
                 ahead=max(DEFAULT_AHEAD_BLOCKS, self.block_shuffle),
             )
         pool = self._ring_pool(device, max((len(batch) for batch in batches), default=1))
-        return EpochIterator(self, pool, batches, self._position, gather, transform, prefetcher)
+        crop = None
+        if self.decode is not None:  # masks cropped with their images' boxes and flips
+            scaled = getattr(self.dataset, "storage", "raw") == "jpeg" and not self.decode.gpu  # DCT-scaled
+            crop = MaskCrop(self.decode, seed=self.seed, epoch=epoch, scaled=scaled)
+        fields = self._fields.at_epoch(crop)
+        return EpochIterator(self, pool, batches, self._position, gather, transform, prefetcher, fields)
 
     def __repr__(self) -> str:
         return (
