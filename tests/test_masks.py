@@ -350,6 +350,16 @@ class TestLoaderCrop:
                 flipped += int((mx[:, :, 0] > mx[:, :, -1]).any(dim=1).sum())
         assert (flipped > 0) == isinstance(decode, RandomResizedCropDecode)
 
+    @pytest.mark.cuda
+    @pytest.mark.parametrize("kind", ["crop", "jpeg"])
+    def test_masks_go_through_the_pinned_ring_to_the_gpu(self, coordinate_datasets, kind):
+        ds, decode = MemmapImageDataset(coordinate_datasets[kind]), RandomResizedCropDecode(32)
+        on_cpu = list(DataLoader(ds, batch_size=4, shuffle=True, decode=decode, seed=3, device="cpu"))
+        on_gpu = list(DataLoader(ds, batch_size=4, shuffle=True, decode=decode, seed=3, device="cuda"))
+        for here, there in zip(on_cpu, on_gpu, strict=True):
+            assert there["mx"].is_cuda and torch.equal(here["mx"], there["mx"].cpu())
+            assert torch.equal(here["image"], there["image"].cpu())
+
     def test_raw_masks_without_decode_are_whole(self, coordinate_datasets):
         ds = MemmapImageDataset(coordinate_datasets["pad"])
         batch = next(iter(DataLoader(ds, batch_size=6)))
