@@ -237,10 +237,10 @@ class MemmapImageDataset(torch.utils.data.Dataset):
       checksum checked, and ``ds[i]`` decodes them exactly (libjpeg-turbo's accurate DCT) at the
       image's own size. :class:`gpuload.DataLoader` crops them at decode time.
 
-    **Fields.** A dataset built with named fields (numbers, text, multi-label: see
+    **Fields.** A dataset built with named fields (numbers, text, multi-label, masks: see
     :mod:`gpuload.format.fields`) gives ``ds[i]`` as a dict: ``{"image": ..., "label": ..., <field>:
     <value>...}`` (a number a tensor, 0-d for a scalar; a multi-label field a float32 multi-hot vector;
-    text a ``str``); ``fields`` holds each field's column (:class:`gpuload.format.columns.FieldColumn`) by
+    text a ``str``; a mask uint8 ``[H, W]``, its image's size); ``fields`` holds each field's column (:class:`gpuload.format.columns.FieldColumn`) by
     name. A dataset without fields (an ImageFolder's) keeps the ``(image, label)`` pairs.
 
     **At a URL** (``s3://``, ``gs://``, ``az://``, ``https://``, ``file://``: a dataset that

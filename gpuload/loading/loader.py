@@ -67,9 +67,11 @@ class DataLoader:
 
     A dataset with named fields (:mod:`gpuload.format.fields`) yields a ``dict`` per batch, the keys of
     ``ds[i]``: ``"image"``, ``"label"`` and each field by name; every fixed-shape field (numbers, the
-    float32 multi-hot vector of a multi-label field) is gathered into a buffer of the ring beside
-    the images and copied to ``device`` with them, text stays on the host as a list of ``str``. The
-    stock ``torch.utils.data.DataLoader`` collates ``ds[i]`` into the same dict.
+    float32 multi-hot vector of a multi-label field, a segmentation mask: uint8 ``[B, H, W]``, cropped
+    with its image's box and flip where ``decode`` crops, see :mod:`gpuload.loading.masks`) is gathered
+    into a buffer of the ring beside the images and copied to ``device`` with them, text stays on the
+    host as a list of ``str``. The stock ``torch.utils.data.DataLoader`` collates ``ds[i]`` into the
+    same dict.
 
     Each ``iter()`` is an independent iterator over the next epoch with a ring of buffers of its
     own (``zip(loader, loader)`` pairs two epochs); sequential epochs reuse one ring. The end of
