@@ -427,10 +427,16 @@ class TestDevice:
     def test_a_recipe_moves_masks_through_its_geometric_steps(self):
         image, x, y = coordinates(96, 128)
         images = torch.from_numpy(image).permute(2, 0, 1)[None].repeat(4, 1, 1, 1)
-        masks = torch.from_numpy(x)[None].repeat(4, 1, 1)
-        recipe = Recipe(32, crop="device", augment=gpuload.TrivialAugmentWide())
-        out, labels, moved = recipe(images, torch.arange(4), masks=masks, generator=torch.Generator().manual_seed(1))
-        assert out.shape == (4, 3, 32, 32) and labels.tolist() == [0, 1, 2, 3] and moved.shape == (4, 32, 32)
+        masks = torch.from_numpy(x)[None].repeat(16, 1, 1)
+        images = images.repeat(4, 1, 1, 1)
+        policy = gpuload.TrivialAugmentWide()
+        recipe = Recipe(32, crop="device", augment=policy)
+        out, labels, moved = recipe(images, torch.arange(16), masks=masks, generator=torch.Generator().manual_seed(1))
+        assert out.shape == (16, 3, 32, 32) and labels.tolist() == list(range(16)) and moved.shape == (16, 32, 32)
+        generator = torch.Generator().manual_seed(1)  # the same draws, step by step
+        cropped, cropped_masks = RandomResizedCrop(32, flip=True)(images, generator, masks=masks)
+        expected = policy(cropped, masks=cropped_masks, mask_fill=255, generator=generator)[1]
+        assert torch.equal(moved, expected) and not torch.equal(moved, cropped_masks)  # some op moved pixels
         cropped = Recipe(32, crop="device")(images, masks=masks, generator=torch.Generator().manual_seed(1))[1]
         alone = RandomResizedCrop(32, flip=True)(images, torch.Generator().manual_seed(1), masks=masks)[1]
         assert torch.equal(cropped, alone)
