@@ -316,8 +316,8 @@ def _add_build(subparsers) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--column", action="append", type=_column, default=[], metavar="NAME=ROLE",
-        help="the role of a source's column (repeatable): image, label, multilabel, number, text or ignore, "
-        "e.g. --column path=image --column tags=multilabel",
+        help="the role of a source's column (repeatable): image, label, multilabel, mask, number, text or ignore, "
+        "e.g. --column path=image --column tags=multilabel --column seg=mask",
     )  # fmt: skip
     parser.add_argument("--workers", type=int, default=None, help="decoding threads (default: cores)")
     parser.add_argument(

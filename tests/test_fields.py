@@ -33,7 +33,8 @@ class TestSpec:
         [
             ({"name": "9x", "kind": "number", "dtype": "int64", "shape": []}, "not a name of letters"),
             ({"name": "label", "kind": "number", "dtype": "int64", "shape": []}, "not a name of letters"),
-            ({"name": "x", "kind": "mask", "dtype": "uint8", "shape": []}, "has kind 'mask', not one of"),
+            ({"name": "x", "kind": "box", "dtype": "uint8", "shape": []}, "has kind 'box', not one of"),
+            ({"name": "x", "kind": "mask", "dtype": "uint8", "shape": [4]}, "cannot have dtype 'uint8' and shape"),
             ({"name": "x", "kind": "number", "dtype": "int8", "shape": []}, "cannot have dtype 'int8'"),
             ({"name": "x", "kind": "number", "dtype": "int64", "shape": [2, 2]}, "cannot have dtype 'int64' and shape"),
             ({"name": "x", "kind": "text", "dtype": "str", "shape": [], "classes": []}, "has the keys"),

@@ -173,10 +173,6 @@ def edit_rows(rows: list[dict], case: str) -> tuple[list[dict], str]:
     if case == "mixed_labels":
         rows[3]["label"] = 2
         return rows, "line 4: the label 2 is a int where labels so far were strs (a column of mixed types)"
-    if case == "mask":
-        for row in rows:
-            row["mask"] = row["file_name"]
-        return rows, "line 1: 'mask' is a segmentation mask, which this version of gpuload does not store"
     if case == "outside":
         rows[0]["file_name"] = "../elsewhere.jpg"
         return rows, "line 1: 'file_name' is '../elsewhere.jpg', which lies outside the table's folder"
@@ -184,9 +180,7 @@ def edit_rows(rows: list[dict], case: str) -> tuple[list[dict], str]:
 
 
 class TestBadInput:
-    @pytest.mark.parametrize(
-        "case", ["twice", "mixed", "length", "empty_label", "nan", "mixed_labels", "mask", "outside"]
-    )
+    @pytest.mark.parametrize("case", ["twice", "mixed", "length", "empty_label", "nan", "mixed_labels", "outside"])
     def test_a_one_line_error_naming_the_row_and_nothing_written(self, table_copy, tmp_path, case):
         rows, message = edit_rows(photo_rows(table_copy), case)
         table = write_jsonl(table_copy / "metadata.jsonl", rows)

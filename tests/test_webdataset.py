@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import webdataset as wds
+from PIL import Image
 
 from gpuload import MemmapImageDataset, SourceError, UsageError, build_memmap, verify_memmap
 from gpuload.sources.webdataset import expand_braces, read_shard
@@ -140,16 +141,15 @@ class TestBadShards:
         with pytest.raises(FileNotFoundError, match=r"train-000002.tar does not exist \(1 of the 3 shards"):
             build_memmap(f"{shards}/train-{{000000..000002}}.tar", tmp_path / "out", progress=False)
 
-    def test_a_mask_beside_the_image_is_refused_unless_left_out(self, photo_folder, tmp_path):
+    def test_a_png_beside_the_image_is_its_mask_unless_left_out(self, photo_folder, tmp_path):
         sources = photos(photo_folder)
-        shards = write_shards(tmp_path / "shards", sources, png=lambda position: b"\x89PNG...")
-        with pytest.raises(
-            SourceError,
-            match=r"train-000000.tar: sample '000000': its member 'png' is a second image .* \(--column mask=ignore\)$",
-        ):
-            build_memmap(shards, tmp_path / "out", progress=False)
-        ds = MemmapImageDataset(build_memmap(shards, tmp_path / "out", columns={"mask": "ignore"}, progress=False))
-        assert len(ds) == len(sources)
+        mask = io.BytesIO()
+        Image.new("L", (64, 48), 3).save(mask, "PNG")  # the photos' size
+        shards = write_shards(tmp_path / "shards", sources, png=lambda position: mask.getvalue())
+        ds = MemmapImageDataset(build_memmap(shards, tmp_path / "out", progress=False))
+        assert ds.fields["mask"].spec.kind == "mask" and ds[0]["mask"].unique().tolist() == [3]
+        ds = MemmapImageDataset(build_memmap(shards, tmp_path / "plain", columns={"mask": "ignore"}, progress=False))
+        assert len(ds) == len(sources) and "mask" not in ds.fields
 
     def test_a_json_field_missing_from_a_sample(self, photo_folder, tmp_path):
         sources = photos(photo_folder)[:4]

@@ -5,15 +5,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..errors import DatasetError
-from .fields import NUMBER_DTYPES, FieldSpec, field_path
+from ..errors import DatasetError, DecodeError
+from .fields import FieldSpec, field_path
+from .masks import decode_mask
 
 __all__ = ["FieldColumn"]
 
 
 class FieldColumn:
     """One field's values by image index, over its arrays (mapped files, or bytes read at a URL): a
-    number, multi-label or text field.
+    number, multi-label, text or mask field.
 
     Example:
         >>> spec = FieldSpec("tags", "multilabel", "float32", (3,), ("cat", "dog", "sky"))
@@ -27,8 +28,8 @@ class FieldColumn:
         self.spec, self.count = spec, count
         self._data = arrays["data"]
         self._offsets = arrays.get("offsets")
-        if spec.kind == "number":
-            values = self._data.view(NUMBER_DTYPES[spec.dtype]).reshape(count, *spec.shape)
+        if spec.fixed:
+            values = self._data.view(spec.stored_dtype).reshape(count, *spec.shape)
             self._tensor = torch.from_numpy(values.view(np.bool_) if spec.dtype == "bool" else values)
 
     def check(self, where: str) -> None:
@@ -48,16 +49,39 @@ class FieldColumn:
             )
 
     def sample(self, index: int) -> torch.Tensor | str:
-        """Image ``index``'s value: a tensor (0-d for a scalar), a multi-hot vector, or a ``str``."""
-        if self.spec.kind == "number":
+        """Image ``index``'s value: a tensor (0-d for a scalar), a multi-hot vector, a ``str``, or a mask
+        (uint8 ``[H, W]``)."""
+        if self.spec.fixed:
             return self._tensor[index].clone()
         if self.spec.kind == "text":
-            return bytes(self._data[int(self._offsets[index]) : int(self._offsets[index + 1])]).decode()
+            return bytes(self._bytes(index)).decode()
+        if self.spec.kind == "mask":
+            return torch.from_numpy(self.mask(index))
         return self.batch(torch.tensor([index]))[0]
 
-    def batch(self, indices: torch.Tensor) -> torch.Tensor | list[str]:
-        """The values of ``indices``: a tensor ``[B, *shape]``, or a list of ``str`` for text."""
-        if self.spec.kind == "text":
+    def mask(self, index: int) -> np.ndarray:
+        """Image ``index``'s mask in a jpeg dataset, decoded from its PNG: uint8 ``[H, W]``.
+
+        Raises:
+            DatasetError: its bytes do not decode (the dataset is damaged).
+        """
+        try:
+            return decode_mask(bytes(self._bytes(index)), f"image {index}'s {self.spec.name}")
+        except DecodeError as error:
+            raise DatasetError(f"{error}; the dataset is damaged: run gpuload verify, then rebuild it") from None
+
+    def masks(self, indices: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
+        """The masks of ``indices``: a raw dataset's all (``[N, H, W]``, mapped: index them by ``indices``),
+        a jpeg dataset's decoded (a list, each ``[H, W]``)."""
+        return self._tensor if self.spec.fixed else [self.sample(index) for index in indices.tolist()]
+
+    def _bytes(self, index: int) -> np.ndarray:
+        return self._data[int(self._offsets[index]) : int(self._offsets[index + 1])]
+
+    def batch(self, indices: torch.Tensor) -> torch.Tensor | list[str] | list[torch.Tensor]:
+        """The values of ``indices``: a tensor ``[B, *shape]``, or a list: of ``str`` for text, of masks
+        at their images' sizes in a jpeg dataset."""
+        if self.spec.kind == "text" or (self.spec.kind == "mask" and not self.spec.fixed):
             return [self.sample(index) for index in indices.tolist()]
         out = torch.empty((len(indices), *self.spec.shape), dtype=self.spec.torch_dtype)
         self.gather_into(indices, out)
@@ -65,7 +89,7 @@ class FieldColumn:
 
     def gather_into(self, indices: torch.Tensor, out: torch.Tensor) -> None:
         """The values of ``indices`` written into ``out`` (``[B, *shape]``: a loader's buffer)."""
-        if self.spec.kind == "number":
+        if self.spec.fixed:
             torch.index_select(self._tensor, 0, indices, out=out)
             return
         out.zero_()

@@ -23,7 +23,7 @@ from ..errors import DatasetError, UsageError
 from ..remote.store import is_url
 from ..text import image_size
 from .columns import FieldColumn
-from .fields import NUMBER_DTYPES, FieldSpec, field_path
+from .fields import FieldSpec, field_path
 from .manifest import Manifest
 from .table import SampleTable
 
@@ -237,10 +237,10 @@ class MemmapImageDataset(torch.utils.data.Dataset):
       checksum checked, and ``ds[i]`` decodes them exactly (libjpeg-turbo's accurate DCT) at the
       image's own size. :class:`gpuload.DataLoader` crops them at decode time.
 
-    **Fields.** A dataset built with named fields (numbers, text, multi-label: see
+    **Fields.** A dataset built with named fields (numbers, text, multi-label, masks: see
     :mod:`gpuload.format.fields`) gives ``ds[i]`` as a dict: ``{"image": ..., "label": ..., <field>:
     <value>...}`` (a number a tensor, 0-d for a scalar; a multi-label field a float32 multi-hot vector;
-    text a ``str``); ``fields`` holds each field's column (:class:`gpuload.format.columns.FieldColumn`) by
+    text a ``str``; a mask uint8 ``[H, W]``, its image's size); ``fields`` holds each field's column (:class:`gpuload.format.columns.FieldColumn`) by
     name. A dataset without fields (an ImageFolder's) keeps the ``(image, label)`` pairs.
 
     **At a URL** (``s3://``, ``gs://``, ``az://``, ``https://``, ``file://``: a dataset that
@@ -780,9 +780,9 @@ def _open_table(path: Path, manifest: Manifest) -> SampleTable:
 
 def _open_field(path: Path, spec: FieldSpec, count: int, index: list[mmap.mmap]) -> FieldColumn:
     """A field's files mapped (the mappings appended to ``index``), checked for their sizes and ends."""
-    if spec.kind == "number":
+    if spec.fixed:
         data = _map(path, field_path(spec.name), torch.uint8, (count * spec.row_bytes(),), index).numpy()
-        column = FieldColumn(spec, {"data": data.view(NUMBER_DTYPES[spec.dtype])}, count)
+        column = FieldColumn(spec, {"data": data.view(spec.stored_dtype)}, count)
     else:
         ragged = np.dtype(np.int32 if spec.kind == "multilabel" else np.uint8)
         offsets = _map(path, field_path(spec.name, "offsets"), torch.int64, (count + 1,), index).numpy()

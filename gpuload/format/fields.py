@@ -1,4 +1,4 @@
-"""The named fields a dataset holds beside its images and labels: numbers, multi-label, text.
+"""The named fields a dataset holds beside its images and labels: numbers, multi-label, text, masks.
 
 A dataset of format version 4 records each field in its manifest's ``fields`` list (name, kind,
 dtype, shape; a multi-label field its classes too) and keeps it per image, in dataset order, in flat
@@ -9,9 +9,13 @@ files under ``fields/``, mapped at open (nothing per image in memory):
 - ``multilabel``: a set of the field's classes, served as a float32 multi-hot vector ``[C]``:
   ``fields/<name>.memmap`` (int32 class indices, one image's after the other) and
   ``fields/<name>.offsets.memmap`` (int64 ``[N + 1]``: image ``i``'s are ``offsets[i]:offsets[i + 1]``);
-- ``text``: a ``str``: ``fields/<name>.memmap`` (UTF-8) and ``fields/<name>.offsets.memmap``.
+- ``text``: a ``str``: ``fields/<name>.memmap`` (UTF-8) and ``fields/<name>.offsets.memmap``;
+- ``mask``: a segmentation mask of uint8 class ids, the size of its image: in a raw dataset shape
+  ``[H, W]`` (the images' stored size), ``fields/<name>.memmap`` ``[N, H, W]``, fitted as its image was
+  (nearest neighbour, :data:`MASK_FILL` where padded); in a jpeg dataset shape ``[]``, each image's
+  mask as the 8-bit PNG it came as, ``fields/<name>.memmap`` and ``fields/<name>.offsets.memmap``.
 
-The numbers are a nested ``TensorDict`` of plain tensordict (``fields/meta.json``):
+The numbers and raw masks are a nested ``TensorDict`` of plain tensordict (``fields/meta.json``):
 ``TensorDict.load_memmap(DIR)["fields", "boxes"]``. Every file of a field is an index file: digested
 in the manifest's ``table``, read whole at a URL.
 """
@@ -30,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FIELDS_FOLDER",
     "KINDS",
+    "MASK_FILL",
     "NAME",
     "NUMBER_DTYPES",
     "RESERVED",
@@ -39,9 +44,13 @@ __all__ = [
 ]
 
 FIELDS_FOLDER = "fields"
-KINDS = ("number", "multilabel", "text")
+KINDS = ("number", "multilabel", "text", "mask")
 # A number's dtype -> how its file stores it (numpy's name; a bool as one byte, 0 or 1).
 NUMBER_DTYPES = {"int64": "<i8", "float32": "<f4", "bool": "u1"}
+_STORED = {**NUMBER_DTYPES, "uint8": "u1"}  # and a raw mask's class ids
+# The class id of a mask's pixels that its image does not cover (a padded build, an evaluation crop
+# wider than its image): the ``ignore_index`` of ``F.cross_entropy(..., ignore_index=255)``.
+MASK_FILL = 255
 # A field's name is a file name and a key: letters, digits and underscores, not starting with a digit.
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 # The names a sample already uses for its image and label.
@@ -64,11 +73,11 @@ class FieldSpec:
 
     Attributes:
         name: its key in a sample and a batch.
-        kind: ``"number"``, ``"multilabel"`` or ``"text"``.
+        kind: ``"number"``, ``"multilabel"``, ``"text"`` or ``"mask"``.
         dtype: a number's ``"int64"``, ``"float32"`` or ``"bool"``; ``"float32"`` for multi-label (the
-            multi-hot vector served), ``"str"`` for text.
+            multi-hot vector served), ``"str"`` for text, ``"uint8"`` for a mask.
         shape: what one sample holds: ``[]`` or ``[k]`` for a number, ``[C]`` for multi-label, ``[]`` for
-            text.
+            text; a mask ``[H, W]`` in a raw dataset, ``[]`` (each its image's size, a PNG) in a jpeg one.
         classes: multi-label: the class names, a class's index its position.
 
     Example:
@@ -112,6 +121,7 @@ class FieldSpec:
             "number": (tuple(NUMBER_DTYPES), (0, 1)),
             "multilabel": (("float32",), (1,)),
             "text": (("str",), (0,)),
+            "mask": (("uint8",), (0, 2)),
         }[kind]
         if dtype not in expected[0] or len(shape) not in expected[1]:
             raise ValueError(f"field {name!r} of kind {kind} cannot have dtype {dtype!r} and shape {shape}")
@@ -125,22 +135,33 @@ class FieldSpec:
             raise ValueError(f"field {name!r}: classes must be {shape[0]} distinct names, got {classes!r}")
         return cls(name, kind, dtype, tuple(shape), tuple(classes))
 
+    @property
+    def fixed(self) -> bool:
+        """Whether its file holds ``[N, *shape]`` values of :attr:`stored_dtype`, one per image (a number, a
+        raw dataset's mask), rather than values cut by offsets."""
+        return self.kind == "number" or (self.kind == "mask" and bool(self.shape))
+
+    @property
+    def stored_dtype(self) -> str:
+        """How a fixed-shape field's file stores a value (numpy's name)."""
+        return _STORED[self.dtype]
+
     def files(self) -> tuple[str, ...]:
         """Its files' relative paths in a dataset, each read whole (digested in the manifest's ``table``)."""
-        if self.kind == "number":
+        if self.fixed:
             return (field_path(self.name),)
         return (field_path(self.name), field_path(self.name, "offsets"))
 
     def row_bytes(self) -> int:
         """Bytes of one image's value in ``fields/<name>.memmap`` (fixed-shape fields)."""
-        return int(NUMBER_DTYPES[self.dtype][-1]) * math.prod(self.shape)
+        return int(self.stored_dtype[-1]) * math.prod(self.shape)
 
     @property
     def torch_dtype(self) -> torch.dtype:
         """What a batch of it holds (a multi-hot vector's: float32)."""
         import torch  # here: the command line's --help imports this module
 
-        return {"int64": torch.int64, "float32": torch.float32, "bool": torch.bool}[self.dtype]
+        return {"int64": torch.int64, "float32": torch.float32, "bool": torch.bool, "uint8": torch.uint8}[self.dtype]
 
 
 def describe_fields(specs: Sequence[FieldSpec]) -> list[str]:
@@ -154,5 +175,6 @@ def describe_fields(specs: Sequence[FieldSpec]) -> list[str]:
     for spec in specs:
         shape = f" [{', '.join(map(str, spec.shape))}]" if spec.shape else ""
         extra = f" ({len(spec.classes)} classes)" if spec.kind == "multilabel" else ""
+        extra += " (a PNG per image)" if spec.kind == "mask" and not spec.shape else ""
         lines.append(f"{spec.name}: {spec.kind} {spec.dtype}{shape}{extra}")
     return lines

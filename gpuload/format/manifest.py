@@ -100,7 +100,7 @@ BUILD_PATHS = frozenset(
 # stages them (.scan/<name>.<what>: gpuload.sources.samples).
 _FIELD_PATH = re.compile(
     rf"{FIELDS_FOLDER}/[A-Za-z_][A-Za-z0-9_]*(\.offsets)?\.memmap"
-    r"|\.scan/(blobs|image_refs|names|[A-Za-z_][A-Za-z0-9_]*\.(number|text|offsets|indices))"
+    r"|\.scan/(blobs|image_refs|names|[A-Za-z_][A-Za-z0-9_]*\.(number|text|offsets|indices|mask))"
 )
 
 
@@ -116,15 +116,15 @@ def is_build_path(relative: str) -> bool:
 
 
 def field_files(specs: list[FieldSpec]) -> list[str]:
-    """The files of the fields ``specs`` in a dataset, ``fields/meta.json`` among them where one is a
-    number (plain tensordict's metadata of the numbers).
+    """The files of the fields ``specs`` in a dataset, ``fields/meta.json`` among them where one has a
+    fixed shape (plain tensordict's metadata of the numbers and a raw dataset's masks).
 
     Example:
         >>> field_files([FieldSpec("age", "number", "int64", ())])
         ['fields/age.memmap', 'fields/meta.json']
     """
     files = [name for spec in specs for name in spec.files()]
-    return files + ([f"{FIELDS_FOLDER}/meta.json"] if any(spec.kind == "number" for spec in specs) else [])
+    return files + ([f"{FIELDS_FOLDER}/meta.json"] if any(spec.fixed for spec in specs) else [])
 
 
 def index_files(storage: str, specs: list[FieldSpec]) -> list[str]:
@@ -431,6 +431,10 @@ class Manifest:
             problems.append(f"a {self.storage} dataset with layout {self.layout!r}")
         if self.storage == "jpeg" and set(self.jpeg) != {"quality", "max_side", "reencoded"}:
             problems.append(f"jpeg is {self.jpeg}, not quality, max_side and reencoded")
+        plane = [] if self.image_shape is None else list(self.image_shape[1:])
+        for spec in self.field_specs:  # a mask is its image's size: raw, stored at it; jpeg, a PNG each
+            if spec.kind == "mask" and list(spec.shape) != plane:
+                problems.append(f"the mask {spec.name!r} has shape {list(spec.shape)} in a {self.storage} dataset")
         if problems:
             raise DatasetError(f"{path} is inconsistent: {'; '.join(problems)}; rebuild the dataset")
 

@@ -197,6 +197,13 @@ def _check_parts(parts: list[Part], decode: RandomResizedCropDecode | CenterCrop
                 f"the parts of a ConcatDataset serve one kind of batch: part 0 has the fields {_specs(first) or 'none'}, "
                 f"part {number} {_specs(part) or 'none'}: build them with the same fields, or use one loader per dataset"
             )
+        masks = sorted(name for name, column in _fields(part).items() if column.spec.kind == "mask")
+        if masks:
+            raise UsageError(
+                f"part {number} of the ConcatDataset holds the segmentation mask {masks[0]!r}, and a ConcatDataset's "
+                "masks are not served yet (their crops follow each dataset's own): use one loader per dataset, or "
+                "build one dataset from all the sources"
+            )
         _check_classes(getattr(first, "classes", None) or [], getattr(part, "classes", None) or [], number)
 
 

@@ -58,6 +58,7 @@ __all__ = [
     "crop_remote_raw",
     "decode_batch",
     "decode_crops",
+    "resample_params",
     "scaled_window",
 ]
 
@@ -134,19 +135,9 @@ class RandomResizedCropDecode:
     ) -> None:
         """One image into ``out`` (``[3, S, S]``): decoded into ``scratch`` at the smallest DCT scale
         that keeps its box at least the output's size, the box cut out, resized and maybe mirrored."""
-        (height, width), (top, left, box_height, box_width) = shape, box
-        out_height, out_width = self.size
-        denominator = next(
-            (
-                d
-                for d in (8, 4, 2)
-                if box_height >= d * out_height and box_width >= d * out_width and scale_is_exact(d, height, width)
-            ),
-            1,
-        )
+        height, width = shape
+        denominator, (y0, y1), (x0, x1) = self.scaled_box(shape, box)
         scaled = (-(-height // denominator), -(-width // denominator))  # libjpeg's size at 1/denominator
-        y0, y1 = scaled_window(top, box_height, denominator, scaled[0])
-        x0, x1 = scaled_window(left, box_width, denominator, scaled[1])
         _check_header(data, shape, name)  # never cut by a damaged index
         # Decode only the box's rows (scaled row k is rows k*d to k*d + d - 1 of the image):
         # libjpeg's smooth upsampling (accurate mode) reads one more MCU row on each side.
@@ -166,6 +157,31 @@ class RandomResizedCropDecode:
         _check_size(pixels.shape[:2], (-(-rows // denominator), scaled[1]), shape, name)
         offset = first // denominator  # the window starts at an MCU row: a multiple of 8 rows
         _resize_into(pixels[y0 - offset : y1 - offset, x0:x1], flip, out)
+
+    def scaled_box(self, shape: list[int], box: list[float]) -> tuple[int, tuple[int, int], tuple[int, int]]:
+        """Where :meth:`decode` cuts a jpeg image of ``shape`` (height, width) for ``box``: the DCT scale's
+        denominator, and the box's rows and columns on that scale's pixel grid (``[y0, y1)``, ``[x0, x1)``).
+
+        Example:
+            >>> RandomResizedCropDecode(16).scaled_box([480, 640], [7, 0, 103, 200])
+            (4, (1, 28), (0, 50))
+        """
+        (height, width), (top, left, box_height, box_width) = shape, box
+        out_height, out_width = self.size
+        denominator = next(
+            (
+                d
+                for d in (8, 4, 2)
+                if box_height >= d * out_height and box_width >= d * out_width and scale_is_exact(d, height, width)
+            ),
+            1,
+        )
+        scaled = (-(-height // denominator), -(-width // denominator))  # libjpeg's size at 1/denominator
+        return (
+            denominator,
+            scaled_window(top, box_height, denominator, scaled[0]),
+            scaled_window(left, box_width, denominator, scaled[1]),
+        )
 
     def crop(self, pixels: torch.Tensor, box: list[float], flip: bool, out: torch.Tensor) -> None:
         """One raw image (``[H, W, 3]``, a view of the stored pixels) into ``out`` (``[3, S, S]``):
@@ -480,7 +496,7 @@ def decode_batch(
         _check_header(blob, shape, name)  # before sizing anything by shapes
     order = sorted(range(len(blobs)), key=lambda row: (*shapes[row].tolist(), row))  # by size, stable
     sizes = [tuple(shapes[row].tolist()) for row in order]
-    params = _resample_params(decode, shapes, indices, seed, epoch)[order]
+    params = resample_params(decode, shapes, indices, seed, epoch)[order]
     params[:, 9] = torch.tensor(order, dtype=torch.float32)  # where each sorted row goes in the batch
     on_device = params.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else params
     compute = torch.float16 if device.type == "cuda" else torch.float32
@@ -594,7 +610,7 @@ def _decode_with_fallback(
     return images
 
 
-def _resample_params(
+def resample_params(
     decode: RandomResizedCropDecode | CenterCropDecode,
     shapes: torch.Tensor,
     indices: torch.Tensor,
@@ -603,7 +619,13 @@ def _resample_params(
 ) -> torch.Tensor:
     """float32 ``[B, 10]`` on the CPU, drawn from the recorded sizes: for each sample, the arguments of
     :func:`~gpuload.transforms.augment.interpolation_weights` along its rows then its columns (start,
-    step, low, high), its flip (1 or 0), and a column for the caller."""
+    step, low, high), its flip (1 or 0) (what :func:`gpuload.transforms.masks.crop_masks` takes too), and
+    a column for the caller.
+
+    Example:
+        >>> resample_params(CenterCropDecode(2, ratio=1.0), torch.tensor([[4, 4]]), torch.tensor([0]), 0, 0)[0, :9]
+        tensor([0., 2., 0., 4., 0., 2., 0., 4., 0.])
+    """
     height, width = shapes[:, 0].double(), shapes[:, 1].double()
     out_height, out_width = decode.size
     params = torch.zeros((len(shapes), _PARAMS), dtype=torch.float64)

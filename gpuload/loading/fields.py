@@ -1,18 +1,22 @@
 """The fields a loader serves beside the images and labels: each fixed-shape one gathered into a buffer
-of the ring (and copied to the device with the images), text in a list of ``str`` on the host."""
+of the ring (and copied to the device with the images), text in a list of ``str`` on the host; a mask
+gathered whole (a raw dataset's, without ``decode``) or cropped with its image (:mod:`gpuload.loading.masks`)."""
 
 from __future__ import annotations
 
 import torch
 
 from ..format.columns import FieldColumn
+from .masks import MaskCrop
 
 __all__ = ["FieldGather", "tensors", "to_device"]
 
 
 class FieldGather:
     """How one loader's batches get their fields: ``buffers`` says the shape and dtype of a batch row of
-    each fixed-shape field (what a slot of the ring holds for it), ``fill`` gathers a batch's.
+    each fixed-shape field (what a slot of the ring holds for it: a mask's is ``size``, its crop's, where
+    the loader crops), ``fill`` gathers a batch's (the masks cropped by ``crop``, one epoch's: see
+    :meth:`at_epoch`).
 
     Example:
         >>> import numpy as np
@@ -24,8 +28,14 @@ class FieldGather:
         tensor([2.0000, 0.5000])
     """
 
-    def __init__(self, columns: dict[str, FieldColumn]) -> None:
-        self.columns = columns
+    def __init__(
+        self, columns: dict[str, FieldColumn], size: tuple[int, int] | None = None, crop: MaskCrop | None = None
+    ) -> None:
+        self.columns, self.size, self.crop = columns, size, crop
+
+    def at_epoch(self, crop: MaskCrop | None) -> FieldGather:
+        """The same fields, their masks cropped by ``crop`` (an epoch's draws)."""
+        return FieldGather(self.columns, self.size, crop)
 
     def __bool__(self) -> bool:
         return bool(self.columns)
@@ -34,7 +44,10 @@ class FieldGather:
     def buffers(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Each fixed-shape field's batch row: ``(shape, dtype)``."""
         return {
-            name: (column.spec.shape, column.spec.torch_dtype)
+            name: (
+                self.size if column.spec.kind == "mask" and self.size else column.spec.shape,
+                column.spec.torch_dtype,
+            )
             for name, column in self.columns.items()
             if column.spec.kind != "text"
         }
@@ -46,6 +59,9 @@ class FieldGather:
         for name, column in self.columns.items():
             if column.spec.kind == "text":
                 batch[name] = column.batch(indices)
+            elif column.spec.kind == "mask" and self.crop is not None:
+                self.crop(column.masks(indices), indices, out[name])
+                batch[name] = out[name]
             else:
                 column.gather_into(indices, out[name])
                 batch[name] = out[name]

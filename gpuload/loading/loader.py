@@ -23,6 +23,7 @@ from .crop import CenterCropDecode, RandomResizedCropDecode, counter_uniforms
 from .device import check_gpu_decode, current_device, resolve_device
 from .fields import FieldGather
 from .gathers import dataset_gather, stored_pixels
+from .masks import MaskCrop
 from .order import distributed_rank, epoch_order, image_blocks
 from .per_image import PerImage
 from .pipeline import BatchTransform, EpochIterator, Gather, Ring, RingPool, ServedBatch
@@ -61,9 +62,11 @@ class DataLoader:
 
     A dataset with named fields (:mod:`gpuload.format.fields`) yields a ``dict`` per batch, the keys of
     ``ds[i]``: ``"image"``, ``"label"`` and each field by name; every fixed-shape field (numbers, the
-    float32 multi-hot vector of a multi-label field) is gathered into a buffer of the ring beside
-    the images and copied to ``device`` with them, text stays on the host as a list of ``str``. The
-    stock ``torch.utils.data.DataLoader`` collates ``ds[i]`` into the same dict.
+    float32 multi-hot vector of a multi-label field, a segmentation mask: uint8 ``[B, H, W]``, cropped
+    with its image's box and flip where ``decode`` crops, see :mod:`gpuload.loading.masks`) is gathered
+    into a buffer of the ring beside the images and copied to ``device`` with them, text stays on the
+    host as a list of ``str``. The stock ``torch.utils.data.DataLoader`` collates ``ds[i]`` into the
+    same dict.
 
     Each ``iter()`` is an independent iterator over the next epoch with a ring of buffers of its
     own (``zip(loader, loader)`` pairs two epochs); sequential epochs reuse one ring. The end of
@@ -332,7 +335,10 @@ class DataLoader:
         if self._concat is not None:
             self._fields: FieldGather = self._concat.fields
         else:
-            self._fields = FieldGather(dataset.fields if isinstance(dataset, MemmapImageDataset) else {})
+            self._fields = FieldGather(
+                dataset.fields if isinstance(dataset, MemmapImageDataset) else {},
+                None if decode is None else decode.size,
+            )
         self._make_ring = partial(
             Ring,
             shape=shape,
@@ -534,7 +540,12 @@ class DataLoader:
         if self.per_image is not None:
             gather = PerImage(self.per_image, gather, seed=self.seed, epoch=epoch)
         pool = self._ring_pool(device, max((len(batch) for batch in batches), default=1))
-        return EpochIterator(self, pool, batches, self._position, gather, transform, self._prefetcher(batches))
+        fields = self._fields
+        if self._concat is None and self.decode is not None:  # masks cropped with their images' boxes and flips
+            scaled = getattr(self.dataset, "storage", "raw") == "jpeg" and not self.decode.gpu  # DCT-scaled
+            fields = fields.at_epoch(MaskCrop(self.decode, seed=self.seed, epoch=epoch, scaled=scaled))
+        prefetcher = self._prefetcher(batches)
+        return EpochIterator(self, pool, batches, self._position, gather, transform, prefetcher, fields)
 
     def _gather(self, epoch: int, device: torch.device) -> Gather:
         """What fills a batch of ``epoch``: the dataset's gather, or one per part of a ConcatDataset."""

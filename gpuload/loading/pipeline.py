@@ -119,6 +119,7 @@ class _HostSlot:
     def fill(
         self,
         gather: Gather,
+        fields: FieldGather,
         labels: torch.Tensor,
         indices: torch.Tensor,
         transform: Callable | None,
@@ -133,7 +134,7 @@ class _HostSlot:
         made = gather(indices, batch_images)
         batch_images = batch_images if made is None else made
         torch.index_select(labels, 0, indices, out=batch_labels)
-        extra = self.fields.fill(indices, {name: torch.from_numpy(array)[:count] for name, array in self.extra.items()})
+        extra = fields.fill(indices, {name: torch.from_numpy(array)[:count] for name, array in self.extra.items()})
         return batch_images if transform is None else transform(batch_images), batch_labels, extra, None
 
 
@@ -173,6 +174,7 @@ class _PinnedSlot:
     def fill(
         self,
         gather: Gather,
+        fields: FieldGather,
         labels: torch.Tensor,
         indices: torch.Tensor,
         transform: Callable | None,
@@ -184,7 +186,7 @@ class _PinnedSlot:
         host_images = None if self.images is None else self.images[:count]
         host_labels = self.labels[:count]
         torch.index_select(labels, 0, indices, out=host_labels)
-        host_extra = self.fields.fill(indices, {name: buffer[:count] for name, buffer in self.extra.items()})
+        host_extra = fields.fill(indices, {name: buffer[:count] for name, buffer in self.extra.items()})
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
             made = gather(indices, host_images)  # a batch decoded on the device is queued on this stream
             images = host_images.to(self.device, non_blocking=True) if made is None else made
@@ -349,8 +351,10 @@ class _Pipeline:
         give_back: Callable[[Ring], None],
         transform: BatchTransform | None,
         prefetcher: BlockPrefetchers | None = None,
+        fields: FieldGather | None = None,
     ) -> None:
         self.ring, self.gather, self.labels, self.batches, self.ahead = ring, gather, labels, batches, ahead
+        self.fields = fields if fields is not None else FieldGather({})  # the epoch's: its masks' crop
         self.transform = transform
         self.prefetcher = prefetcher  # fetches the coming batches' blocks into the node's cache
         self.give_back = give_back  # called by the last producer to exit
@@ -410,7 +414,7 @@ class _Pipeline:
             transform = None
             if self.transform is not None and not _on_consumer_side(self.transform):
                 transform = partial(self.transform, number=number)
-            item = (slot, *slot.fill(self.gather, self.labels, self.batches[number], transform, stream))
+            item = (slot, *slot.fill(self.gather, self.fields, self.labels, self.batches[number], transform, stream))
         except BaseException as error:  # raised in the consumer when it reaches this batch
             item = _Failed(error)
         with self.condition:
@@ -485,6 +489,7 @@ class EpochIterator:
         gather: Gather,
         transform: BatchTransform | None,
         prefetcher: BlockPrefetchers | None = None,
+        fields: FieldGather | None = None,
     ) -> None:
         self.position = position
         self.served = 0
@@ -503,6 +508,7 @@ class EpochIterator:
             rings.give_back,
             transform,
             prefetcher,
+            fields,
         )
         self._held: deque[_Slot] = deque()  # CPU: slots of the last two batches yielded
         self._pipeline.start()

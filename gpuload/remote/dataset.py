@@ -25,7 +25,7 @@ import xxhash
 from ..errors import DatasetError, UsageError
 from ..format.columns import FieldColumn
 from ..format.dataset import check_meta_shape
-from ..format.fields import NUMBER_DTYPES, field_path
+from ..format.fields import field_path
 from ..format.manifest import MANIFEST_NAME, Manifest
 from ..text import count, either
 from .file import RemoteFile
@@ -208,8 +208,8 @@ def open_remote(url: str | Store, cache: BlockCache | None = None) -> RemoteInde
     manifest.check_labels(table.labels, store.display, "push the dataset again")
     fields = {}
     for spec in manifest.field_specs:
-        if spec.kind == "number":
-            arrays = {"data": array(field_path(spec.name), NUMBER_DTYPES[spec.dtype], (-1,))}
+        if spec.fixed:
+            arrays = {"data": array(field_path(spec.name), spec.stored_dtype, (-1,))}
         else:
             ragged = np.int32 if spec.kind == "multilabel" else np.uint8
             arrays = {

@@ -8,8 +8,9 @@ every other column becomes a field of that image (see :mod:`gpuload.sources.samp
 column's kind is told). A column named ``label`` (or given the role ``label``) is the class label,
 class names or indices; without one, an image's class is its first folder (``cat/1.jpg``: ``cat``), as
 in an ImageFolder, or, where the images lie beside the table, one class named after its folder. A
-column named ``mask`` (or given the role ``mask``: segmentation masks) is refused, as masks are not
-stored yet, unless left out (``--column mask=ignore``).
+column named ``mask`` (or given the role ``mask``) names each image's segmentation mask, a PNG file
+relative to the table's folder, read as the table is: a missing one is listed, and its image skipped,
+by the build.
 
 The table is read a row at a time (CSV and JSON Lines with Python's readers, Parquet in record
 batches through pyarrow, ``pip install 'gpuload[parquet]'``): memory holds a few rows whatever its length.
@@ -27,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ..errors import SourceError, UsageError
-from .samples import Sample, SampleScan, ScannedIndex, with_defaults
+from .samples import Sample, SampleScan, ScannedIndex, Unreadable, with_defaults
 
 __all__ = ["TABLE_NAMES", "TABLE_SUFFIXES", "find_metadata", "read_rows", "scan_metadata"]
 
@@ -112,7 +113,7 @@ def scan_metadata(
             label = folder
         for column, role in roles.items():
             if role == "mask" and column in row:
-                row[column] = _relative_path(row[column], where, table, column)
+                row[column] = _mask_file(table.parent, _relative_path(row[column], where, table, column), column)
         scan.add(Sample(name=name, label=label, values=row, where=where))
     return scan.finish(describe=lambda position: f"{_row_word(table)} {position + 1}")
 
@@ -133,6 +134,15 @@ def _relative_path(value: object, where: str, table: Path, column: str) -> str:
             f"{table.parent}",
         )
     return path
+
+
+def _mask_file(root: Path, path: str, column: str) -> bytes | Unreadable:
+    """The bytes of the mask file ``root/path``, or why they cannot be read (the build skips its image)."""
+    try:
+        data = (root / path).read_bytes()
+    except OSError as error:
+        return Unreadable(f"its mask {path} ({column!r}) cannot be read ({error.strerror or error})")
+    return data if data else Unreadable(f"its mask {path} ({column!r}) is empty (0 bytes)")
 
 
 def _row_word(table: Path) -> str:

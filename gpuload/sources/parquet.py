@@ -3,8 +3,8 @@
 A ``.parquet`` file, or a folder of them (read in the order of their names): an ``image`` column of
 ``{bytes, path}`` structs (``datasets.Image``; or plain binary), a ``label`` column (class indices, whose
 names come from the ``ClassLabel`` the file's ``huggingface`` metadata records, or class names), and
-any other column a field (see :mod:`gpuload.sources.samples`; a ``mask`` column of segmentation masks is
-refused, as masks are not stored yet, unless left out: ``--column mask=ignore``). Roles given by name
+any other column a field (see :mod:`gpuload.sources.samples`; a ``mask`` column, ``{bytes, path}`` or
+binary as the images, holds segmentation masks as PNG bytes). Roles given by name
 override those defaults (``--column picture=image``). Each file is read in record batches of 64 rows through pyarrow (``pip install
 'gpuload[parquet]'``): memory holds one batch whatever the file's size; the image bytes go to the
 scan's own file in the build's folder.

@@ -9,8 +9,8 @@ as they come, so memory holds a few thousand rows whatever the count:
   numbered as they first come, and renumbered in the classes' sorted order at the end);
 - the bytes of images given as bytes, one after the other in ``blobs``, with where each image's lie
   (``image_refs``);
-- each named value, staged by kind (numbers as float64 rows, text and multi-label lists flat with
-  offsets), the kind decided by the first value or by the role given;
+- each named value, staged by kind (numbers as float64 rows, text, multi-label lists and masks' bytes
+  flat with offsets), the kind decided by the first value or by the role given;
 - a hash of each name (``names``), to find two samples naming one image.
 
 :meth:`SampleScan.finish` checks what only the whole shows (a name twice, labels of one kind), decides
@@ -36,12 +36,34 @@ from ..format.fields import NAME, NUMBER_DTYPES, RESERVED, FieldSpec, field_path
 from ..format.table import SampleTable, TableWriter, map_array
 from .folder import ScannedSamples, estimated_bytes
 
-__all__ = ["ROLES", "Sample", "SampleScan", "ScannedIndex", "StagedField", "check_roles", "with_defaults"]
+__all__ = [
+    "ROLES",
+    "Mask",
+    "Sample",
+    "SampleScan",
+    "ScannedIndex",
+    "StagedField",
+    "Unreadable",
+    "check_roles",
+    "with_defaults",
+]
 
 # What a source's column (a table's, a tar's member or JSON key, a Parquet column) can be taken as.
 ROLES = ("image", "label", "multilabel", "mask", "number", "text", "ignore")
 _CHUNK = 4096  # rows kept in memory between writes
 _EXACT_INT = 2**53  # integers staged as float64 are exact up to here
+
+
+class Mask(bytes):
+    """The bytes of a segmentation mask where the source tells it by its kind (a tar's ``png`` beside its ``jpg``)."""
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A mask the source could not read (a file that is missing): its sample is skipped and listed by the
+    build, as an image that cannot be decoded (or stops a ``strict`` build)."""
+
+    reason: str
 
 
 @dataclass
@@ -144,9 +166,11 @@ class StagedField:
     dataset for the samples the build kept (:meth:`write`).
 
     The kind is the role given, or the first value's: a number or a list of numbers (``number``), a
-    ``str`` (``text``), a list of ``str`` (``multilabel``). Every later value must be of that kind (and
-    a vector of the same length); numbers are staged as float64 and stored as int64 where every value
-    was an int, bool where every one was a bool, else float32.
+    ``str`` (``text``), a list of ``str`` (``multilabel``), a :class:`Mask` (``mask``). Every later value
+    must be of that kind (and a vector of the same length); numbers are staged as float64 and stored as
+    int64 where every value was an int, bool where every one was a bool, else float32. A mask's bytes are
+    staged as they come (an :class:`Unreadable` one as none, with its reason), checked and written by the
+    build.
     """
 
     def __init__(self, folder: Path, name: str, kind: str, source: Path) -> None:
@@ -156,8 +180,9 @@ class StagedField:
         self.vocabulary: dict[str | int, int] = {}  # multilabel: a class (name or index) -> its number as staged
         if kind == "number":
             self._rows = _Appender(folder / f"{name}.number", "<f8")
-        elif kind == "text":
-            self._text = _Bytes(folder / f"{name}.text", folder / f"{name}.offsets")
+        elif kind in ("text", "mask"):
+            self._text = _Bytes(folder / f"{name}.{kind}", folder / f"{name}.offsets")
+            self.unreadable: dict[int, str] = {}  # mask: the position of each unreadable one -> why
         else:
             self._indices = _Appender(folder / f"{name}.indices", "<i4")
             self._offsets = _Appender(folder / f"{name}.offsets", "<i8")
@@ -179,6 +204,8 @@ class StagedField:
             if not isinstance(value, str):
                 self._mixed(where, value, "text")
             self._text.append(value.encode())
+        elif self.kind == "mask":
+            self._add_mask(value, where)
         else:
             self._add_classes(value, where)
         self.count += 1
@@ -212,6 +239,22 @@ class StagedField:
         if "bool" in self.types and len(self.types) > 1:
             self._mixed(where, value, "number")
         self._rows.append([float(item) for item in items] if items is not None else [float(value)])
+
+    def _add_mask(self, value: object, where: str) -> None:
+        if isinstance(value, dict):  # a Parquet {bytes, path} struct, as an image's
+            value = value.get("bytes")
+        if isinstance(value, Unreadable):
+            self.unreadable[self.count] = value.reason
+            value = b""
+        elif not isinstance(value, (bytes, bytearray)) or not value:
+            self._mixed(where, value, "mask (an image's bytes)")
+        self._text.append(bytes(value))
+
+    def mask(self, position: int) -> tuple[bytes, str | None]:
+        """The staged bytes of the mask of sample ``position``, and why it could not be read (else ``None``)."""
+        offsets = self._staged("offsets", np.int64)
+        data = self._staged("mask", np.uint8)[int(offsets[position]) : int(offsets[position + 1])]
+        return data.tobytes(), self.unreadable.get(position)
 
     def _add_classes(self, value: object, where: str) -> None:
         if not isinstance(value, (list, tuple)):
@@ -248,9 +291,9 @@ class StagedField:
             self._rows.close()
             dtype = "bool" if self.types == {"bool"} else "int64" if self.types == {"int"} else "float32"
             self.spec = FieldSpec(self.name, "number", dtype, self.shape)
-        elif self.kind == "text":
+        elif self.kind in ("text", "mask"):
             self._text.close()
-            self.spec = FieldSpec(self.name, "text", "str", ())
+            self.spec = FieldSpec(self.name, self.kind, "str" if self.kind == "text" else "uint8", ())
         else:
             self._indices.close()
             self._offsets.close()
@@ -276,7 +319,7 @@ class StagedField:
 
     def write(self, out: Path, chunks: Iterable[np.ndarray]) -> None:
         """Write the field's files into the dataset folder ``out`` for the kept positions, given in chunks
-        in dataset order."""
+        in dataset order (a mask as the bytes it came as: a jpeg dataset's)."""
         spec = self.spec
         if spec.kind == "number":
             rows = self._staged("number", np.float64).reshape(-1, max(1, math.prod(self.shape)))
@@ -284,7 +327,7 @@ class StagedField:
                 for positions in chunks:
                     file.write(rows[positions].astype(NUMBER_DTYPES[spec.dtype]).tobytes())
             return
-        data, ragged = ("text", np.uint8) if spec.kind == "text" else ("indices", np.int32)
+        data, ragged = (spec.kind, np.uint8) if spec.kind in ("text", "mask") else ("indices", np.int32)
         values, offsets = self._staged(data, ragged), self._staged("offsets", np.int64)
         with (
             open(out / field_path(spec.name), "xb") as file,
@@ -465,14 +508,10 @@ class SampleScan:
 
     def _kind(self, name: str, value: object, where: str) -> str:
         role = self.roles.get(name)
-        if role == "mask":
-            raise SourceError(
-                self.source,
-                f"{where}: {name!r} is a segmentation mask, which this version of gpuload does not store; leave it "
-                f"out (--column {name}=ignore)",
-            )
-        if role in ("number", "text", "multilabel"):
+        if role in ("number", "text", "multilabel", "mask"):
             return role
+        if role is None and isinstance(value, Mask):
+            return "mask"
         if role is not None:  # image or label columns are the source's own
             raise UsageError(f"column {name!r} cannot have the role {role!r} here")
         if isinstance(value, (bool, int, float)):
@@ -619,6 +658,10 @@ class ScannedIndex:
     image_refs: np.ndarray | None
     skipped: list[dict] = field(default_factory=list)
     repeats: list = field(default_factory=list)
+
+    def masks(self, position: int) -> list[tuple[str, bytes, str | None]]:
+        """Sample ``position``'s masks: ``(field name, bytes, why unreadable or None)`` for each mask field."""
+        return [(staged.name, *staged.mask(position)) for staged in self.fields if staged.kind == "mask"]
 
     def image(self, position: int) -> tuple[str, bytes | None]:
         """Sample ``position``'s image: ``(path, None)`` for a file, ``(name, its bytes)``."""

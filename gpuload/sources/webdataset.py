@@ -15,8 +15,9 @@ What a sample's members become:
   writes it; or a JSON key ``label``;
 - ``txt``: a text field named ``txt``;
 - ``json``: an object, each of whose keys is a field (see :mod:`gpuload.sources.samples`);
-- another image member (``png`` beside a ``jpg``, ``seg.png``: a segmentation mask) is refused, as masks
-  are not stored yet, unless left out (``--column mask=ignore``, ``--column seg=ignore``).
+- another image member: a segmentation mask, a field named ``mask`` (``000123.png`` beside
+  ``000123.jpg``) or by what precedes its extension (``000123.seg.png``: ``seg``); left out with
+  ``--column mask=ignore``.
 
 A sample with no image member is skipped and listed; members of other extensions are left out, with
 one warning per extension. A shard that ends before its last member (truncated, or a damaged
@@ -34,7 +35,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ..errors import SourceError, UsageError
-from .samples import Sample, SampleScan, ScannedIndex
+from .samples import Mask, Sample, SampleScan, ScannedIndex
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -257,14 +258,8 @@ def _values(
             if not isinstance(decoded, dict):
                 raise SourceError(shard, f"{where}: its json is not an object of named values")
             values.update(decoded)
-        elif extension.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS:
-            name = extension.rsplit(".", 1)[0] if "." in extension else "mask"
-            if roles.get(name) != "ignore":
-                raise SourceError(
-                    shard,
-                    f"{where}: its member {extension!r} is a second image (a segmentation mask?), which this version "
-                    f"of gpuload does not store; leave it out (--column {name}=ignore)",
-                )
+        elif extension.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS:  # a second image: a mask
+            values[extension.rsplit(".", 1)[0] if "." in extension else "mask"] = Mask(data)
         elif roles.get(extension) != "ignore":
             unknown[extension] += 1
     return values, label

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
+from .masks import PARAMS, crop_masks
 
 __all__ = [
     "CROP_DRAWS",
@@ -175,6 +176,11 @@ class RandomResizedCrop(nn.Module):
     ``torch.compile(nn.Sequential(augment, Normalize(mean, std), model))`` has no graph break, and
     with a float ``dtype`` the jitter, cast and normalisation fuse into one kernel.
 
+    Segmentation: ``augment(images, masks=masks)`` returns the images and their masks (integer class
+    ids ``[B, H, W]`` or ``[B, 1, H, W]``) cropped, resized and flipped with the same boxes and flips,
+    by nearest neighbour (:func:`gpuload.transforms.masks.crop_masks`; 255 where an ``eval()`` crop
+    is wider than its image); the jitter touches the images only.
+
     Args:
         size: output side, or ``(height, width)``.
         scale: range of the box's area, as a fraction of the image's.
@@ -196,6 +202,9 @@ class RandomResizedCrop(nn.Module):
         >>> images = torch.randint(0, 256, (2, 3, 24, 32), dtype=torch.uint8)
         >>> augment(images).shape, augment(images).dtype, augment.eval()(images).shape
         (torch.Size([2, 3, 8, 8]), torch.uint8, torch.Size([2, 3, 8, 8]))
+        >>> _, masks = augment.train()(images, masks=torch.zeros((2, 24, 32), dtype=torch.uint8))
+        >>> masks.shape
+        torch.Size([2, 8, 8])
     """
 
     def __init__(
@@ -239,32 +248,89 @@ class RandomResizedCrop(nn.Module):
         )
         self.jitter = (float(brightness), float(contrast), float(saturation))
 
-    def forward(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Augment ``images`` (uint8 or float ``[B, C, H, W]`` on the 0..255 scale).
+    def forward(
+        self, images: torch.Tensor, generator: torch.Generator | None = None, *, masks: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Augment ``images`` (uint8 or float ``[B, C, H, W]`` on the 0..255 scale), and ``masks`` with
+        them where given (then returns both).
 
         ``generator`` (a generator on the images' device) replaces torch's default one: the loader
         passes one seeded by the epoch and the batch, so its batches do not depend on thread timing.
         """
         _check_images(images, needs_rgb=self.training and any(self.jitter))
         batch, _, height, width = images.shape
+        if masks is not None and (
+            masks.dim() not in (3, 4) or masks.shape[0] != batch or masks.shape[-2:] != (height, width)
+        ):
+            raise UsageError(
+                f"masks must be [B, H, W] or [B, 1, H, W] beside images {list(images.shape)}, got {list(masks.shape)}"
+            )
         compute = _compute_dtype(images)
+        boxes = flips = None
+        if self.crop and self.training:
+            boxes = resized_crop_params(
+                batch, height, width, self.scale, self.ratio, device=images.device, generator=generator
+            )
+        if self.training and self.flip:
+            flips = self._coin(batch, images.device, generator)
         if self.crop and images.device.type == "cpu" and not _traced():
-            pixels = self._crop_each(images, generator, compute)
+            pixels = self._crop_each(images, boxes, flips, compute)
         elif self.crop:
-            weights_y, weights_x = self._weights(batch, height, width, images.device, generator)
-            if self.training and self.flip:
-                weights_x = torch.where(self._coin(batch, images.device, generator), weights_x.flip(1), weights_x)
+            weights_y, weights_x = self._weights(boxes, height, width, images.device, batch)
+            if flips is not None:
+                weights_x = torch.where(flips, weights_x.flip(1), weights_x)
             pixels = resample(images.to(compute), weights_y.to(compute), weights_x.to(compute))
-        elif self.training and self.flip:
-            pixels = images.to(compute)
-            pixels = torch.where(self._coin(batch, images.device, generator)[:, None], pixels.flip(3), pixels)
+        elif flips is not None:
+            pixels = torch.where(flips[:, None], images.to(compute).flip(3), images.to(compute))
         else:
             pixels = images
         if self.training and any(self.jitter):
             pixels = _jitter(pixels.to(compute), self._factors(batch, images.device, generator, compute))
-        return self._output(
+        out = self._output(
             pixels, _layout(images) if self.memory_format == torch.preserve_format else self.memory_format
         )
+        if masks is None:
+            return out
+        size = self.size if self.crop else (height, width)
+        params = self._mask_params(boxes, flips, batch, height, width, images.device)
+        cropped = crop_masks(masks.reshape(batch, height, width), params, size)
+        return out, cropped.reshape(*masks.shape[:-2], *size)
+
+    def _mask_params(
+        self,
+        boxes: torch.Tensor | None,
+        flips: torch.Tensor | None,
+        batch: int,
+        height: int,
+        width: int,
+        device: torch.device,
+    ) -> torch.Tensor:
+        """The geometry of each sample's crop (see :data:`gpuload.transforms.masks.PARAMS`) for its mask."""
+        params = torch.zeros((batch, PARAMS), dtype=torch.float64, device=device)
+        out_height, out_width = self.size
+        if boxes is not None:
+            top, left, box_height, box_width = boxes.double().unbind(1)
+            columns = (
+                top,
+                box_height / out_height,
+                top,
+                top + box_height,
+                left,
+                box_width / out_width,
+                left,
+                left + box_width,
+            )
+            params[:, :8] = torch.stack(columns, dim=1)
+        elif self.crop:  # eval: torchvision's Resize, then CenterCrop
+            resized = resized_size(height, width, self.size, self.eval_ratio)
+            step_y, step_x = height / resized[0], width / resized[1]
+            top, left = centre_offset(resized[0], out_height) * step_y, centre_offset(resized[1], out_width) * step_x
+            params[:, :8] = torch.tensor([top, step_y, 0, height, left, step_x, 0, width], dtype=torch.float64)
+        else:
+            params[:, :8] = torch.tensor([0, 1, 0, height, 0, 1, 0, width], dtype=torch.float64)
+        if flips is not None:
+            params[:, 8] = flips.flatten().double()
+        return params
 
     def _output(self, pixels: torch.Tensor, layout: torch.memory_format) -> torch.Tensor:
         """``pixels`` (0..255) cast to the output dtype, rounded for uint8, written once in ``layout``."""
@@ -275,19 +341,19 @@ class RandomResizedCrop(nn.Module):
         out = torch.empty(pixels.shape, dtype=self.dtype, device=pixels.device, memory_format=layout)
         return out.copy_(pixels)  # the cast and the layout in one pass
 
-    def _crop_each(self, images: torch.Tensor, generator: torch.Generator | None, compute: torch.dtype) -> torch.Tensor:
+    def _crop_each(
+        self, images: torch.Tensor, boxes: torch.Tensor | None, flips: torch.Tensor | None, compute: torch.dtype
+    ) -> torch.Tensor:
         """The crop, resize and flip of an eager CPU batch, a sample at a time with torch's antialiased
         resize (uint8 in, uint8 out, as torchvision's ``resized_crop``), from the same draws as the
-        batched resampler. ``eval()``: the whole batch resized at once, then its centre."""
+        batched resampler. ``eval()`` (no ``boxes``): the whole batch resized at once, then its centre."""
         batch, _, height, width = images.shape
         pixels = images if images.dtype == torch.uint8 else images.to(compute)
         pixels = pixels.contiguous(memory_format=torch.channels_last)
-        if not self.training:
+        if boxes is None:
             return _centre(_resize(pixels, resized_size(height, width, self.size, self.eval_ratio)), self.size)
-        boxes = resized_crop_params(
-            batch, height, width, self.scale, self.ratio, device=images.device, generator=generator
-        ).tolist()
-        flips = self._coin(batch, images.device, generator).flatten().tolist() if self.flip else [False] * batch
+        boxes = boxes.tolist()
+        flips = flips.flatten().tolist() if flips is not None else [False] * batch
         out = torch.empty((batch, pixels.shape[1], *self.size), dtype=pixels.dtype)
         out = out.contiguous(memory_format=torch.channels_last)
 
@@ -298,13 +364,11 @@ class RandomResizedCrop(nn.Module):
         return out
 
     def _weights(
-        self, batch: int, height: int, width: int, device: torch.device, generator: torch.Generator | None
+        self, boxes: torch.Tensor | None, height: int, width: int, device: torch.device, batch: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out_height, out_width = self.size
-        if self.training:
-            top, left, box_height, box_width = resized_crop_params(
-                batch, height, width, self.scale, self.ratio, device=device, generator=generator
-            ).unbind(1)
+        if boxes is not None:
+            top, left, box_height, box_width = boxes.unbind(1)
             return (
                 interpolation_weights(top, box_height / out_height, top, top + box_height, out_height, height),
                 interpolation_weights(left, box_width / out_width, left, left + box_width, out_width, width),

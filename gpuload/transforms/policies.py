@@ -119,6 +119,7 @@ class _Policy(nn.Module):
         images: torch.Tensor,
         *,
         masks: torch.Tensor | None = None,
+        mask_fill: int = 0,
         generator: torch.Generator | None = None,
         uniform: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -126,7 +127,8 @@ class _Policy(nn.Module):
 
         Args:
             masks: segmentation masks ``[B, H, W]`` or ``[B, 1, H, W]``, moved by the geometric ops as the
-                images are (nearest pixel, class 0 brought in); returned beside the images.
+                images are (nearest pixel); returned beside the images.
+            mask_fill: the class id a geometric op brings into a mask (0, or an ignore index such as 255).
             generator: draws from this generator (on the images' device) instead of torch's.
             uniform: ``[B, draws]`` uniforms to use instead of drawing (what ``gpuload.DataLoader`` passes).
         """
@@ -136,7 +138,9 @@ class _Policy(nn.Module):
         draws = uniforms(batch, self.draws, device=images.device, generator=generator, uniform=uniform)
         pixels = images.to(torch.float32) if images.dtype == torch.uint8 else images
         for ops, values in self.layers(draws.to(torch.float64), height, width):
-            out = apply_ops(pixels, ops, values, interpolation=self.interpolation, fill=self.fill, masks=masks)
+            out = apply_ops(
+                pixels, ops, values, interpolation=self.interpolation, fill=self.fill, masks=masks, mask_fill=mask_fill
+            )
             pixels, masks = out if masks is not None else (out, None)
         pixels = pixels.to(images.dtype)
         return pixels if masks is None else (pixels, masks)

@@ -8,6 +8,11 @@ takes only batches of the crop's size; with ``crop="device"`` the loader gets no
 on the device (:class:`gpuload.RandomResizedCrop`, whose ``eval()`` is the same evaluation transform), and
 refuses batches already at the crop's size. Either way a second crop (the 1.14x zoom of a centre crop of
 an image already cropped) is an error, not a silent loss of accuracy.
+
+Segmentation: ``recipe(images, labels, masks=masks)`` moves the masks through the geometric steps with
+their images (the crop and flip, on the device or in the loader's threads; the policy's geometric ops),
+by nearest neighbour, with class 255 (``ignore_index``) where a step brings in area; erasing touches the
+images only, and MixUp/CutMix, which blend images, are refused with masks.
 """
 
 from __future__ import annotations
@@ -18,12 +23,13 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
+from ..format.fields import MASK_FILL
 from ..loading.crop import CenterCropDecode, RandomResizedCropDecode
 from .augment import RandomResizedCrop, check_size
 from .erasing import RandomErasing
 from .mix import MixUpCutMix
 from .normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
-from .policies import RandAugment, TrivialAugmentWide
+from .policies import RandAugment, TrivialAugmentWide, _Policy
 
 __all__ = ["Recipe"]
 
@@ -159,10 +165,13 @@ class Recipe(nn.Module):
         images: torch.Tensor,
         labels: torch.Tensor | None = None,
         *,
+        masks: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """The model's input from a loader's uint8 batch ``[B, 3, H, W]``, and the targets from ``labels``
-        when given (the soft targets of ``mix`` in training; the labels as they are otherwise).
+        when given (the soft targets of ``mix`` in training; the labels as they are otherwise), and the
+        ``masks`` (``[B, H, W]`` class ids, the batch's ``"mask"``) moved with the images when given, last:
+        ``(images, targets, masks)`` or ``(images, masks)``.
 
         ``generator`` (on the images' device) replaces torch's for every draw; the loader passes one seeded
         by (seed, epoch, rank, the batch's position) when the recipe is its ``transform=``."""
@@ -175,6 +184,8 @@ class Recipe(nn.Module):
                 "loader's transform= it gets the images only): call it on the loader's batches, images, targets = "
                 "recipe(images, labels); or recipe.eval() for evaluation"
             )
+        if masks is not None:
+            self._check_masks(images, masks)
         cropped = tuple(images.shape[-2:]) == self.size
         if self.cropper is None and not cropped:
             raise UsageError(
@@ -190,17 +201,40 @@ class Recipe(nn.Module):
                     "is stored at the crop size. Use Recipe(crop='loader') with recipe.loader(dataset, ...) (its "
                     "crop reads the stored image: right for both), or a loader without decode="
                 )
-            images = self.cropper(images, generator=generator)
+            moved = self.cropper(images, generator=generator, masks=masks)
+            images, masks = moved if masks is not None else (moved, None)
         if self.training and self.augment is not None:
-            images = self.augment(images, generator=generator)
+            moved = self.augment(
+                images, generator=generator, **({} if masks is None else {"masks": masks, "mask_fill": MASK_FILL})
+            )
+            images, masks = moved if masks is not None else (moved, None)
         images = self.normalize(images)
         if self.training and self.erasing is not None:
             images = self.erasing(images, generator=generator)
-        if labels is None:
-            return images
+        if labels is not None and self.training and self.mix is not None:
+            images, labels = self.mix(images, labels, generator=generator)
+        out = (images, *([] if labels is None else [labels]), *([] if masks is None else [masks]))
+        return out if len(out) > 1 else images
+
+    def _check_masks(self, images: torch.Tensor, masks: torch.Tensor) -> None:
+        """Refuse masks this recipe cannot move with their images (one line saying what to change)."""
         if self.training and self.mix is not None:
-            return self.mix(images, labels, generator=generator)
-        return images, labels
+            raise UsageError(
+                f"this recipe mixes images (mix={type(self.mix).__name__}), and a mask's class ids cannot be mixed: "
+                "for segmentation build the recipe with mix=None"
+            )
+        if self.training and self.augment is not None and not isinstance(self.augment, _Policy):
+            raise UsageError(
+                f"augment={type(self.augment).__name__} does not move masks with the images: use "
+                "gpuload.TrivialAugmentWide, RandAugment or AutoAugment, or augment=None"
+            )
+        if (
+            not isinstance(masks, torch.Tensor)
+            or masks.shape[0] != images.shape[0]
+            or masks.shape[-2:] != images.shape[-2:]
+        ):
+            got = list(masks.shape) if isinstance(masks, torch.Tensor) else type(masks).__name__
+            raise UsageError(f"masks must be [B, H, W] beside images {list(images.shape)}, got {got}")
 
     def extra_repr(self) -> str:
         return f"size={self.size}, crop={self.crop!r}, flip={self.flip}"

@@ -12,6 +12,7 @@ import warnings
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -41,7 +42,7 @@ from ..sources.detect import Source, find_source, scan_source
 from ..sources.folder import ImageFolderIndex, shown_names
 from ..sources.samples import ScannedIndex, check_roles
 from ..text import count, either, image_size
-from .decode import Resize, check_target, decode_into, read_size
+from .decode import Resize, check_target, decode_into, fit_mask, read_size
 from .files import (
     OutputLock,
     byte_count,
@@ -56,6 +57,7 @@ from .files import (
     resolve,
 )
 from .jpeg import REENCODE_REASONS, StoredJpeg, store_jpeg
+from .masks import Masks, checked_masks
 from .writer import BlockWriter
 
 __all__ = ["build_memmap"]
@@ -113,8 +115,10 @@ def build_memmap(
     Fields (see :mod:`gpuload.format.fields`): a ``label`` column (a ``cls`` member, a Parquet
     ``label``) is the class label, by name or index; every other column a named field: numbers (int,
     float, bool, fixed-length vectors), text, multi-label (lists of class names, or indices with the role
-    ``multilabel``). Segmentation masks are not stored yet: a ``mask`` column is refused (leave it out
-    with ``columns={"mask": "ignore"}``).
+    ``multilabel``), segmentation masks (a ``mask`` column naming PNG files, a tar's ``png`` beside its
+    ``jpg``, a Parquet ``mask`` column of PNG bytes: see :mod:`gpuload.writing.masks`): a raw build fits
+    each mask as its image, by nearest neighbour, into ``fields/<name>.memmap`` (uint8 ``[N, H, W]``); a
+    jpeg build keeps each mask's PNG bytes. ``max_side`` refuses masks (it would scale their images).
 
     Crash safety: the build holds a lock beside ``out`` (a second build of the same ``out`` fails
     at once), writes into a hidden sibling folder, flushes every file and the folder to disk
@@ -147,7 +151,8 @@ def build_memmap(
             order seeded by ``seed``, block-aligned) or ``"source"`` (ImageFolder's). A raw build refuses it.
         seed: the seed of the shuffled order (the same sources and seed give the same dataset).
         workers: decoding threads; defaults to the number of cores.
-        strict: raise on the first file that cannot be decoded instead of skipping it.
+        strict: raise on the first file that cannot be decoded (or whose mask is missing, unreadable or of
+            another size) instead of skipping it.
         overwrite: replace an existing ``out``, which must be a gpuload dataset and nothing else.
         sync: flush the data to disk before the dataset is renamed into place. Without it a
             build is faster on slow disks, but a power cut soon after it can leave images of
@@ -317,15 +322,24 @@ def _build_from(
     progress: bool,
 ) -> None:
     unreadable: dict[int, str] = {}
+    masks = [staged for staged in index.fields if staged.kind == "mask"]
+    if masks and max_side is not None:
+        raise UsageError(
+            f"max_side scales images down, and {index.source_path} has masks ({', '.join(m.name for m in masks)}), "
+            "which a jpeg build keeps as they came: leave max_side out, or build raw (--size)"
+        )
     if format == "raw" and size is None:
         size, unreadable = _common_size(index, pool, strict)
+    for staged in masks if format == "raw" else ():  # stored fitted as their images: one size
+        staged.spec = replace(staged.spec, shape=tuple(size))
     expected = index.image_bytes() if format == "jpeg" and max_side is None else 0  # scaled down: unknown
     _check_free_space(out.parent, index, size, max_side, expected)
     skipped = list(index.skipped)
     skipped += [{"path": index.samples[position][0], "reason": reason} for position, reason in unreadable.items()]
     images = len(index.samples)
     if format == "raw":
-        store: _Store = _RawStore(tmp, out, pool, size, resize, workers, sync, images - len(unreadable))
+        mask_names = [staged.name for staged in masks]
+        store: _Store = _RawStore(tmp, out, pool, size, resize, workers, sync, images - len(unreadable), mask_names)
         store.layout(images, None)
     else:
         store = _JpegStore(tmp, out, pool, max_side, quality, workers, sync, expected)
@@ -532,8 +546,9 @@ class _Store:
         for name in (".records", ".order"):
             (self.tmp / name).unlink(missing_ok=True)
 
-    def submit(self, path: str, data: bytes | None) -> Future:
-        """Start the job of one image: the file ``path``, or its bytes ``data`` (``path`` then names it)."""
+    def submit(self, path: str, data: bytes | None, masks: Masks) -> Future:
+        """Start the job of one image: the file ``path``, or its bytes ``data`` (``path`` then names it), with
+        its ``masks``."""
         raise NotImplementedError
 
     def append(self, position: int, result) -> int:
@@ -554,7 +569,8 @@ class _Store:
 
 class _RawStore(_Store):
     """uint8 pixels at one size, channels-last (``[N, H, W, 3]``), each decoded into one of a fixed
-    window of reused buffers, then appended to the file, in ImageFolder's order."""
+    window of reused buffers, then appended to the file, in ImageFolder's order; each mask field's
+    class ids fitted alike (``[N, H, W]``) beside them, into ``fields/<name>.memmap``."""
 
     arrays = TENSORDICT["raw"]
     record = np.dtype([("checksum", "<u8"), ("kept", "u1")])
@@ -569,19 +585,33 @@ class _RawStore(_Store):
         workers: int,
         sync: bool,
         count: int,
+        masks: list[str],
     ) -> None:
         self.tmp, self.pool, self.size, self.resize = tmp, pool, size, resize
         self.window = 2 * workers + 2  # decoded images in flight: bounds memory
-        self.free = [np.empty((*size, 3), np.uint8) for _ in range(self.window)]  # channels-last
-        self.busy: dict[Future, np.ndarray] = {}
-        self.writer = BlockWriter(
-            tmp / "images.memmap", count * 3 * size[0] * size[1], write_behind=sync, name=out / "images.memmap"
-        )
+        # an image's buffer (channels-last) and one per mask field
+        self.free = [
+            [np.empty((*size, 3), np.uint8), *(np.empty(size, np.uint8) for _ in masks)] for _ in range(self.window)
+        ]
+        self.busy: dict[Future, list[np.ndarray]] = {}
+        self.writers = [
+            BlockWriter(
+                tmp / "images.memmap", count * 3 * size[0] * size[1], write_behind=sync, name=out / "images.memmap"
+            )
+        ]
+        if masks:
+            (tmp / FIELDS_FOLDER).mkdir()
+        for name in masks:
+            self.writers.append(
+                BlockWriter(
+                    tmp / field_path(name), count * size[0] * size[1], write_behind=sync, name=out / field_path(name)
+                )
+            )
 
-    def submit(self, path: str, data: bytes | None) -> Future:
-        buffer = self.free.pop()
-        future = self.pool.submit(_decode_raw, path, data, self.resize, buffer)
-        self.busy[future] = buffer
+    def submit(self, path: str, data: bytes | None, masks: Masks) -> Future:
+        buffers = self.free.pop()
+        future = self.pool.submit(_decode_raw, path, data, self.resize, buffers, masks)
+        self.busy[future] = buffers
         return future
 
     def append(self, position: int, checksum: int) -> int:
@@ -589,13 +619,15 @@ class _RawStore(_Store):
         return checksum
 
     def release(self, future: Future) -> None:
-        buffer = self.busy.pop(future)
+        buffers = self.busy.pop(future)
         if future.exception() is None:
-            self.writer.write(buffer)
-        self.free.append(buffer)
+            for writer, buffer in zip(self.writers, buffers):
+                writer.write(buffer)
+        self.free.append(buffers)
 
     def close(self, kept: int) -> dict[str, torch.Tensor]:
-        self.writer.close()
+        for writer in self.writers:
+            writer.close()
         return {
             "images": MemoryMappedTensor.from_filename(self.tmp / "images.memmap", torch.uint8, (kept, *self.size, 3))
         }
@@ -604,9 +636,18 @@ class _RawStore(_Store):
         return {"image_shape": [3, *self.size], "resize": self.resize, "layout": "channels_last", "order": {}}
 
 
-def _decode_raw(path: str, data: bytes | None, resize: str, buffer: np.ndarray) -> int:
-    decode_into(path, buffer, resize, data)
-    return xxhash.xxh3_64_intdigest(buffer)
+def _decode_raw(path: str, data: bytes | None, resize: str, buffers: list[np.ndarray], masks: Masks) -> int:
+    image, *fitted = buffers
+    decode_into(path, image, resize, data)
+    for ids, out in zip(checked_masks(path, read_size(path, data), masks) if masks else (), fitted):
+        fit_mask(ids, out, resize)
+    return xxhash.xxh3_64_intdigest(image)
+
+
+def _store_jpeg(path: str, data: bytes | None, masks: Masks, max_side: int | None, quality: int) -> StoredJpeg:
+    stored = store_jpeg(path, max_side=max_side, quality=quality, data=data)
+    checked_masks(path, stored.shape, masks)  # kept as they came (max_side is refused with masks)
+    return stored
 
 
 class _JpegStore(_Store):
@@ -633,8 +674,8 @@ class _JpegStore(_Store):
         self.writer = BlockWriter(tmp / "data.memmap", expected_bytes, write_behind=sync, name=out / "data.memmap")
         self.reencoded = dict.fromkeys(REENCODE_REASONS, 0)
 
-    def submit(self, path: str, data: bytes | None) -> Future:
-        return self.pool.submit(store_jpeg, path, max_side=self.max_side, quality=self.quality, data=data)
+    def submit(self, path: str, data: bytes | None, masks: Masks) -> Future:
+        return self.pool.submit(_store_jpeg, path, data, masks, self.max_side, self.quality)
 
     def append(self, position: int, stored: StoredJpeg) -> int:
         start, length = self.writer.written, len(stored.data)
@@ -693,7 +734,8 @@ def _write(
     def submit_next() -> None:
         position = next(positions, None)
         if position is not None:
-            pending.append((position, store.submit(*index.image(position))))
+            masks = index.masks(position) if isinstance(index, ScannedIndex) else []
+            pending.append((position, store.submit(*index.image(position), masks)))
 
     with tqdm(total=total, unit="img", desc="build-memmap", disable=not progress, file=sys.stderr) as bar:
         for _ in range(store.window):
@@ -739,9 +781,10 @@ def _finish(
                 table.append(scanned.path(position), label, checksum)
     specs = [staged.spec for staged in index.fields]
     if specs:
-        (tmp / FIELDS_FOLDER).mkdir()
+        (tmp / FIELDS_FOLDER).mkdir(exist_ok=True)  # a raw build's masks are written there already
     for staged in index.fields:
-        staged.write(tmp, (store.kept(first, first + _CHUNK) for first in range(0, len(index.samples), _CHUNK)))
+        if not (staged.spec.kind == "mask" and staged.spec.fixed):
+            staged.write(tmp, (store.kept(first, first + _CHUNK) for first in range(0, len(index.samples), _CHUNK)))
     store.discard()
     index.close()
     for staged in (tmp / SCAN).iterdir():  # the scan's own folder, flat
@@ -755,7 +798,7 @@ def _finish(
             tmp / field_path(spec.name), _stored_dtype(spec), (kept, *spec.shape)
         )
         for spec in specs
-        if spec.kind == "number"
+        if spec.fixed
     }
     if fixed:  # plain tensordict opens them: TensorDict.load_memmap(out)["fields", name]
         arrays[FIELDS_FOLDER] = TensorDict(fixed, batch_size=[kept])

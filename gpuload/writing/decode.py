@@ -24,8 +24,9 @@ import os
 import stat
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import BinaryIO, Literal
 
 import numpy as np
@@ -34,6 +35,7 @@ import torch
 from PIL import ExifTags, Image
 
 from ..errors import DecodeError, UsageError
+from ..format.fields import MASK_FILL
 from ..format.manifest import RESIZE_MODES
 from ..text import image_size
 
@@ -47,6 +49,7 @@ __all__ = [
     "decode_into",
     "decode_jpeg_strict",
     "exif_orientation",
+    "fit_mask",
     "pixel_limit",
     "read_size",
     "upright_pixels",
@@ -438,14 +441,23 @@ def _to_rgb(image: Image.Image, path: str | os.PathLike) -> Image.Image:
         raise DecodeError(path, f"no conversion from pixel mode {image.mode} to RGB") from None
 
 
-def _fit(chw: torch.Tensor, size: tuple[int, int], resize: str) -> torch.Tensor:
-    """``[3, H, W]`` pixels fitted to ``size``: cropped (cover, cut the centre), padded or stretched."""
+def _fit(
+    chw: torch.Tensor,
+    size: tuple[int, int],
+    resize: str,
+    *,
+    resample: Callable[[torch.Tensor, tuple[int, int]], torch.Tensor] | None = None,
+    fill: int = 0,
+) -> torch.Tensor:
+    """``[C, H, W]`` pixels fitted to ``size``: cropped (cover, cut the centre), padded with ``fill`` or
+    stretched, each resize by ``resample`` (:func:`resize_image`, antialiased bilinear, when left out)."""
+    resample = resample or resize_image
     height, width = chw.shape[1:]
     target_height, target_width = size
     if (height, width) == size:
         return chw
     if resize == "stretch":
-        return resize_image(chw, size)
+        return resample(chw, size)
     if resize == "crop":
         scale = max(target_height / height, target_width / width)
         covering = (max(target_height, round(height * scale)), max(target_width, round(width * scale)))
@@ -454,17 +466,39 @@ def _fit(chw: torch.Tensor, size: tuple[int, int], resize: str) -> torch.Tensor:
             # an odd margin puts the extra pixel after the box (torchvision rounds half to even: a
             # pixel's shift at most; kept, as every dataset built so far was built this way)
             top, left = (covering[0] - target_height) // 2, (covering[1] - target_width) // 2
-            return resize_image(chw, covering)[:, top : top + target_height, left : left + target_width]
+            return resample(chw, covering)[:, top : top + target_height, left : left + target_width]
         # a far longer image (a 1x20000 strip): cut the centre box out first, so only it is resized
         box = (min(height, max(1, round(target_height / scale))), min(width, max(1, round(target_width / scale))))
         top, left = (height - box[0]) // 2, (width - box[1]) // 2
-        return resize_image(chw[:, top : top + box[0], left : left + box[1]], size)
+        return resample(chw[:, top : top + box[0], left : left + box[1]], size)
     scale = min(target_height / height, target_width / width)
     inner = (min(target_height, max(1, round(height * scale))), min(target_width, max(1, round(width * scale))))
     top, left = (target_height - inner[0]) // 2, (target_width - inner[1]) // 2
-    canvas = torch.zeros((*size, 3), dtype=torch.uint8).permute(2, 0, 1)  # channels-last, as the pixels
-    canvas[:, top : top + inner[0], left : left + inner[1]] = resize_image(chw, inner)
+    canvas = torch.full((*size, chw.shape[0]), fill, dtype=torch.uint8).permute(2, 0, 1)  # channels-last
+    canvas[:, top : top + inner[0], left : left + inner[1]] = resample(chw, inner)
     return canvas
+
+
+def fit_mask(ids: np.ndarray, out: np.ndarray, resize: Resize) -> None:
+    """A mask's class ids (uint8 ``[H, W]``) fitted into ``out`` (``[h, w]``) as :func:`decode_into` fits
+    its image with ``resize``, by nearest neighbour (torch's ``nearest-exact``: the pixel under each output
+    pixel's centre), the border of a padded one :data:`~gpuload.format.fields.MASK_FILL`.
+
+    Example:
+        >>> out = np.empty((4, 4), np.uint8)
+        >>> fit_mask(np.ones((4, 8), np.uint8), out, "pad")
+        >>> out[:, 0].tolist()
+        [255, 1, 1, 255]
+    """
+    nearest = partial(torch.nn.functional.interpolate, mode="nearest-exact")
+    fitted = _fit(
+        torch.from_numpy(ids)[None],
+        tuple(out.shape),
+        resize,
+        resample=lambda m, size: nearest(m[None], size)[0],
+        fill=MASK_FILL,
+    )
+    np.copyto(out, fitted[0].numpy())
 
 
 def resize_image(chw: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
