@@ -8,6 +8,7 @@ from test_augment import ks_statistic, photo_tensor
 from torchvision.transforms import v2
 
 from gpuload import MixUpCutMix, UsageError
+from gpuload.transforms.draws import GAMMA_DRAWS, gamma
 
 NUM_CLASSES = 5
 
@@ -51,10 +52,9 @@ class TestTorchvision:
         cpu = torch.device("cpu")
         cutmix, _, _ = mix.draw(45, 71, device=cpu, generator=torch.Generator().manual_seed(seed), uniform=draws)
         out, targets = mix(images, labels, generator=torch.Generator().manual_seed(seed), uniform=draws)
-        # torchvision's CutMix given the same Beta draw and centre
-        alphas = torch.ones(4, dtype=torch.float64)
-        gamma = torch._standard_gamma(alphas, generator=torch.Generator().manual_seed(seed))
-        raw_lam = float(gamma[0] / (gamma[0] + gamma[1]))
+        # torchvision's CutMix given the same Beta draw (from the uniforms' Gammas) and centre
+        gammas = gamma(torch.ones(4, dtype=torch.float64), draws[0, 4:].view(4, GAMMA_DRAWS))
+        raw_lam = float(gammas[0] / (gammas[0] + gammas[1]))
         centres = iter([torch.tensor([int(draws[0, 3] * 71)]), torch.tensor([int(draws[0, 2] * 45)])])
         monkeypatch.setattr(torch, "randint", lambda *args, **kwargs: next(centres))
         theirs = v2.CutMix(alpha=1.0, num_classes=NUM_CLASSES)
@@ -73,14 +73,14 @@ class TestTimm:
 
         images, labels = batch((40, 52), count=6)
         mix = MixUpCutMix.timm(NUM_CLASSES)
-        draws = torch.tensor([[0.1, 0.2 if use_cutmix else 0.9, 0.37, 0.81]])
-        generator = torch.Generator().manual_seed(7)
-        cutmix, lam, _ = mix.draw(40, 52, device=torch.device("cpu"), generator=generator, uniform=draws)
-        out, targets = mix(images, labels, generator=torch.Generator().manual_seed(7), uniform=draws)
-        gamma = torch._standard_gamma(
-            torch.tensor([1.0, 1.0, 0.8, 0.8], dtype=torch.float64), generator=torch.Generator().manual_seed(7)
+        betas = torch.rand((1, 4 * GAMMA_DRAWS), generator=torch.Generator().manual_seed(7))
+        draws = torch.cat([torch.tensor([[0.1, 0.2 if use_cutmix else 0.9, 0.37, 0.81]]), betas], dim=1)
+        cutmix, lam, _ = mix.draw(40, 52, device=torch.device("cpu"), uniform=draws)
+        out, targets = mix(images, labels, uniform=draws)
+        gammas = gamma(torch.tensor([1.0, 1.0, 0.8, 0.8], dtype=torch.float64), betas.view(4, GAMMA_DRAWS))
+        raw_lam = (
+            float(gammas[0] / (gammas[0] + gammas[1])) if use_cutmix else float(gammas[2] / (gammas[2] + gammas[3]))
         )
-        raw_lam = float(gamma[0] / (gamma[0] + gamma[1])) if use_cutmix else float(gamma[2] / (gamma[2] + gamma[3]))
         theirs = Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1, num_classes=NUM_CLASSES)
         monkeypatch.setattr(theirs, "_params_per_batch", lambda: (raw_lam, use_cutmix))
         centres = iter([int(0.37 * 40), int(0.81 * 52)])
@@ -119,14 +119,14 @@ class TestDraws:
     def test_compiles_whole_and_equals_eager(self):
         mix = MixUpCutMix.timm(NUM_CLASSES)
         images, labels = batch((24, 32), count=4)
-        draws = torch.tensor([[0.1, 0.2, 0.5, 0.5]])
+        draws = torch.rand((1, mix.draws), generator=torch.Generator().manual_seed(3))
         torch.compiler.reset()
         compiled = torch.compile(mix, fullgraph=True)
         torch.manual_seed(3)
         first = compiled(images, labels, uniform=draws)
-        torch.manual_seed(3)
+        torch.manual_seed(4)  # the uniforms decide every draw, the Betas' too: torch's generator does not matter
         second = mix(images, labels, uniform=draws)
-        assert first[0].shape == second[0].shape and torch.allclose(first[1].sum(1), torch.ones(4))
+        torch.testing.assert_close(first, second, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize(

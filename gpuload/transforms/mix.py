@@ -19,10 +19,11 @@ from torch import nn
 from ..errors import UsageError
 from .augment import _traced
 from .checks import check_int, check_probability, is_number
-from .draws import uniforms
+from .draws import GAMMA_DRAWS, gamma, uniforms
 
 __all__ = ["MixUpCutMix"]
 
+BOXES = ("torchvision", "timm")
 PAIRINGS = ("roll", "flip")
 
 
@@ -39,6 +40,9 @@ class MixUpCutMix(nn.Module):
         label_smoothing: the smoothing of the targets.
         pairing: ``"roll"`` (torchvision: each sample with the one before) or ``"flip"`` (timm: with the
             sample at the mirrored position).
+        box: CutMix's box from its side ratio ``sqrt(1 - lam)``: ``"torchvision"`` (``CutMix``: half the
+            side truncated on each side of the centre) or ``"timm"`` (``rand_bbox``: ``int(side * ratio)``
+            rows and columns, the odd one below and after the centre).
 
     The presets: :meth:`torchvision` (its reference recipe: MixUp 0.2 or CutMix 1.0, one of them per batch;
     its loss smooths the labels) and :meth:`timm` (``Mixup(mixup_alpha=0.8, cutmix_alpha=1.0,
@@ -55,7 +59,7 @@ class MixUpCutMix(nn.Module):
         (torch.Size([4, 3, 8, 8]), torch.Size([4, 10]), True)
     """
 
-    draws = 4  # whether, which, CutMix's centre row and column
+    draws = 4 + 4 * GAMMA_DRAWS  # whether, which, CutMix's centre row and column; the four Gammas of the two Betas
 
     def __init__(
         self,
@@ -67,6 +71,7 @@ class MixUpCutMix(nn.Module):
         prob: float = 1.0,
         label_smoothing: float = 0.0,
         pairing: str = "roll",
+        box: str = "torchvision",
     ) -> None:
         super().__init__()
         self.num_classes = check_int("num_classes", num_classes, low=1)
@@ -81,7 +86,9 @@ class MixUpCutMix(nn.Module):
         self.switch_prob = check_probability("switch_prob", switch_prob)
         self.prob = check_probability("prob", prob)
         self.label_smoothing = check_probability("label_smoothing", label_smoothing)
-        self.pairing = pairing
+        if box not in BOXES:
+            raise UsageError(f"box must be one of {', '.join(BOXES)}, got {box!r}")
+        self.pairing, self.box = pairing, box
 
     @classmethod
     def torchvision(cls, num_classes: int, *, label_smoothing: float = 0.0) -> MixUpCutMix:
@@ -93,7 +100,9 @@ class MixUpCutMix(nn.Module):
     def timm(cls, num_classes: int, *, label_smoothing: float = 0.1) -> MixUpCutMix:
         """timm's ``Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, prob=1.0, switch_prob=0.5, mode="batch",
         label_smoothing=0.1)`` (DeiT, ResNet strikes back)."""
-        return cls(num_classes, mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=label_smoothing, pairing="flip")
+        return cls(
+            num_classes, mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=label_smoothing, pairing="flip", box="timm"
+        )
 
     def forward(
         self,
@@ -107,7 +116,8 @@ class MixUpCutMix(nn.Module):
 
         Args:
             generator: draws from this generator (on the images' device) instead of torch's.
-            uniform: ``[1, draws]`` uniforms to use instead of drawing (``lam`` still comes from ``generator``).
+            uniform: ``[1, draws]`` uniforms to use instead of drawing (the Beta draws too: see
+                :func:`gpuload.transforms.draws.gamma`); only its first row is read, one draw per batch.
         """
         batch, height, width = _check(images, labels, self.num_classes)
         targets = torch.zeros((batch, self.num_classes), device=images.device)  # one-hot, without one_hot's sync
@@ -142,7 +152,11 @@ class MixUpCutMix(nn.Module):
         (float64: CutMix's corrected by the box's area, 1 for a batch not mixed), and CutMix's box
         (int64 ``top, bottom, left, right``; empty for MixUp), all on ``device``, as torchvision's
         ``CutMix.make_params`` and timm's ``cutmix_bbox_and_lam`` compute them."""
-        whether, which, row, column = uniforms(1, self.draws, device=device, generator=generator, uniform=uniform)[0]
+        if uniform is None:
+            whether, which, row, column = uniforms(1, 4, device=device, generator=generator)[0]
+        else:
+            given = uniforms(uniform.shape[0], self.draws, device=device, uniform=uniform)[0]
+            whether, which, row, column = given[:4]
         mixed = whether.to(torch.float64) < self.prob
         if self.mixup_alpha == 0 or self.cutmix_alpha == 0:
             cutmix = mixed & (self.cutmix_alpha > 0)
@@ -151,17 +165,26 @@ class MixUpCutMix(nn.Module):
         alphas = torch.tensor(
             [self.cutmix_alpha or 1.0] * 2 + [self.mixup_alpha or 1.0] * 2, dtype=torch.float64, device=device
         )
-        gamma = (
-            torch._standard_gamma(alphas) if generator is None else torch._standard_gamma(alphas, generator=generator)
-        )
-        cut_lam = gamma[0] / (gamma[0] + gamma[1]).clamp(min=1e-300)
-        mix_lam = gamma[2] / (gamma[2] + gamma[3]).clamp(min=1e-300)
-        half = 0.5 * torch.sqrt(1 - cut_lam)
-        half_height, half_width = torch.trunc(half * height), torch.trunc(half * width)
+        if uniform is not None:
+            gammas = gamma(alphas, given[4:].view(4, GAMMA_DRAWS))
+        elif generator is None:
+            gammas = torch._standard_gamma(alphas)
+        else:
+            gammas = torch._standard_gamma(alphas, generator=generator)
+        cut_lam = gammas[0] / (gammas[0] + gammas[1]).clamp(min=1e-300)
+        mix_lam = gammas[2] / (gammas[2] + gammas[3]).clamp(min=1e-300)
+        ratio = torch.sqrt(1 - cut_lam)
+        if self.box == "torchvision":  # CutMix.make_params: half the side each way, truncated
+            above = below = torch.trunc(0.5 * ratio * height)
+            before = after = torch.trunc(0.5 * ratio * width)
+        else:  # timm's rand_bbox: a side of int(H * ratio), its odd row and column below and after the centre
+            cut_height, cut_width = torch.trunc(ratio * height), torch.trunc(ratio * width)
+            above, below = torch.floor(cut_height / 2), torch.floor((cut_height + 1) / 2)
+            before, after = torch.floor(cut_width / 2), torch.floor((cut_width + 1) / 2)
         centre_y = torch.floor(row.to(torch.float64) * height).clamp(max=height - 1)
         centre_x = torch.floor(column.to(torch.float64) * width).clamp(max=width - 1)
-        top, bottom = (centre_y - half_height).clamp(min=0), (centre_y + half_height).clamp(max=height)
-        left, right = (centre_x - half_width).clamp(min=0), (centre_x + half_width).clamp(max=width)
+        top, bottom = (centre_y - above).clamp(min=0), (centre_y + below).clamp(max=height)
+        left, right = (centre_x - before).clamp(min=0), (centre_x + after).clamp(max=width)
         box = torch.stack([top, bottom, left, right]).to(torch.int64)
         box = torch.where(cutmix, box, torch.zeros_like(box))
         corrected = 1 - (bottom - top) * (right - left) / (height * width)
@@ -172,7 +195,7 @@ class MixUpCutMix(nn.Module):
         return (
             f"num_classes={self.num_classes}, mixup_alpha={self.mixup_alpha}, cutmix_alpha={self.cutmix_alpha}, "
             f"switch_prob={self.switch_prob}, prob={self.prob}, label_smoothing={self.label_smoothing}, "
-            f"pairing={self.pairing!r}"
+            f"pairing={self.pairing!r}, box={self.box!r}"
         )
 
 
