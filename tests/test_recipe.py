@@ -1,6 +1,7 @@
 """gpuload.transforms.recipe: the README's training example crops each image once, evaluation is
 torchvision's, a second crop is an error wherever it could happen, and the recipe compiles whole."""
 
+import itertools
 import re
 from pathlib import Path
 
@@ -205,6 +206,67 @@ class TestRecipe:
         torch.compiler.reset()
         out, targets = torch.compile(recipe, fullgraph=True)(images, labels)
         assert out.shape == (4, 3, 24, 24) and targets.shape == (4, 5) and torch.isfinite(out).all()
+
+    @pytest.mark.parametrize("crop", ["loader", "device"])
+    def test_given_uniforms_decide_every_draw_whatever_torchs_generator(self, crop):
+        """With ``uniform=`` the crop, the policy, the erasing and the mix (its Betas too) come from the
+        uniforms alone; compiled whole, the same batch. (timm's recipe erases with per-pixel noise, whose
+        values come from the generator: only its rectangles come from the uniforms.)"""
+        recipe = Recipe.torchvision(num_classes=5, size=16, crop=crop)
+        side = 16 if crop == "loader" else 24
+        images, labels = torch.randint(0, 256, (6, 3, side, side), dtype=torch.uint8), torch.arange(6) % 5
+        uniform = torch.rand((6, recipe.draws), generator=torch.Generator().manual_seed(0))
+        torch.manual_seed(1)
+        first = recipe(images, labels, uniform=uniform)
+        torch.manual_seed(2)
+        assert all(torch.equal(a, b) for a, b in zip(first, recipe(images, labels, uniform=uniform)))
+        other = recipe(
+            images, labels, uniform=torch.rand((6, recipe.draws), generator=torch.Generator().manual_seed(9))
+        )
+        assert not torch.equal(first[0], other[0])
+        torch.compiler.reset()
+        compiled = torch.compile(recipe, fullgraph=True)(images, labels, uniform=uniform)
+        torch.testing.assert_close(compiled[1], first[1])
+        assert compiled[0].shape == first[0].shape
+
+    def test_each_sample_takes_its_own_row(self):
+        """Without a mix (which pairs samples), a sample's output depends on its row of uniforms only:
+        reversing the batch and its uniforms reverses the output."""
+        recipe = Recipe(16, crop="device", augment=TrivialAugmentWide(), erasing=gpuload.RandomErasing(p=0.5))
+        images = torch.randint(0, 256, (5, 3, 24, 24), dtype=torch.uint8)
+        uniform = torch.rand((5, recipe.draws), generator=torch.Generator().manual_seed(4))
+        out = recipe(images, uniform=uniform)
+        torch.testing.assert_close(recipe(images.flip(0), uniform=uniform.flip(0)), out.flip(0))
+
+    def test_a_resumed_run_repeats_the_recipes_draws_with_the_loaders_uniforms(self, built_dataset):
+        """The README's loop: ``recipe(images, labels, uniform=loader.uniforms(recipe.draws))``; a run
+        stopped after two batches and resumed from its state gives the batches the whole run gave."""
+        ds = MemmapImageDataset(built_dataset)
+        recipe = Recipe.torchvision(num_classes=len(ds.classes), size=24)
+
+        def run(loader, batches=None):
+            return [
+                recipe(images, labels, uniform=loader.uniforms(recipe.draws))
+                for images, labels in itertools.islice(loader, batches)
+            ]
+
+        loader = recipe.loader(ds, batch_size=4, shuffle=True, seed=5, device="cpu")
+        whole = run(loader)
+        loader = recipe.loader(ds, batch_size=4, shuffle=True, seed=5, device="cpu")
+        loader.set_epoch(0)
+        run(loader, batches=2)
+        saved = loader.state_dict()
+        resumed = recipe.loader(ds, batch_size=4, shuffle=True, seed=8, device="cpu")
+        resumed.load_state_dict(saved)
+        rest = run(resumed)
+        assert len(rest) == len(whole) - 2
+        for (images, targets), (expected_images, expected_targets) in zip(rest, whole[2:]):
+            assert torch.equal(images, expected_images) and torch.equal(targets, expected_targets)
+
+    def test_uniform_with_an_augment_that_takes_none_says_so(self):
+        recipe = Recipe(16, augment=nn.Identity())
+        with pytest.raises(UsageError, match="augment=Identity does not say how many uniforms it takes"):
+            recipe(torch.zeros((2, 3, 16, 16), dtype=torch.uint8), uniform=torch.rand(2, 40))
 
     @pytest.mark.parametrize(
         ("make", "message"),

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
+from .draws import uniforms
 from .masks import PARAMS, crop_masks
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
 
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 boxes, then falls back to a centre crop
 CROP_DRAWS = _ATTEMPTS + 1  # pairs of uniform draws per box: (area, aspect) per attempt, then (top, left)
+_BOX_DRAWS = 2 * CROP_DRAWS  # a box's uniforms in RandomResizedCrop's draws, before the flip's and the jitter's
 _GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
 
 
@@ -207,6 +209,8 @@ class RandomResizedCrop(nn.Module):
         torch.Size([2, 8, 8])
     """
 
+    draws = _BOX_DRAWS + 1 + 3  # uniforms per sample: the box, the flip, the three jitter factors
+
     def __init__(
         self,
         size: int | Sequence[int],
@@ -249,13 +253,20 @@ class RandomResizedCrop(nn.Module):
         self.jitter = (float(brightness), float(contrast), float(saturation))
 
     def forward(
-        self, images: torch.Tensor, generator: torch.Generator | None = None, *, masks: torch.Tensor | None = None
+        self,
+        images: torch.Tensor,
+        generator: torch.Generator | None = None,
+        *,
+        masks: torch.Tensor | None = None,
+        uniform: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Augment ``images`` (uint8 or float ``[B, C, H, W]`` on the 0..255 scale), and ``masks`` with
         them where given (then returns both).
 
         ``generator`` (a generator on the images' device) replaces torch's default one: the loader
         passes one seeded by the epoch and the batch, so its batches do not depend on thread timing.
+        ``uniform``: ``[B, draws]`` uniforms in [0, 1) to use instead of drawing (``loader.uniforms``):
+        the box's 22, the flip's 1, the jitter's 3, in that order, each read where it is used.
         """
         _check_images(images, needs_rgb=self.training and any(self.jitter))
         batch, _, height, width = images.shape
@@ -266,13 +277,19 @@ class RandomResizedCrop(nn.Module):
                 f"masks must be [B, H, W] or [B, 1, H, W] beside images {list(images.shape)}, got {list(masks.shape)}"
             )
         compute = _compute_dtype(images)
+        given = None if uniform is None else uniforms(batch, self.draws, device=images.device, uniform=uniform)
         boxes = flips = None
-        if self.crop and self.training:
+        if self.crop and self.training and given is None:
             boxes = resized_crop_params(
                 batch, height, width, self.scale, self.ratio, device=images.device, generator=generator
             )
+        elif self.crop and self.training:
+            boxes = resized_crop_boxes(
+                given[:, :_BOX_DRAWS].reshape(batch, CROP_DRAWS, 2), height, width, self.scale, self.ratio
+            )
         if self.training and self.flip:
-            flips = self._coin(batch, images.device, generator)
+            coin = None if given is None else given[:, _BOX_DRAWS]
+            flips = self._coin(batch, images.device, generator) if coin is None else (coin < 0.5)[:, None, None]
         if self.crop and images.device.type == "cpu" and not _traced():
             pixels = self._crop_each(images, boxes, flips, compute)
         elif self.crop:
@@ -285,7 +302,8 @@ class RandomResizedCrop(nn.Module):
         else:
             pixels = images
         if self.training and any(self.jitter):
-            pixels = _jitter(pixels.to(compute), self._factors(batch, images.device, generator, compute))
+            jitter = None if given is None else given[:, _BOX_DRAWS + 1 :].T
+            pixels = _jitter(pixels.to(compute), self._factors(batch, images.device, generator, compute, jitter))
         out = self._output(
             pixels, _layout(images) if self.memory_format == torch.preserve_format else self.memory_format
         )
@@ -392,10 +410,16 @@ class RandomResizedCrop(nn.Module):
         return (_rand((batch,), device, generator) < 0.5)[:, None, None]
 
     def _factors(
-        self, batch: int, device: torch.device, generator: torch.Generator | None, dtype: torch.dtype
+        self,
+        batch: int,
+        device: torch.device,
+        generator: torch.Generator | None,
+        dtype: torch.dtype,
+        uniform: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``[3, B]`` brightness, contrast and saturation factors, 1 where a jitter is off."""
-        uniform = _rand((3, batch), device, generator)
+        """``[3, B]`` brightness, contrast and saturation factors, 1 where a jitter is off (from ``[3, B]``
+        ``uniform`` where given)."""
+        uniform = _rand((3, batch), device, generator) if uniform is None else uniform
         low = [max(0.0, 1 - value) for value in self.jitter]  # Python numbers: no host-to-device copy
         return torch.stack([lo + (1 + value - lo) * u for lo, value, u in zip(low, self.jitter, uniform)]).to(dtype)
 

@@ -26,6 +26,7 @@ from ..errors import UsageError
 from ..format.fields import MASK_FILL
 from ..loading.crop import CenterCropDecode, RandomResizedCropDecode
 from .augment import RandomResizedCrop, check_size
+from .draws import uniforms
 from .erasing import RandomErasing
 from .mix import MixUpCutMix
 from .normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
@@ -167,6 +168,7 @@ class Recipe(nn.Module):
         *,
         masks: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
+        uniform: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """The model's input from a loader's uint8 batch ``[B, 3, H, W]``, and the targets from ``labels``
         when given (the soft targets of ``mix`` in training; the labels as they are otherwise), and the
@@ -174,7 +176,10 @@ class Recipe(nn.Module):
         ``(images, targets, masks)`` or ``(images, masks)``.
 
         ``generator`` (on the images' device) replaces torch's for every draw; the loader passes one seeded
-        by (seed, epoch, rank, the batch's position) when the recipe is its ``transform=``."""
+        by (seed, epoch, rank, the batch's position) when the recipe is its ``transform=``. ``uniform``
+        (``[B, recipe.draws]`` uniforms in [0, 1), ``loader.uniforms(recipe.draws)`` in a training loop)
+        decides every draw instead, each sample's from its own row (the mix's from the first row): a
+        resumed run repeats them."""
         if not isinstance(images, torch.Tensor) or images.dim() != 4:
             got = list(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
             raise UsageError(f"expected a batch of images [B, 3, H, W], got {got}")
@@ -186,6 +191,7 @@ class Recipe(nn.Module):
             )
         if masks is not None:
             self._check_masks(images, masks)
+        parts = self._split(images.shape[0], uniform) if uniform is not None and self.training else {}
         cropped = tuple(images.shape[-2:]) == self.size
         if self.cropper is None and not cropped:
             raise UsageError(
@@ -201,20 +207,60 @@ class Recipe(nn.Module):
                     "is stored at the crop size. Use Recipe(crop='loader') with recipe.loader(dataset, ...) (its "
                     "crop reads the stored image: right for both), or a loader without decode="
                 )
-            moved = self.cropper(images, generator=generator, masks=masks)
+            moved = self.cropper(images, generator=generator, masks=masks, uniform=parts.get("crop"))
             images, masks = moved if masks is not None else (moved, None)
         if self.training and self.augment is not None:
             moved = self.augment(
-                images, generator=generator, **({} if masks is None else {"masks": masks, "mask_fill": MASK_FILL})
+                images,
+                generator=generator,
+                **({} if masks is None else {"masks": masks, "mask_fill": MASK_FILL}),
+                **({"uniform": parts["augment"]} if "augment" in parts else {}),
             )
             images, masks = moved if masks is not None else (moved, None)
         images = self.normalize(images)
         if self.training and self.erasing is not None:
-            images = self.erasing(images, generator=generator)
+            images = self.erasing(images, generator=generator, uniform=parts.get("erasing"))
         if labels is not None and self.training and self.mix is not None:
-            images, labels = self.mix(images, labels, generator=generator)
+            images, labels = self.mix(images, labels, generator=generator, uniform=parts.get("mix"))
         out = (images, *([] if labels is None else [labels]), *([] if masks is None else [masks]))
         return out if len(out) > 1 else images
+
+    @property
+    def draws(self) -> int:
+        """The uniforms a sample takes in ``train()`` mode (``uniform=``'s columns): the device crop's, the
+        policy's, the erasing's and the mix's, in that order.
+
+        Example:
+            >>> Recipe.torchvision(num_classes=10).draws  # TrivialAugmentWide 3, RandomErasing 23, MixUp/CutMix 104
+            130
+        """
+        return sum(count for _, count in self._draws())
+
+    def _draws(self) -> list[tuple[str, int]]:
+        """Each random step's name and uniforms per sample, in the order the steps run."""
+        steps = [("crop", self.cropper), ("augment", self.augment), ("erasing", self.erasing), ("mix", self.mix)]
+        out = []
+        for name, step in steps:
+            if step is None:
+                continue
+            if not isinstance(getattr(step, "draws", None), int):
+                raise UsageError(
+                    f"augment={type(step).__name__} does not say how many uniforms it takes (a draws attribute and a "
+                    "uniform= argument): use a gpuload policy, or leave uniform= out"
+                )
+            out.append((name, step.draws))
+        return out
+
+    def _split(self, batch: int, uniform: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``uniform``'s columns for each random step (the mix: the first row's)."""
+        given = uniforms(batch, self.draws, device=uniform.device, uniform=uniform)
+        parts, start = {}, 0
+        for name, count in self._draws():
+            parts[name] = given[:, start : start + count]
+            start += count
+        if "mix" in parts:
+            parts["mix"] = parts["mix"][:1]
+        return parts
 
     def _check_masks(self, images: torch.Tensor, masks: torch.Tensor) -> None:
         """Refuse masks this recipe cannot move with their images (one line saying what to change)."""
