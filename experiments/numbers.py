@@ -126,6 +126,7 @@ def _gpu_check(result: dict, into: dict[str, str]) -> None:
 
 
 def _jpeg_store(result: dict, into: dict[str, str]) -> None:
+    into["jpeg_store.photos"] = result.get("photos", "not recorded: a run from before the real-photo set")
     rates: dict[tuple[str, str], dict] = {}
     for row in result["rows"]:
         stats = row["images_per_second"]
