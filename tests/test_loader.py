@@ -773,6 +773,14 @@ class TestUniforms:
             assert not torch.isclose(loader.uniforms(5), crops).any()
             break
 
+    def test_no_draw_rounds_up_to_one(self):
+        """float32 holds 24 bits: a float64 draw above 1 - 2**-25 (about 5 draws an epoch of ImageNet at 130 a
+        sample) must not round to 1.0, which puts a crop's box a row past its image (top = floor(u * (H - h + 1)))."""
+        loader = DataLoader(indexed_data(4), batch_size=4, seed=2, device="cpu")
+        next(iter(loader))
+        draws = loader.uniforms(2_000_000)  # seed 2, index 3: draw 1,834,992 is 0.99999999309 in float64
+        assert float(draws.max()) < 1.0
+
     def test_before_any_batch_it_says_when_to_call_it(self):
         loader = DataLoader(indexed_data(8), batch_size=4, device="cpu")
         with pytest.raises(UsageError, match="inside the loop over the loader, after each batch"):

@@ -601,7 +601,9 @@ class DataLoader:
                              "inside the loop over the loader, after each batch")  # fmt: skip
         served = self._served
         draws = counter_uniforms(_stream_seed(self.seed), served.epoch, served.indices, count)
-        return draws.to(device=served.device, dtype=torch.float32)
+        # float32 keeps 24 bits: cut each draw to them, as torch.rand does, or one above 1 - 2**-25 rounds to 1.0
+        draws = (torch.floor(draws * 2**24) * 2**-24).to(torch.float32)
+        return draws.to(device=served.device)
 
     def __repr__(self) -> str:
         return (
