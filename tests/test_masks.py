@@ -389,6 +389,28 @@ class TestLoaderCrop:
         resumed.load_state_dict(state)
         assert all(torch.equal(a, b) for a, b in zip(expected, (batch["mx"] for batch in resumed), strict=True))
 
+    @pytest.mark.parametrize(
+        "transform",
+        [
+            RandomResizedCrop(32),
+            RandomResizedCrop(32, crop=False, flip=True),
+            gpuload.TrivialAugmentWide(),
+            Recipe(32, crop="device", flip=False),
+        ],
+        ids=["crop", "flip", "policy", "recipe"],
+    )
+    def test_a_transform_that_moves_pixels_is_refused_with_masks(self, coordinate_datasets, transform):
+        """The loader's transform= gets the images only: a crop, flip or geometric op there would leave the
+        masks where they were, every pixel's class id then another pixel's."""
+        ds = MemmapImageDataset(coordinate_datasets["crop"])
+        with pytest.raises(UsageError, match="the segmentation mask 'mx' would not follow the transform"):
+            DataLoader(ds, batch_size=2, device="cpu", transform=transform)
+        with pytest.raises(UsageError, match="would not follow the transform"):
+            DataLoader(ds, batch_size=2, device="cpu", transform=torch.compile(transform))
+        kept = DataLoader(ds, batch_size=2, device="cpu", transform=RandomResizedCrop(32, crop=False, brightness=0.2))
+        batch = next(iter(kept))  # a jitter moves no pixel: the masks still match
+        assert batch["image"].shape[-2:] == batch["mx"].shape[-2:] == (96, 96)
+
     def test_a_concat_dataset_of_datasets_with_masks_is_refused_in_one_line(self, coordinate_datasets):
         """A ConcatDataset's parts are gathered part by part; their masks' crops are not: refused, not wrong."""
         ds = MemmapImageDataset(coordinate_datasets["crop"])

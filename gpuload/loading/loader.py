@@ -66,7 +66,8 @@ class DataLoader:
     with its image's box and flip where ``decode`` crops, see :mod:`gpuload.loading.masks`) is gathered
     into a buffer of the ring beside the images and copied to ``device`` with them, text stays on the
     host as a list of ``str``. The stock ``torch.utils.data.DataLoader`` collates ``ds[i]`` into the
-    same dict.
+    same dict. ``transform=`` and ``per_image=`` get the images only: with masks, a transform that crops,
+    flips or moves pixels (a gpuload crop, flip or policy) is refused.
 
     Each ``iter()`` is an independent iterator over the next epoch with a ring of buffers of its
     own (``zip(loader, loader)`` pairs two epochs); sequential epochs reuse one ring. The end of
@@ -266,6 +267,14 @@ class DataLoader:
                 "again (a gpuload.RandomResizedCrop with crop=True; its eval() zooms a 224 crop 1.14x): crop once, "
                 "with decode= or in the transform (RandomResizedCrop(crop=False) keeps its flip and jitter), or "
                 "build both from one gpuload.Recipe"
+            )
+        masks = sorted(name for name, column in getattr(dataset, "fields", {}).items() if column.spec.kind == "mask")
+        if masks and _moves_pixels(transform):
+            raise UsageError(
+                f"the segmentation mask {masks[0]!r} would not follow the transform's crop, flip or geometric ops "
+                "(transform= gets the images only): crop with decode=, and call the transform in the loop with the "
+                f"masks, images, masks = transform(batch['image'], masks=batch[{masks[0]!r}]) (gpuload.RandomResizedCrop, "
+                "Recipe and the policies take masks=)"
             )
         if jpeg and decode is None:
             raise UsageError(
@@ -643,6 +652,19 @@ def _crops(transform: object) -> bool:
     module = getattr(transform, "_orig_mod", transform)
     return isinstance(module, torch.nn.Module) and any(
         isinstance(part, RandomResizedCrop) and part.crop for part in module.modules()
+    )
+
+
+def _moves_pixels(transform: object) -> bool:
+    """Whether ``transform`` (or the module ``torch.compile`` wrapped) moves pixels, which a batch's masks
+    would have to follow: holds a :class:`gpuload.RandomResizedCrop` that crops or flips, or a policy."""
+    from ..transforms.augment import RandomResizedCrop
+    from ..transforms.policies import _Policy
+
+    module = getattr(transform, "_orig_mod", transform)
+    return isinstance(module, torch.nn.Module) and any(
+        (isinstance(part, RandomResizedCrop) and (part.crop or part.flip)) or isinstance(part, _Policy)
+        for part in module.modules()
     )
 
 
