@@ -268,7 +268,8 @@ class DataLoader:
                 "with decode= or in the transform (RandomResizedCrop(crop=False) keeps its flip and jitter), or "
                 "build both from one gpuload.Recipe"
             )
-        masks = sorted(name for name, column in getattr(dataset, "fields", {}).items() if column.spec.kind == "mask")
+        fields = dataset.fields if isinstance(dataset, MemmapImageDataset) else {}
+        masks = sorted(name for name, column in fields.items() if column.spec.kind == "mask")
         if masks and _moves_pixels(transform):
             raise UsageError(
                 f"the segmentation mask {masks[0]!r} would not follow the transform's crop, flip or geometric ops "
