@@ -781,6 +781,23 @@ class TestUniforms:
         draws = loader.uniforms(2_000_000)  # seed 2, index 3: draw 1,834,992 is 0.99999999309 in float64
         assert float(draws.max()) < 1.0
 
+    @pytest.mark.cuda
+    def test_the_draws_reach_the_gpu_without_a_host_synchronisation(self):
+        """Called every step of the README's loop: a pageable copy would wait for the queued steps each time."""
+        loader = DataLoader(indexed_data(8), batch_size=4, seed=1, device="cuda")
+        iterator = iter(loader)
+        next(iterator)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # any host synchronisation inside raises
+        try:
+            draws = loader.uniforms(130)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert draws.is_cuda and draws.shape == (4, 130)
+        on_cpu = DataLoader(indexed_data(8), batch_size=4, seed=1, device="cpu")
+        next(iter(on_cpu))
+        assert torch.equal(draws.cpu(), on_cpu.uniforms(130))
+
     def test_before_any_batch_it_says_when_to_call_it(self):
         loader = DataLoader(indexed_data(8), batch_size=4, device="cpu")
         with pytest.raises(UsageError, match="inside the loop over the loader, after each batch"):

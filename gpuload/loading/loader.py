@@ -613,7 +613,9 @@ class DataLoader:
         draws = counter_uniforms(_stream_seed(self.seed), served.epoch, served.indices, count)
         # float32 keeps 24 bits: cut each draw to them, as torch.rand does, or one above 1 - 2**-25 rounds to 1.0
         draws = (torch.floor(draws * 2**24) * 2**-24).to(torch.float32)
-        return draws.to(device=served.device)
+        if served.device.type == "cuda":  # pinned: a pageable copy would wait for every step queued before
+            return draws.pin_memory().to(served.device, non_blocking=True)
+        return draws
 
     def __repr__(self) -> str:
         return (
