@@ -444,6 +444,8 @@ class TestDevice:
     def test_masks_of_another_size_are_refused(self):
         with pytest.raises(UsageError, match=r"masks must be \[B, H, W\] or \[B, 1, H, W\] beside images"):
             RandomResizedCrop(8)(torch.zeros((2, 3, 16, 16), dtype=torch.uint8), masks=torch.zeros((2, 8, 8)))
+        with pytest.raises(UsageError, match=r"beside images \[2, 3, 16, 16\], got \[2, 2, 16, 16\]"):  # two channels
+            RandomResizedCrop(8)(torch.zeros((2, 3, 16, 16), dtype=torch.uint8), masks=torch.zeros((2, 2, 16, 16)))
 
     def test_crop_masks_takes_the_id_under_each_centre(self):
         masks = torch.arange(16, dtype=torch.uint8).reshape(1, 4, 4)

@@ -271,7 +271,10 @@ class RandomResizedCrop(nn.Module):
         _check_images(images, needs_rgb=self.training and any(self.jitter))
         batch, _, height, width = images.shape
         if masks is not None and (
-            masks.dim() not in (3, 4) or masks.shape[0] != batch or masks.shape[-2:] != (height, width)
+            masks.dim() not in (3, 4)
+            or masks.shape[0] != batch
+            or masks.shape[-2:] != (height, width)
+            or (masks.dim() == 4 and masks.shape[1] != 1)
         ):
             raise UsageError(
                 f"masks must be [B, H, W] or [B, 1, H, W] beside images {list(images.shape)}, got {list(masks.shape)}"
