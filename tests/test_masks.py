@@ -441,6 +441,22 @@ class TestDevice:
         check_coordinates(out, moved_x, moved_y[:, 0], tolerance=1)
         assert (moved_x[:, 0, 0] > moved_x[:, 0, -1]).any() == (augment.training and augment.flip)
 
+    @pytest.mark.cuda
+    @pytest.mark.parametrize(
+        "augment", [RandomResizedCrop(32), RandomResizedCrop(32).eval(), RandomResizedCrop(32, crop=False)], ids=repr
+    )
+    def test_masks_are_moved_on_the_gpu_without_a_host_synchronisation(self, augment):
+        images = torch.zeros((4, 3, 48, 64), dtype=torch.uint8, device="cuda")
+        masks = torch.zeros((4, 48, 64), dtype=torch.uint8, device="cuda")
+        generator = torch.Generator("cuda").manual_seed(0)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # any host synchronisation inside raises
+        try:
+            _, moved = augment(images, generator, masks=masks)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert moved.is_cuda and moved.dtype == torch.uint8
+
     def test_masks_of_another_size_are_refused(self):
         with pytest.raises(UsageError, match=r"masks must be \[B, H, W\] or \[B, 1, H, W\] beside images"):
             RandomResizedCrop(8)(torch.zeros((2, 3, 16, 16), dtype=torch.uint8), masks=torch.zeros((2, 8, 8)))
