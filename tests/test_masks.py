@@ -221,6 +221,17 @@ class TestBuild:
             )  # fmt: skip
         assert not (tmp_path / "out").exists()
 
+    def test_a_raw_build_counts_its_masks_in_the_disk_space_it_needs(self, coordinate_folder, tmp_path, monkeypatch):
+        """6 images of 96x96x3 bytes need 166,176 bytes with their index; their two masks 110,592 more."""
+        usage = type("Usage", (), {"total": 10**6, "used": 0, "free": 200_000})
+        monkeypatch.setattr(gpuload.writing.build.shutil, "disk_usage", lambda path: usage)
+        with pytest.raises(OSError, match=r"the dataset needs 276,768 bytes .*\(6 images of 96x96x3 bytes, each with 2 "
+                           r"masks of 96x96 bytes\) but .* has 200,000 bytes"):  # fmt: skip
+            build_memmap(
+                coordinate_folder, tmp_path / "out", size=(96, 96), columns={"mx": "mask", "my": "mask"}, progress=False
+            )
+        assert not (tmp_path / "out").exists()
+
     @pytest.mark.parametrize("format", ["raw", "jpeg"])
     @pytest.mark.parametrize(
         ("case", "reason"),
