@@ -1576,6 +1576,15 @@ class TestTorchDropIn:
         with pytest.raises(TypeError, match="'float' object cannot be interpreted as an integer"):
             served_indices(DataLoader(subset, sampler=[1.5], device="cpu"))  # not truncated to 1
 
+    def test_a_subsets_negative_indices_count_from_its_datasets_end_as_torchs_subset(self):
+        """torch's ``Subset(ds, [-1])[0]`` is ``ds[-1]``; a ConcatDataset's Subset parts already took them so."""
+        data = indexed_data()
+        subset = torch.utils.data.Subset(data, [-1, 0, -23])
+        assert served_indices(DataLoader(subset, batch_size=2, device="cpu")) == [22, 0, 0]
+        assert [int(data.labels[index]) for index in subset.indices] == [22, 0, 0]  # what torch's Subset gives
+        nested = torch.utils.data.Subset(torch.utils.data.Subset(data, [5, -2]), [-1])
+        assert served_indices(DataLoader(nested, device="cpu")) == [21]
+
     @pytest.mark.parametrize(
         ("make", "message"),
         [

@@ -798,6 +798,9 @@ def _unwrap(dataset: object, shuffle: bool, sampler: Iterable[int] | None) -> tu
             "DataLoader needs a Subset of a MemmapImageDataset, an ImageData or a ConcatDataset of them, got one of "
             f"{type(inner).__name__}"
         )
+    # indices into the dataset: negative ones count from its end, as torch's Subset indexes (those beyond are refused)
+    length = len(inner)
+    indices = torch.where((indices < 0) & (indices >= -length), indices + length, indices)
     if sampler is None:
         return inner, indices.tolist()
     if not hasattr(sampler, "__len__"):  # an iterator of positions: mapped as it goes
