@@ -798,6 +798,14 @@ class TestUniforms:
         next(iter(on_cpu))
         assert torch.equal(draws.cpu(), on_cpu.uniforms(130))
 
+    def test_the_draws_are_on_the_batchs_device_whatever_its_kind(self):
+        """Not only cpu and cuda: a batch on another device (here ``meta``) gets its draws there."""
+        from gpuload.loading.pipeline import ServedBatch
+
+        loader = DataLoader(indexed_data(8), batch_size=4, seed=1, device="cpu")
+        loader._served = ServedBatch(0, torch.arange(4), torch.device("meta"))
+        assert loader.uniforms(3).device.type == "meta"
+
     def test_before_any_batch_it_says_when_to_call_it(self):
         loader = DataLoader(indexed_data(8), batch_size=4, device="cpu")
         with pytest.raises(UsageError, match="inside the loop over the loader, after each batch"):

@@ -615,7 +615,7 @@ class DataLoader:
         draws = (torch.floor(draws * 2**24) * 2**-24).to(torch.float32)
         if served.device.type == "cuda":  # pinned: a pageable copy would wait for every step queued before
             return draws.pin_memory().to(served.device, non_blocking=True)
-        return draws
+        return draws.to(served.device)
 
     def __repr__(self) -> str:
         return (
