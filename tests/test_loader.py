@@ -773,6 +773,39 @@ class TestUniforms:
             assert not torch.isclose(loader.uniforms(5), crops).any()
             break
 
+    def test_no_draw_rounds_up_to_one(self):
+        """float32 holds 24 bits: a float64 draw above 1 - 2**-25 (about 5 draws an epoch of ImageNet at 130 a
+        sample) must not round to 1.0, which puts a crop's box a row past its image (top = floor(u * (H - h + 1)))."""
+        loader = DataLoader(indexed_data(4), batch_size=4, seed=2, device="cpu")
+        next(iter(loader))
+        draws = loader.uniforms(2_000_000)  # seed 2, index 3: draw 1,834,992 is 0.99999999309 in float64
+        assert float(draws.max()) < 1.0
+
+    @pytest.mark.cuda
+    def test_the_draws_reach_the_gpu_without_a_host_synchronisation(self):
+        """Called every step of the README's loop: a pageable copy would wait for the queued steps each time."""
+        loader = DataLoader(indexed_data(8), batch_size=4, seed=1, device="cuda")
+        iterator = iter(loader)
+        next(iterator)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # any host synchronisation inside raises
+        try:
+            draws = loader.uniforms(130)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert draws.is_cuda and draws.shape == (4, 130)
+        on_cpu = DataLoader(indexed_data(8), batch_size=4, seed=1, device="cpu")
+        next(iter(on_cpu))
+        assert torch.equal(draws.cpu(), on_cpu.uniforms(130))
+
+    def test_the_draws_are_on_the_batchs_device_whatever_its_kind(self):
+        """Not only cpu and cuda: a batch on another device (here ``meta``) gets its draws there."""
+        from gpuload.loading.pipeline import ServedBatch
+
+        loader = DataLoader(indexed_data(8), batch_size=4, seed=1, device="cpu")
+        loader._served = ServedBatch(0, torch.arange(4), torch.device("meta"))
+        assert loader.uniforms(3).device.type == "meta"
+
     def test_before_any_batch_it_says_when_to_call_it(self):
         loader = DataLoader(indexed_data(8), batch_size=4, device="cpu")
         with pytest.raises(UsageError, match="inside the loop over the loader, after each batch"):
@@ -1550,6 +1583,15 @@ class TestTorchDropIn:
         assert served_indices(DataLoader(subset, sampler=iter([1]), device="cpu")) == [20]
         with pytest.raises(TypeError, match="'float' object cannot be interpreted as an integer"):
             served_indices(DataLoader(subset, sampler=[1.5], device="cpu"))  # not truncated to 1
+
+    def test_a_subsets_negative_indices_count_from_its_datasets_end_as_torchs_subset(self):
+        """torch's ``Subset(ds, [-1])[0]`` is ``ds[-1]``; a ConcatDataset's Subset parts already took them so."""
+        data = indexed_data()
+        subset = torch.utils.data.Subset(data, [-1, 0, -23])
+        assert served_indices(DataLoader(subset, batch_size=2, device="cpu")) == [22, 0, 0]
+        assert [int(data.labels[index]) for index in subset.indices] == [22, 0, 0]  # what torch's Subset gives
+        nested = torch.utils.data.Subset(torch.utils.data.Subset(data, [5, -2]), [-1])
+        assert served_indices(DataLoader(nested, device="cpu")) == [21]
 
     @pytest.mark.parametrize(
         ("make", "message"),

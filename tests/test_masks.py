@@ -221,6 +221,17 @@ class TestBuild:
             )  # fmt: skip
         assert not (tmp_path / "out").exists()
 
+    def test_a_raw_build_counts_its_masks_in_the_disk_space_it_needs(self, coordinate_folder, tmp_path, monkeypatch):
+        """6 images of 96x96x3 bytes need 166,176 bytes with their index; their two masks 110,592 more."""
+        usage = type("Usage", (), {"total": 10**6, "used": 0, "free": 200_000})
+        monkeypatch.setattr(gpuload.writing.build.shutil, "disk_usage", lambda path: usage)
+        with pytest.raises(OSError, match=r"the dataset needs 276,768 bytes .*\(6 images of 96x96x3 bytes, each with 2 "
+                           r"masks of 96x96 bytes\) but .* has 200,000 bytes"):  # fmt: skip
+            build_memmap(
+                coordinate_folder, tmp_path / "out", size=(96, 96), columns={"mx": "mask", "my": "mask"}, progress=False
+            )
+        assert not (tmp_path / "out").exists()
+
     @pytest.mark.parametrize("format", ["raw", "jpeg"])
     @pytest.mark.parametrize(
         ("case", "reason"),
@@ -389,6 +400,28 @@ class TestLoaderCrop:
         resumed.load_state_dict(state)
         assert all(torch.equal(a, b) for a, b in zip(expected, (batch["mx"] for batch in resumed), strict=True))
 
+    @pytest.mark.parametrize(
+        "transform",
+        [
+            RandomResizedCrop(32),
+            RandomResizedCrop(32, crop=False, flip=True),
+            gpuload.TrivialAugmentWide(),
+            Recipe(32, crop="device", flip=False),
+        ],
+        ids=["crop", "flip", "policy", "recipe"],
+    )
+    def test_a_transform_that_moves_pixels_is_refused_with_masks(self, coordinate_datasets, transform):
+        """The loader's transform= gets the images only: a crop, flip or geometric op there would leave the
+        masks where they were, every pixel's class id then another pixel's."""
+        ds = MemmapImageDataset(coordinate_datasets["crop"])
+        with pytest.raises(UsageError, match="the segmentation mask 'mx' would not follow the transform"):
+            DataLoader(ds, batch_size=2, device="cpu", transform=transform)
+        with pytest.raises(UsageError, match="would not follow the transform"):
+            DataLoader(ds, batch_size=2, device="cpu", transform=torch.compile(transform))
+        kept = DataLoader(ds, batch_size=2, device="cpu", transform=RandomResizedCrop(32, crop=False, brightness=0.2))
+        batch = next(iter(kept))  # a jitter moves no pixel: the masks still match
+        assert batch["image"].shape[-2:] == batch["mx"].shape[-2:] == (96, 96)
+
     def test_a_concat_dataset_of_datasets_with_masks_is_refused_in_one_line(self, coordinate_datasets):
         """A ConcatDataset's parts are gathered part by part; their masks' crops are not: refused, not wrong."""
         ds = MemmapImageDataset(coordinate_datasets["crop"])
@@ -419,9 +452,27 @@ class TestDevice:
         check_coordinates(out, moved_x, moved_y[:, 0], tolerance=1)
         assert (moved_x[:, 0, 0] > moved_x[:, 0, -1]).any() == (augment.training and augment.flip)
 
+    @pytest.mark.cuda
+    @pytest.mark.parametrize(
+        "augment", [RandomResizedCrop(32), RandomResizedCrop(32).eval(), RandomResizedCrop(32, crop=False)], ids=repr
+    )
+    def test_masks_are_moved_on_the_gpu_without_a_host_synchronisation(self, augment):
+        images = torch.zeros((4, 3, 48, 64), dtype=torch.uint8, device="cuda")
+        masks = torch.zeros((4, 48, 64), dtype=torch.uint8, device="cuda")
+        generator = torch.Generator("cuda").manual_seed(0)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # any host synchronisation inside raises
+        try:
+            _, moved = augment(images, generator, masks=masks)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert moved.is_cuda and moved.dtype == torch.uint8
+
     def test_masks_of_another_size_are_refused(self):
         with pytest.raises(UsageError, match=r"masks must be \[B, H, W\] or \[B, 1, H, W\] beside images"):
             RandomResizedCrop(8)(torch.zeros((2, 3, 16, 16), dtype=torch.uint8), masks=torch.zeros((2, 8, 8)))
+        with pytest.raises(UsageError, match=r"beside images \[2, 3, 16, 16\], got \[2, 2, 16, 16\]"):  # two channels
+            RandomResizedCrop(8)(torch.zeros((2, 3, 16, 16), dtype=torch.uint8), masks=torch.zeros((2, 2, 16, 16)))
 
     def test_crop_masks_takes_the_id_under_each_centre(self):
         masks = torch.arange(16, dtype=torch.uint8).reshape(1, 4, 4)

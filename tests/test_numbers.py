@@ -96,3 +96,14 @@ def test_remote_reads_rates_are_the_bytes_fetched_over_the_time(results):
 
     assert obstore_cell(changed).replace("*", "") == expected
     assert obstore_cell(results).replace("*", "") != expected  # the committed result: the blocks asked for
+
+
+def test_the_scale_tables_first_image_row_says_whether_the_page_cache_was_dropped(results):
+    """``--drop-caches`` is asked for (root only): a run without it measured a warm page cache, and the
+    table must not call its numbers cold."""
+    assert "page cache dropped" in numbers.render("<!--t scale-->\n<!--/t-->\n", results)
+    warm = copy.deepcopy(results)
+    for row in warm["scale"]["rows"]:
+        row["first_image"]["page_cache"] = "as found"
+    rendered = numbers.render("<!--t scale-->\n<!--/t-->\n", warm)
+    assert "page cache dropped" not in rendered and "page cache as found" in rendered

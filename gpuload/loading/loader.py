@@ -66,7 +66,8 @@ class DataLoader:
     with its image's box and flip where ``decode`` crops, see :mod:`gpuload.loading.masks`) is gathered
     into a buffer of the ring beside the images and copied to ``device`` with them, text stays on the
     host as a list of ``str``. The stock ``torch.utils.data.DataLoader`` collates ``ds[i]`` into the
-    same dict.
+    same dict. ``transform=`` and ``per_image=`` get the images only: with masks, a transform that crops,
+    flips or moves pixels (a gpuload crop, flip or policy) is refused.
 
     Each ``iter()`` is an independent iterator over the next epoch with a ring of buffers of its
     own (``zip(loader, loader)`` pairs two epochs); sequential epochs reuse one ring. The end of
@@ -266,6 +267,15 @@ class DataLoader:
                 "again (a gpuload.RandomResizedCrop with crop=True; its eval() zooms a 224 crop 1.14x): crop once, "
                 "with decode= or in the transform (RandomResizedCrop(crop=False) keeps its flip and jitter), or "
                 "build both from one gpuload.Recipe"
+            )
+        fields = dataset.fields if isinstance(dataset, MemmapImageDataset) else {}
+        masks = sorted(name for name, column in fields.items() if column.spec.kind == "mask")
+        if masks and _moves_pixels(transform):
+            raise UsageError(
+                f"the segmentation mask {masks[0]!r} would not follow the transform's crop, flip or geometric ops "
+                "(transform= gets the images only): crop with decode=, and call the transform in the loop with the "
+                f"masks, images, masks = transform(batch['image'], masks=batch[{masks[0]!r}]) (gpuload.RandomResizedCrop, "
+                "Recipe and the policies take masks=)"
             )
         if jpeg and decode is None:
             raise UsageError(
@@ -601,7 +611,11 @@ class DataLoader:
                              "inside the loop over the loader, after each batch")  # fmt: skip
         served = self._served
         draws = counter_uniforms(_stream_seed(self.seed), served.epoch, served.indices, count)
-        return draws.to(device=served.device, dtype=torch.float32)
+        # float32 keeps 24 bits: cut each draw to them, as torch.rand does, or one above 1 - 2**-25 rounds to 1.0
+        draws = (torch.floor(draws * 2**24) * 2**-24).to(torch.float32)
+        if served.device.type == "cuda":  # pinned: a pageable copy would wait for every step queued before
+            return draws.pin_memory().to(served.device, non_blocking=True)
+        return draws.to(served.device)
 
     def __repr__(self) -> str:
         return (
@@ -641,6 +655,19 @@ def _crops(transform: object) -> bool:
     module = getattr(transform, "_orig_mod", transform)
     return isinstance(module, torch.nn.Module) and any(
         isinstance(part, RandomResizedCrop) and part.crop for part in module.modules()
+    )
+
+
+def _moves_pixels(transform: object) -> bool:
+    """Whether ``transform`` (or the module ``torch.compile`` wrapped) moves pixels, which a batch's masks
+    would have to follow: holds a :class:`gpuload.RandomResizedCrop` that crops or flips, or a policy."""
+    from ..transforms.augment import RandomResizedCrop
+    from ..transforms.policies import _Policy
+
+    module = getattr(transform, "_orig_mod", transform)
+    return isinstance(module, torch.nn.Module) and any(
+        (isinstance(part, RandomResizedCrop) and (part.crop or part.flip)) or isinstance(part, _Policy)
+        for part in module.modules()
     )
 
 
@@ -771,6 +798,9 @@ def _unwrap(dataset: object, shuffle: bool, sampler: Iterable[int] | None) -> tu
             "DataLoader needs a Subset of a MemmapImageDataset, an ImageData or a ConcatDataset of them, got one of "
             f"{type(inner).__name__}"
         )
+    # indices into the dataset: negative ones count from its end, as torch's Subset indexes (those beyond are refused)
+    length = len(inner)
+    indices = torch.where((indices < 0) & (indices >= -length), indices + length, indices)
     if sampler is None:
         return inner, indices.tolist()
     if not hasattr(sampler, "__len__"):  # an iterator of positions: mapped as it goes

@@ -271,7 +271,10 @@ class RandomResizedCrop(nn.Module):
         _check_images(images, needs_rgb=self.training and any(self.jitter))
         batch, _, height, width = images.shape
         if masks is not None and (
-            masks.dim() not in (3, 4) or masks.shape[0] != batch or masks.shape[-2:] != (height, width)
+            masks.dim() not in (3, 4)
+            or masks.shape[0] != batch
+            or masks.shape[-2:] != (height, width)
+            or (masks.dim() == 4 and masks.shape[1] != 1)
         ):
             raise UsageError(
                 f"masks must be [B, H, W] or [B, 1, H, W] beside images {list(images.shape)}, got {list(masks.shape)}"
@@ -339,13 +342,14 @@ class RandomResizedCrop(nn.Module):
                 left + box_width,
             )
             params[:, :8] = torch.stack(columns, dim=1)
-        elif self.crop:  # eval: torchvision's Resize, then CenterCrop
-            resized = resized_size(height, width, self.size, self.eval_ratio)
+        else:  # eval: torchvision's Resize, then CenterCrop; or no crop (the image itself)
+            resized = resized_size(height, width, self.size, self.eval_ratio) if self.crop else (height, width)
             step_y, step_x = height / resized[0], width / resized[1]
-            top, left = centre_offset(resized[0], out_height) * step_y, centre_offset(resized[1], out_width) * step_x
-            params[:, :8] = torch.tensor([top, step_y, 0, height, left, step_x, 0, width], dtype=torch.float64)
-        else:
-            params[:, :8] = torch.tensor([0, 1, 0, height, 0, 1, 0, width], dtype=torch.float64)
+            top = centre_offset(resized[0], out_height) * step_y if self.crop else 0
+            left = centre_offset(resized[1], out_width) * step_x if self.crop else 0
+            # Python numbers filled on the device: a CPU tensor copied in would synchronise with the host
+            for column, value in enumerate((top, step_y, 0, height, left, step_x, 0, width)):
+                params[:, column] = value
         if flips is not None:
             params[:, 8] = flips.flatten().double()
         return params

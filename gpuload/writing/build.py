@@ -333,7 +333,7 @@ def _build_from(
     for staged in masks if format == "raw" else ():  # stored fitted as their images: one size
         staged.spec = replace(staged.spec, shape=tuple(size))
     expected = index.image_bytes() if format == "jpeg" and max_side is None else 0  # scaled down: unknown
-    _check_free_space(out.parent, index, size, max_side, expected)
+    _check_free_space(out.parent, index, size, max_side, expected, len(masks))
     skipped = list(index.skipped)
     skipped += [{"path": index.samples[position][0], "reason": reason} for position, reason in unreadable.items()]
     images = len(index.samples)
@@ -484,13 +484,17 @@ def _check_free_space(
     size: tuple[int, int] | None,
     max_side: int | None,
     jpeg_bytes: int,
+    masks: int = 0,
 ) -> None:
-    """Refuse a build that cannot fit: the pixels (raw), or ``jpeg_bytes``, the source files' bytes as
-    estimated from a sample (jpeg: the re-encoded images are about as large; with ``max_side`` they are
-    smaller by an unknown amount, and nothing is checked); and a few dozen bytes of index per image."""
+    """Refuse a build that cannot fit: the pixels (raw, with the class ids of its ``masks`` fields), or
+    ``jpeg_bytes``, the source files' bytes as estimated from a sample (jpeg: the re-encoded images are
+    about as large; with ``max_side`` they are smaller by an unknown amount, and nothing is checked); and
+    a few dozen bytes of index per image."""
     count = len(index.samples)
     if size is not None:
-        needed, what = count * (3 * size[0] * size[1] + 48), f"{count:,} images of {image_size(*size)}x3 bytes"
+        needed = count * ((3 + masks) * size[0] * size[1] + 48)
+        what = f"{count:,} images of {image_size(*size)}x3 bytes"
+        what += f", each with {masks} mask{'s' if masks > 1 else ''} of {image_size(*size)} bytes" if masks else ""
         advice = "choose a smaller size (--size) or another out"
     elif max_side is None:
         needed, what = jpeg_bytes + 48 * count, f"the JPEG bytes of {count} images (estimated)"
