@@ -473,16 +473,17 @@ def main(argv: list[str] | None = None) -> None:
     counts = [2_000, 6_000] if args.quick else args.counts
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.first_image_only:
+        import gpuload
+
         result = read_result("scale")
         for row in result["rows"]:
             if row["images"] in counts:
                 row["first_image"] = first_image(str(make_images(args.workdir, row["images"])), args.drop_caches)
+                row["first_image"]["machine"] = gpuload.describe_machine()  # the rest keeps the first run's
                 print(f"  N={row['images']:,} first image after {row['first_image']['seconds']:.2f} s "
                       f"({row['first_image']['min_s']:.2f}-{row['first_image']['max_s']:.2f}), page cache "
                       f"{row['first_image']['page_cache']}", flush=True)  # fmt: skip
-        path = write_result(
-            "scale", {key: value for key, value in result.items() if key not in ("experiment", "machine")}
-        )
+        path = write_result("scale", {key: value for key, value in result.items() if key != "experiment"})
         plot(json.loads(path.read_text()))
         return
     rows = []

@@ -281,6 +281,15 @@ class TestScale:
         assert len(row["first_image"]["runs"]) == 3 and row["first_image"]["page_cache"] == "as found"
         assert row["first_image"]["min_s"] <= row["first_image"]["seconds"] <= row["first_image"]["max_s"]
         assert not list((tmp_path / "work").glob("*first-image*"))  # the stopped builds left nothing
+        # --first-image-only measures that row again and keeps the rest's machine (another run's numbers)
+        path = tmp_path / "assets" / "results" / "scale.json"
+        first_run = {**result["machine"], "cpu": "the first run's"}
+        path.write_text(json.dumps({**result, "machine": first_run}))
+        scale.main(["--first-image-only", "--counts", "300", "--workdir", str(tmp_path / "work")])
+        again = json.loads(path.read_text())
+        assert again["machine"] == first_run and again["rows"][0]["open"] == row["open"]
+        assert again["rows"][0]["first_image"]["machine"]["cores"] >= 1
+        assert again["rows"][0]["first_image"]["runs"] != row["first_image"]["runs"]
         assert row["open"]["seconds"] > 0 and row["open_url_warm"]["seconds"] > 0
         assert row["workers"]["worker_private_bytes"] > 0
         assert 1 <= row["orders"]["classes_block_shuffled_storage"] <= 30  # 300 images in 30 classes
