@@ -314,6 +314,23 @@ class TestOpen:
         problems = verify_memmap(copy, progress=False)
         assert problems and "fields/my.memmap" in " ".join(map(str, problems))
 
+    @pytest.mark.parametrize("damage", ["flip", "shape"])
+    def test_verify_finds_a_damaged_tensordict_meta_of_the_fields(self, coordinate_datasets, tmp_path, damage):
+        """``fields/meta.json`` is how plain tensordict opens a raw dataset's masks (the README's
+        ``TensorDict.load_memmap``): gpuload never reads it, so verify called it OK when it no longer parsed
+        or gave another shape."""
+        copy = Path(shutil.copytree(coordinate_datasets["crop"], tmp_path / "copy"))
+        meta = copy / "fields" / "meta.json"
+        meta.chmod(0o644)
+        if damage == "flip":
+            data = bytearray(meta.read_bytes())
+            data[10] ^= 0xFF
+            meta.write_bytes(bytes(data))
+        else:
+            meta.write_text(meta.read_text().replace("96, 96]", "96, 95]", 1))
+        problems = verify_memmap(copy, progress=False)
+        assert len(problems) == 1 and "fields/meta.json" in problems[0] and "rebuild the dataset" in problems[0]
+
     @pytest.mark.parametrize("kind", ["crop", "jpeg"])
     def test_pushed_and_streamed_at_a_file_url(self, coordinate_datasets, tmp_path, kind):
         url = (tmp_path / "bucket" / kind).as_uri()
