@@ -353,6 +353,27 @@ class TestOpen:
 
 
 class TestLoaderCrop:
+    @pytest.mark.parametrize(
+        "transform",
+        [
+            RandomResizedCrop(32, flip=True),
+            RandomResizedCrop(32, flip=True, crop=False),  # a flip alone: the same shapes, mirrored images
+            Recipe(32, crop="device", mix=None),
+            gpuload.TrivialAugmentWide(),
+        ],
+        ids=lambda transform: type(transform).__name__,
+    )
+    def test_a_transform_that_moves_the_images_and_not_their_masks_is_refused(self, coordinate_datasets, transform):
+        """``transform=`` gets the images only: a crop, a flip or a policy's rotation there left the masks where
+        they were, silently (a flip alone even kept the shapes)."""
+        ds = MemmapImageDataset(coordinate_datasets["crop"])
+        with pytest.raises(UsageError, match=r"moves the images and not their masks \('mx', 'my'\)"):
+            DataLoader(ds, batch_size=4, transform=transform)
+        images_only = DataLoader(
+            ds, batch_size=4, transform=RandomResizedCrop(32, flip=False, crop=False, brightness=0.2)
+        )
+        assert next(iter(images_only))["mx"].shape == (4, 96, 96)  # colour alone moves nothing
+
     @pytest.mark.parametrize("decode", CROPS, ids=repr)
     @pytest.mark.parametrize(("kind", "tolerance"), [("crop", 3), ("jpeg", 4)])  # resized twice; lossy
     def test_masks_are_cropped_with_their_images(self, coordinate_datasets, decode, kind, tolerance):

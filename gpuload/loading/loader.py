@@ -339,6 +339,13 @@ class DataLoader:
                 dataset.fields if isinstance(dataset, MemmapImageDataset) else {},
                 None if decode is None else decode.size,
             )
+        masks = tuple(name for name, column in self._fields.columns.items() if column.spec.kind == "mask")
+        if masks and _moves(transform):
+            raise UsageError(
+                f"transform={type(getattr(transform, '_orig_mod', transform)).__name__}(...) moves the images and not "
+                f"their masks {masks} (a transform gets the images only): crop with decode= (the masks with their "
+                "images), or call it in the loop, images, masks = transform(batch['image'], masks=batch['mask'])"
+            )
         self._make_ring = partial(
             Ring,
             shape=shape,
@@ -641,6 +648,19 @@ def _crops(transform: object) -> bool:
     module = getattr(transform, "_orig_mod", transform)
     return isinstance(module, torch.nn.Module) and any(
         isinstance(part, RandomResizedCrop) and part.crop for part in module.modules()
+    )
+
+
+def _moves(transform: object) -> bool:
+    """Whether ``transform`` (or the module ``torch.compile`` wrapped) moves pixels: holds a
+    :class:`gpuload.RandomResizedCrop` that crops or flips, or a policy (its geometric ops)."""
+    from ..transforms.augment import RandomResizedCrop
+    from ..transforms.policies import _Policy
+
+    module = getattr(transform, "_orig_mod", transform)
+    return isinstance(module, torch.nn.Module) and any(
+        (isinstance(part, RandomResizedCrop) and (part.crop or part.flip)) or isinstance(part, _Policy)
+        for part in module.modules()
     )
 
 
