@@ -241,8 +241,16 @@ class StagedField:
         self._rows.append([float(item) for item in items] if items is not None else [float(value)])
 
     def _add_mask(self, value: object, where: str) -> None:
+        named = f"its mask ({self.name!r})"
         if isinstance(value, dict):  # a Parquet {bytes, path} struct, as an image's
-            value = value.get("bytes")
+            if value.get("path"):
+                named = f"its mask {value['path']} ({self.name!r})"
+            if value.get("bytes") is None and value.get("path"):
+                value = Unreadable(f"{named} holds no bytes, only a path; store each mask's PNG bytes in the column")
+            else:
+                value = value.get("bytes")
+        if isinstance(value, (bytes, bytearray)) and not value:  # a mask that cannot be read, as an empty file
+            value = Unreadable(f"{named} is empty (0 bytes)")
         if isinstance(value, Unreadable):
             self.unreadable[self.count] = value.reason
             value = b""
