@@ -465,6 +465,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "gpuload-experiments")
     args = parser.parse_args(argv)
+    from . import _common
     from ._common import read_result
 
     if args.plot_only:
@@ -475,7 +476,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.first_image_only:
         import gpuload
 
+        if not (_common.RESULTS / "scale.json").is_file():
+            raise SystemExit(
+                f"{_common.RESULTS / 'scale.json'} does not exist: --first-image-only measures into the rows of a "
+                "result; run python -m experiments.scale first"
+            )
         result = read_result("scale")
+        have = [row["images"] for row in result["rows"]]
+        missing = [count for count in counts if count not in have]
+        if missing:  # measuring nothing would still rewrite the result with this machine's description
+            raise SystemExit(
+                f"{_common.RESULTS / 'scale.json'} has no row of {', '.join(map(str, missing))} images (its rows: "
+                f"{', '.join(map(str, have))}); measure them first: python -m experiments.scale --counts ..."
+            )
         for row in result["rows"]:
             if row["images"] in counts:
                 row["first_image"] = first_image(str(make_images(args.workdir, row["images"])), args.drop_caches)

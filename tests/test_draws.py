@@ -37,7 +37,9 @@ class TestGamma:
         mode's): ``alpha - 1/3``, the method's centre, for a shape of at least 1, not a NaN."""
         draws = torch.full((1, GAMMA_DRAWS), 0.5, dtype=torch.float64)
         draws[:, 3::3] = 0.0
-        assert torch.allclose(gamma(torch.tensor([2.0], dtype=torch.float64), draws), torch.tensor([2.0 - 1 / 3], dtype=torch.float64))
+        assert torch.allclose(
+            gamma(torch.tensor([2.0], dtype=torch.float64), draws), torch.tensor([2.0 - 1 / 3], dtype=torch.float64)
+        )
 
 
 def test_index_is_uniform_and_stays_in_range():
@@ -49,3 +51,27 @@ def test_uniforms_given_are_checked_in_one_line():
         uniforms(2, 3, device=torch.device("cpu"), uniform=torch.zeros(3, 3))
     with pytest.raises(UsageError, match="uniform must hold 3 draws per sample, got 2"):
         uniforms(2, 3, device=torch.device("cpu"), uniform=torch.zeros(2, 2))
+
+
+@pytest.mark.parametrize(
+    "uniform, message",
+    [
+        ([[0.5, 0.5, 0.5]] * 2, r"uniform must be a tensor of \[2, 3\] uniforms in \[0, 1\), got list"),
+        (torch.ones((2, 3), dtype=torch.int64), r"uniform must hold floats in \[0, 1\), got torch.int64"),
+        (torch.ones((2, 3), dtype=torch.bool), r"uniform must hold floats in \[0, 1\), got torch.bool"),
+        (torch.full((2, 3), float("nan")), r"uniform must hold floats in \[0, 1\), got nan"),
+        (torch.tensor([[0.5, 0.5, 0.5], [0.5, -0.25, 0.5]]), r"uniform must hold floats in \[0, 1\), got -0.25"),
+        (torch.tensor([[0.5, 0.5, 0.5], [0.5, 0.5, 7.0]]), r"uniform must hold floats in \[0, 1\), got 7.0"),
+    ],
+)
+def test_uniforms_that_are_not_uniforms_are_refused(uniform, message):
+    """Integers (``torch.randint``), booleans, NaN and values outside [0, 1] made every draw one value, or failed
+    deep inside a crop; a CPU tensor's values are checked (a GPU tensor's would wait for the device)."""
+    with pytest.raises(UsageError, match=message):
+        uniforms(2, 3, device=torch.device("cpu"), uniform=uniform)
+
+
+def test_uniforms_rounded_up_to_one_are_taken():
+    """A float64 uniform below 1 can round to 1.0 in float32: taken, as :func:`index` takes it."""
+    given = torch.tensor([[0.0, 1.0, 0.5]] * 2)
+    assert torch.equal(uniforms(2, 3, device=torch.device("cpu"), uniform=given), given)

@@ -296,6 +296,25 @@ class TestScale:
         assert row["orders"]["fetched_over_dataset_4x8"] >= 1.0
         assert (tmp_path / "assets" / "scale.png").is_file()
 
+    def test_first_image_only_refuses_counts_the_committed_result_has_not(self, tmp_path, monkeypatch):
+        """``--first-image-only`` with counts not in the committed result measured nothing and rewrote the
+        result anyway (its machine now this one); without a result it named an option scale.py lacks."""
+        from experiments import scale
+
+        results = tmp_path / "assets" / "results"
+        monkeypatch.setattr(_common, "ASSETS", tmp_path / "assets")
+        monkeypatch.setattr(_common, "RESULTS", results)
+        argv = ["--first-image-only", "--counts", "7", "300", "--workdir", str(tmp_path / "work")]
+        with pytest.raises(SystemExit, match="run python -m experiments.scale first") as error:
+            scale.main(argv)
+        assert "--device" not in str(error.value)
+        results.mkdir(parents=True)
+        committed = json.dumps({"experiment": "scale", "machine": {"cpu": "elsewhere"}, "rows": [{"images": 300}]})
+        (results / "scale.json").write_text(committed)
+        with pytest.raises(SystemExit, match=r"has no row of 7 images \(its rows: 300\); measure them first"):
+            scale.main(argv)
+        assert (results / "scale.json").read_text() == committed
+
 
 class TestStockBreakdown:
     def test_every_step_of_the_stock_recipe_is_timed_on_real_photos(self, photo_folder):

@@ -810,8 +810,22 @@ class TestUniforms:
         loader = DataLoader(indexed_data(8), batch_size=4, device="cpu")
         with pytest.raises(UsageError, match="inside the loop over the loader, after each batch"):
             loader.uniforms(3)
-        with pytest.raises(ValueError, match="count must be at least 1, got 0"):
-            next(iter(loader)) and loader.uniforms(0)
+        with pytest.raises(ValueError, match="count must be at least 0, got -1"):
+            next(iter(loader)) and loader.uniforms(-1)
+
+    def test_a_recipe_with_no_draws_takes_none_in_the_readmes_loop(self):
+        """``recipe(images, labels, uniform=loader.uniforms(recipe.draws))`` where the recipe draws nothing on
+        the device (its crop in the loader, no policy, no erasing, no mix): ``[B, 0]``, not an error."""
+        from gpuload import Recipe
+
+        recipe = Recipe(size=(4, 5), mix=None)
+        assert recipe.draws == 0
+        loader = DataLoader(indexed_data(8), batch_size=4, device="cpu")
+        for images, labels in loader:
+            draws = loader.uniforms(recipe.draws)
+            assert draws.shape == (4, 0) and draws.dtype == torch.float32
+            out, targets = recipe(images, labels, uniform=draws)
+            assert out.shape == (4, 3, 4, 5) and torch.equal(targets, labels)
 
 
 class TestTransform:

@@ -302,6 +302,36 @@ class TestBuild:
         ds = MemmapImageDataset(build_memmap(tmp_path / "train.parquet", tmp_path / "out", progress=False))
         assert np.array_equal(ds[1]["mask"].numpy(), seg[::-1]) and ds.fields["mask"].spec.shape == (96, 128)
 
+    @pytest.mark.parametrize(
+        ("cell", "reason"),
+        [
+            (b"", r"its mask \('mask'\) is empty \(0 bytes\)"),
+            ({"bytes": b"", "path": "b.png"}, r"its mask b.png \('mask'\) is empty \(0 bytes\)"),
+            ({"bytes": None, "path": "b.png"}, r"its mask b.png \('mask'\) holds no bytes, only a path"),
+        ],
+        ids=["empty", "empty struct", "path only"],
+    )
+    def test_a_parquet_mask_without_bytes_skips_its_image(self, tmp_path, cell, reason):
+        """An empty mask (or one given by its path alone) is a mask that cannot be read, as a table's empty
+        file: its image is skipped and listed (``strict`` stops there), not the whole build refused as "a
+        column of mixed types" with advice to ignore the column."""
+        photo = skimage.data.chelsea()[:96, :128]
+        seg = (photo.mean(axis=2) // 52).astype(np.uint8)
+        jpeg = io.BytesIO()
+        Image.fromarray(photo).save(jpeg, "JPEG")
+        whole = png(seg) if isinstance(cell, bytes) else {"bytes": png(seg), "path": "a.png"}
+        table = pa.table(
+            {"image": [{"bytes": jpeg.getvalue(), "path": f"{key}.jpg"} for key in "ab"], "label": ["cat", "cat"],
+             "mask": [whole, cell]}
+        )  # fmt: skip
+        pq.write_table(table, tmp_path / "train.parquet")
+        built = build_memmap(tmp_path / "train.parquet", tmp_path / "out", progress=False)
+        skipped = json.loads((built / "manifest.json").read_text())["skipped"]
+        assert len(MemmapImageDataset(built)) == 1 and len(skipped) == 1 and re.search(reason, skipped[0]["reason"])
+        with pytest.raises(DecodeError, match=reason):
+            build_memmap(tmp_path / "train.parquet", tmp_path / "strict", strict=True, progress=False)
+        assert not (tmp_path / "strict").exists()
+
 
 class TestOpen:
     def test_a_mask_shape_other_than_the_images_is_refused_at_open(self, coordinate_datasets, tmp_path):
@@ -324,6 +354,23 @@ class TestOpen:
         mask.write_bytes(bytes(data))
         problems = verify_memmap(copy, progress=False)
         assert problems and "fields/my.memmap" in " ".join(map(str, problems))
+
+    @pytest.mark.parametrize("damage", ["flip", "shape"])
+    def test_verify_finds_a_damaged_tensordict_meta_of_the_fields(self, coordinate_datasets, tmp_path, damage):
+        """``fields/meta.json`` is how plain tensordict opens a raw dataset's masks (the README's
+        ``TensorDict.load_memmap``): gpuload never reads it, so verify called it OK when it no longer parsed
+        or gave another shape."""
+        copy = Path(shutil.copytree(coordinate_datasets["crop"], tmp_path / "copy"))
+        meta = copy / "fields" / "meta.json"
+        meta.chmod(0o644)
+        if damage == "flip":
+            data = bytearray(meta.read_bytes())
+            data[10] ^= 0xFF
+            meta.write_bytes(bytes(data))
+        else:
+            meta.write_text(meta.read_text().replace("96, 96]", "96, 95]", 1))
+        problems = verify_memmap(copy, progress=False)
+        assert len(problems) == 1 and "fields/meta.json" in problems[0] and "rebuild the dataset" in problems[0]
 
     @pytest.mark.parametrize("kind", ["crop", "jpeg"])
     def test_pushed_and_streamed_at_a_file_url(self, coordinate_datasets, tmp_path, kind):

@@ -217,6 +217,14 @@ class TestBadInput:
         with pytest.raises(SourceError, match="has no 'file_name' column .*name the image column with --column"):
             build_memmap(table_copy, tmp_path / "out", progress=False)
 
+    @pytest.mark.parametrize("role", ["mask", "text", "ignore"])
+    def test_the_image_column_given_another_role_leaves_none(self, table_folder, tmp_path, role):
+        """``--column file_name=mask`` (the README's ``--column seg=mask`` misread) left no image column: a
+        StopIteration traceback."""
+        with pytest.raises(SourceError, match=rf"no column holds the images: 'file_name' is given the role '{role}'"):
+            build_memmap(table_folder, tmp_path / "out", columns={"file_name": role}, progress=False)
+        assert not (tmp_path / "out").exists()
+
     def test_roles_are_checked(self, table_folder, tmp_path):
         with pytest.raises(UsageError, match="column 'tags' has role 'tag'; a role is one of image, label"):
             build_memmap(table_folder, tmp_path / "out", columns={"tags": "tag"}, progress=False)

@@ -150,3 +150,13 @@ class TestDraws:
 def test_bad_input(call, message):
     with pytest.raises(UsageError, match=message):
         call()
+
+
+def test_a_one_dimensional_uniform_is_refused_naming_the_shape_it_takes():
+    """``uniform=`` is ``[1, draws]`` (a recipe's first row): a flat vector was refused as "[104, 104]"."""
+    mix = MixUpCutMix(num_classes=10)
+    images, labels = torch.rand((4, 3, 8, 8)), torch.arange(4)
+    with pytest.raises(
+        UsageError, match=rf"uniform must be \[1, {mix.draws}\] \(a row per sample\), got \[{mix.draws}\]"
+    ):
+        mix(images, labels, uniform=torch.rand(mix.draws))

@@ -86,6 +86,12 @@ class TestBadParquet:
         with pytest.raises(SourceError, match="row 0 of .*: 'image' holds no image bytes .* embeds them"):
             build_memmap(path, tmp_path / "out", progress=False)
 
+    def test_the_image_column_given_another_role_leaves_none(self, sources, classes, tmp_path):
+        """``--column image=mask`` left no image column: a StopIteration traceback."""
+        path = write_parquet(tmp_path / "t.parquet", sources, classes)
+        with pytest.raises(SourceError, match=r"no column holds the images: 'image' is given the role 'mask'"):
+            build_memmap(path, tmp_path / "out", columns={"image": "mask"}, progress=False)
+
     def test_a_mask_column_that_is_not_bytes(self, sources, classes, tmp_path):
         path = write_parquet(tmp_path / "t.parquet", sources, classes, mask=["a.png"] * len(sources))
         with pytest.raises(SourceError, match=r"row 0 of .*: 'mask' holds 'a.png' where the column holds masks"):

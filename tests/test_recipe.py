@@ -263,6 +263,12 @@ class TestRecipe:
         for (images, targets), (expected_images, expected_targets) in zip(rest, whole[2:]):
             assert torch.equal(images, expected_images) and torch.equal(targets, expected_targets)
 
+    def test_uniform_that_is_not_a_tensor_is_refused_in_one_line(self):
+        """A list of rows reached ``uniform.device`` first: an AttributeError, not the shape the recipe takes."""
+        recipe = Recipe(16, crop="device", mix=None)
+        with pytest.raises(UsageError, match=rf"uniform must be a tensor of \[2, {recipe.draws}\] uniforms"):
+            recipe(torch.zeros((2, 3, 24, 24), dtype=torch.uint8), uniform=[[0.5] * recipe.draws] * 2)
+
     def test_uniform_with_an_augment_that_takes_none_says_so(self):
         recipe = Recipe(16, augment=nn.Identity())
         with pytest.raises(UsageError, match="augment=Identity does not say how many uniforms it takes"):

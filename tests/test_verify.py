@@ -196,6 +196,19 @@ def test_describe(built_dataset, photo_folder):
     json.dumps(info)  # the CLI prints it as JSON
 
 
+@pytest.mark.parametrize("format", ["raw", "jpeg"])
+def test_number_fields_of_every_dtype_verify_clean(photo_copy, tmp_path, format):
+    """verify reads ``fields/meta.json`` (plain tensordict's view of the numbers): a bool column, stored as
+    uint8, an int vector and a float are each what it records, not a problem."""
+    photos = sorted(path.relative_to(photo_copy).as_posix() for path in photo_copy.rglob("*.jpg"))
+    rows = ["file_name,ok,box,score"] + [
+        f'{name},{index % 2 == 0},"[1, {index}]",{index / 3}' for index, name in enumerate(photos)
+    ]
+    (photo_copy / "metadata.csv").write_text("\n".join(rows) + "\n")
+    out = build_memmap(photo_copy, tmp_path / "fields.memmap", format=format, progress=False)
+    assert verify_memmap(out, progress=False) == []
+
+
 def test_verify_does_not_change_the_dataset(writable_copy):
     before = {path: path.read_bytes() for path in writable_copy.rglob("*") if path.is_file()}
     verify_memmap(writable_copy, sources=3, progress=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import sys
@@ -143,6 +144,7 @@ def verify_memmap(
         for name, digest in manifest.table.items()
         if file_digest(dataset.path / name) != digest
     ]
+    problems += _tensordict_meta_problems(dataset)
     bad, resized = [], []
     for index in tqdm(range(len(dataset)), desc="checksums", unit="img", disable=not progress, file=sys.stderr):
         stored = _stored_bytes(dataset, index)
@@ -183,6 +185,31 @@ def verify_memmap(
             )
         )
     return Verification(problems, ", ".join(checked))
+
+
+def _tensordict_meta_problems(dataset: MemmapImageDataset) -> list[str]:
+    """``fields/meta.json``, through which plain tensordict opens the numbers and a raw dataset's masks
+    (``TensorDict.load_memmap``), must parse and give each such field's shape and dtype: gpuload never reads it."""
+    fixed = [spec for spec in dataset.manifest.field_specs if spec.fixed]
+    if not fixed:
+        return []
+    import torch  # here, as the dataset's own imports
+
+    name = f"{FIELDS_FOLDER}/meta.json"
+    try:
+        recorded = json.loads((dataset.path / name).read_text())
+        for spec in fixed:
+            entry = recorded[spec.name]
+            stored = torch.from_numpy(np.empty(0, dtype=spec.stored_dtype)).dtype  # a bool as uint8
+            expected = ([len(dataset), *spec.shape], str(stored))
+            if (entry["shape"], entry["dtype"]) != expected:
+                raise ValueError(
+                    f"{spec.name!r} is {entry['shape']} {entry['dtype']}, expected {expected[0]} {expected[1]}"
+                )
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        reason = f"{type(error).__name__}: {error}" if not isinstance(error, ValueError) else str(error)
+        return [f"{name} is damaged ({reason[:200]}): plain tensordict cannot open the fields; rebuild the dataset"]
+    return []
 
 
 def _decoded_alike(manifest) -> bool:

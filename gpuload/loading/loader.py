@@ -604,8 +604,8 @@ class DataLoader:
             (torch.Size([4, 3]), True)
         """
         _check_int("count", count)
-        if count < 1:
-            raise ValueError(f"count must be at least 1, got {count}")
+        if count < 0:  # 0: a recipe that draws nothing on the device (recipe.draws == 0) gets [B, 0]
+            raise ValueError(f"count must be at least 0, got {count}")
         if self._served is None:
             raise UsageError("loader.uniforms() gives the draws of the batch served last, and none was: call it "
                              "inside the loop over the loader, after each batch")  # fmt: skip

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ..errors import SourceError, UsageError
-from .samples import Sample, SampleScan, ScannedIndex, Unreadable, with_defaults
+from .samples import Sample, SampleScan, ScannedIndex, Unreadable, images_column, with_defaults
 
 __all__ = ["TABLE_NAMES", "TABLE_SUFFIXES", "find_metadata", "read_rows", "scan_metadata"]
 
@@ -77,7 +77,7 @@ def scan_metadata(
         >>> index.close()
     """
     roles = with_defaults(roles, _DEFAULT_ROLES)
-    image_column = next(name for name, role in roles.items() if role == "image")
+    image_column = images_column(roles, _DEFAULT_ROLES, table)
     label_column = next((name for name, role in roles.items() if role == "label"), None)
     scan = SampleScan(
         into,

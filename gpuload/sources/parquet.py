@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import SourceError, UsageError
-from .samples import Sample, SampleScan, ScannedIndex, with_defaults
+from .samples import Sample, SampleScan, ScannedIndex, images_column, with_defaults
 
 __all__ = ["open_parquet", "parquet_files", "scan_parquet"]
 
@@ -98,7 +98,7 @@ def scan_parquet(
 
     files = files or parquet_files(src)
     roles = with_defaults(roles, _DEFAULT_ROLES)
-    image = next(name for name, role in roles.items() if role == "image")
+    image = images_column(roles, _DEFAULT_ROLES, src)
     label = next((name for name, role in roles.items() if role == "label"), None)
     given = classes if classes is not None else _class_names(open_parquet(files[0]), label)
     root = src if src.is_dir() else src.parent

@@ -45,6 +45,7 @@ __all__ = [
     "StagedField",
     "Unreadable",
     "check_roles",
+    "images_column",
     "with_defaults",
 ]
 
@@ -120,6 +121,27 @@ def with_defaults(given: dict[str, str], defaults: dict[str, str]) -> dict[str, 
     """
     kept = {name: role for name, role in defaults.items() if role not in given.values() and name not in given}
     return {**kept, **given}
+
+
+def images_column(roles: dict[str, str], defaults: dict[str, str], source: str | os.PathLike) -> str:
+    """The column of ``roles`` (a source's, its ``defaults`` applied) that holds the images.
+
+    Raises:
+        SourceError: none does: the default image column was given another role, and no column the image role.
+
+    Example:
+        >>> images_column({"path": "image", "label": "label"}, {"file_name": "image"}, "metadata.csv")
+        'path'
+    """
+    found = next((name for name, role in roles.items() if role == "image"), None)
+    if found is None:
+        default = next(name for name, role in defaults.items() if role == "image")
+        raise SourceError(
+            source,
+            f"no column holds the images: {default!r} is given the role {roles.get(default)!r}; give the images' "
+            "column the role image (--column NAME=image; columns={NAME: 'image'} in Python)",
+        )
+    return found
 
 
 class _Appender:
@@ -241,8 +263,16 @@ class StagedField:
         self._rows.append([float(item) for item in items] if items is not None else [float(value)])
 
     def _add_mask(self, value: object, where: str) -> None:
+        named = f"its mask ({self.name!r})"
         if isinstance(value, dict):  # a Parquet {bytes, path} struct, as an image's
-            value = value.get("bytes")
+            if value.get("path"):
+                named = f"its mask {value['path']} ({self.name!r})"
+            if value.get("bytes") is None and value.get("path"):
+                value = Unreadable(f"{named} holds no bytes, only a path; store each mask's PNG bytes in the column")
+            else:
+                value = value.get("bytes")
+        if isinstance(value, (bytes, bytearray)) and not value:  # a mask that cannot be read, as an empty file
+            value = Unreadable(f"{named} is empty (0 bytes)")
         if isinstance(value, Unreadable):
             self.unreadable[self.count] = value.reason
             value = b""

@@ -14,7 +14,7 @@ import torch
 
 from ..errors import UsageError
 
-__all__ = ["GAMMA_DRAWS", "gamma", "index", "uniforms"]
+__all__ = ["GAMMA_DRAWS", "check_uniform", "gamma", "index", "uniforms"]
 
 _GAMMA_ATTEMPTS = 8  # Marsaglia and Tsang accept at least 95 % of candidates: all 8 refused about once in 2.5e10
 GAMMA_DRAWS = 1 + 3 * _GAMMA_ATTEMPTS  # the boost below shape 1; per attempt two for a normal and one to accept
@@ -36,15 +36,40 @@ def uniforms(
         torch.Size([2, 3])
     """
     if uniform is not None:
-        if not isinstance(uniform, torch.Tensor) or uniform.dim() != 2 or uniform.shape[0] != batch:
-            got = list(uniform.shape) if isinstance(uniform, torch.Tensor) else type(uniform).__name__
-            raise UsageError(f"uniform must be [{batch}, {count}] (a row per sample), got {got}")
-        if uniform.shape[1] < count:
-            raise UsageError(f"uniform must hold {count} draws per sample, got {uniform.shape[1]}")
+        check_uniform(uniform, batch, count)
         return uniform[:, :count]
     if generator is None:  # torch.compile with a dynamic batch size fails on an explicit generator=None
         return torch.rand((batch, count), device=device)
     return torch.rand((batch, count), device=device, generator=generator)
+
+
+def check_uniform(uniform: object, batch: int, count: int) -> None:
+    """Refuse a ``uniform=`` that is not ``[batch, >= count]`` floats in [0, 1) (1.0 taken: a float64 uniform
+    rounded to float32), in one line. The values of a CPU tensor are checked; a GPU tensor's are not (the check
+    would wait for the device), nor a traced one's.
+
+    Example:
+        >>> check_uniform(torch.zeros((2, 3), dtype=torch.int64), 2, 3)
+        Traceback (most recent call last):
+          ...
+        gpuload.errors.UsageError: uniform must hold floats in [0, 1), got torch.int64: give draws such as loader.uniforms(count) or torch.rand(...)
+    """
+    if not isinstance(uniform, torch.Tensor):
+        raise UsageError(
+            f"uniform must be a tensor of [{batch}, {count}] uniforms in [0, 1), got {type(uniform).__name__}: "
+            "give loader.uniforms(count) (or torch.rand(...))"
+        )
+    if uniform.dim() != 2 or uniform.shape[0] != batch:
+        raise UsageError(f"uniform must be [{batch}, {count}] (a row per sample), got {list(uniform.shape)}")
+    if uniform.shape[1] < count:
+        raise UsageError(f"uniform must hold {count} draws per sample, got {uniform.shape[1]}")
+    advice = "give draws such as loader.uniforms(count) or torch.rand(...)"
+    if not uniform.is_floating_point():
+        raise UsageError(f"uniform must hold floats in [0, 1), got {uniform.dtype}: {advice}")
+    if uniform.device.type == "cpu" and uniform.numel() and not torch.compiler.is_compiling():
+        outside = ~((uniform >= 0) & (uniform <= 1))  # NaN too
+        if bool(outside.any()):
+            raise UsageError(f"uniform must hold floats in [0, 1), got {uniform[outside][0].item()}: {advice}")
 
 
 def index(uniform: torch.Tensor, count: int) -> torch.Tensor:

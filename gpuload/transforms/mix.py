@@ -155,7 +155,8 @@ class MixUpCutMix(nn.Module):
         if uniform is None:
             whether, which, row, column = uniforms(1, 4, device=device, generator=generator)[0]
         else:
-            given = uniforms(uniform.shape[0], self.draws, device=device, uniform=uniform)[0]
+            rows = uniform.shape[0] if isinstance(uniform, torch.Tensor) and uniform.dim() == 2 else 1
+            given = uniforms(rows, self.draws, device=device, uniform=uniform)[0]  # the first row only
             whether, which, row, column = given[:4]
         mixed = whether.to(torch.float64) < self.prob
         if self.mixup_alpha == 0 or self.cutmix_alpha == 0:

@@ -26,7 +26,7 @@ from ..errors import UsageError
 from ..format.fields import MASK_FILL
 from ..loading.crop import CenterCropDecode, RandomResizedCropDecode
 from .augment import RandomResizedCrop, check_size
-from .draws import uniforms
+from .draws import check_uniform, uniforms
 from .erasing import RandomErasing
 from .mix import MixUpCutMix
 from .normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
@@ -253,6 +253,7 @@ class Recipe(nn.Module):
 
     def _split(self, batch: int, uniform: torch.Tensor) -> dict[str, torch.Tensor]:
         """``uniform``'s columns for each random step (the mix: the first row's)."""
+        check_uniform(uniform, batch, self.draws)
         given = uniforms(batch, self.draws, device=uniform.device, uniform=uniform)
         parts, start = {}, 0
         for name, count in self._draws():
