@@ -207,6 +207,7 @@ def _bench(result: dict, into: dict[str, str], prefix: str) -> None:
     same work, as ``gpuload bench`` prints them (:func:`gpuload.bench.bench_rows`)."""
     from gpuload.bench import bench_rows
 
+    into[f"{prefix}.photos"] = result.get("photos", "not recorded: a run from before the real-photo set")
     for row in bench_rows(result):
         if row["error"] is not None:  # a contender that failed has no numbers to name
             continue

@@ -85,6 +85,7 @@ def _bench_report(command: list[str], name: str, device, quick: bool) -> list[st
     """Run ``gpuload <command> --json assets/results/<name>.json`` and stamp the report; returns the failure, if any."""
     from gpuload.cli import main as gpuload_main
 
+    from . import _common
     from ._common import RESULTS, device_name
 
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -95,7 +96,7 @@ def _bench_report(command: list[str], name: str, device, quick: bool) -> list[st
     code = gpuload_main(command)
     if path.is_file():  # measured, even where a gpuload contender failed (code 1: the report says which)
         report = json.loads(path.read_text())
-        report.update(experiment="bench", device_name=device_name(device), quick=quick)
+        report.update(experiment="bench", device_name=device_name(device), quick=quick, photos=_common.PHOTOS)
         path.write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {path}")
     return [] if code == 0 else [f"gpuload {' '.join(command)} exited with {code}"]
