@@ -80,6 +80,7 @@ CUDA_TEST_FILES = (
     "tests/test_augment.py",
     "tests/test_normalize.py",
     "tests/test_fields.py",
+    "tests/test_masks.py",
 )
 EXPERIMENTS = (
     "gpu_preprocess",

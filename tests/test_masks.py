@@ -18,12 +18,9 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import skimage.data
 import torch
-import webdataset as wds
 from PIL import Image
 from tensordict import TensorDict
 
@@ -272,6 +269,8 @@ class TestBuild:
         assert snapshot(folder) == before
 
     def test_a_png_beside_a_tar_samples_jpg_is_its_mask(self, tmp_path):
+        import webdataset as wds  # only here: the GPU image has no webdataset (gpu_check runs this file)
+
         photo = skimage.data.coffee()[:96, :128]
         seg = (photo.mean(axis=2) // 52).astype(np.uint8)
         jpeg = io.BytesIO()
@@ -287,6 +286,9 @@ class TestBuild:
         assert MemmapImageDataset(left_out).fields == {}
 
     def test_a_parquet_mask_column(self, tmp_path):
+        import pyarrow as pa  # only here: the GPU image has no pyarrow (gpu_check runs this file)
+        import pyarrow.parquet as pq
+
         photo = skimage.data.chelsea()[:96, :128]
         seg = (photo.mean(axis=2) // 52).astype(np.uint8)
         jpeg = io.BytesIO()
@@ -315,6 +317,9 @@ class TestBuild:
         """An empty mask (or one given by its path alone) is a mask that cannot be read, as a table's empty
         file: its image is skipped and listed (``strict`` stops there), not the whole build refused as "a
         column of mixed types" with advice to ignore the column."""
+        import pyarrow as pa  # only here: the GPU image has no pyarrow (gpu_check runs this file)
+        import pyarrow.parquet as pq
+
         photo = skimage.data.chelsea()[:96, :128]
         seg = (photo.mean(axis=2) // 52).astype(np.uint8)
         jpeg = io.BytesIO()
