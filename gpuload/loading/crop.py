@@ -37,6 +37,7 @@ from ..format.dataset import MemmapImageDataset, decode_jpeg_bytes
 from ..text import image_size
 from ..transforms.augment import (
     CROP_DRAWS,
+    box_geometry,
     centre_offset,
     centre_window,
     check_eval_ratio,
@@ -631,17 +632,7 @@ def resample_params(
     params = torch.zeros((len(shapes), _PARAMS), dtype=torch.float64)
     if isinstance(decode, RandomResizedCropDecode):
         boxes, flips = decode.draw(shapes, indices, seed=seed, epoch=epoch)
-        top, left, box_height, box_width = boxes.double().unbind(1)
-        columns = (
-            top,
-            box_height / out_height,
-            top,
-            top + box_height,
-            left,
-            box_width / out_width,
-            left,
-            left + box_width,
-        )
+        params[:, :8] = box_geometry(boxes, decode.size)
         params[:, 8] = flips.double()
     else:  # torchvision's Resize(round(size / ratio)), then CenterCrop(size), in input pixels
         resized = torch.tensor(
@@ -652,7 +643,7 @@ def resample_params(
         left = torch.tensor([centre_offset(int(side), out_width) for side in resized[:, 1]], dtype=torch.float64)
         zero = torch.zeros_like(height)
         columns = (top * step_y, step_y, zero, height, left * step_x, step_x, zero, width)
-    params[:, :8] = torch.stack(columns, dim=1)
+        params[:, :8] = torch.stack(columns, dim=1)
     return params.float()
 
 

@@ -27,6 +27,7 @@ from .masks import PARAMS, crop_masks
 __all__ = [
     "CROP_DRAWS",
     "RandomResizedCrop",
+    "box_geometry",
     "centre_offset",
     "centre_window",
     "interpolation_weights",
@@ -131,6 +132,21 @@ def _centre_crop_size(height, width, ratio: tuple[float, float]) -> tuple:
         torch.where(aspect < low, torch.round(width / low), height).clamp(min=1).minimum(height),
         torch.where(aspect > high, torch.round(height * high), width).clamp(min=1).minimum(width),
     )
+
+
+def box_geometry(boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """float64 ``[B, 8]``: for boxes ``top, left, height, width`` resized to ``size``, the arguments of
+    :func:`interpolation_weights` along the rows then the columns (start, step, low, high), as
+    :func:`gpuload.transforms.masks.crop_masks` takes them too.
+
+    Example:
+        >>> box_geometry(torch.tensor([[1.0, 2.0, 4.0, 6.0]]), (2, 3)).tolist()
+        [[1.0, 2.0, 1.0, 5.0, 2.0, 2.0, 2.0, 8.0]]
+    """
+    top, left, box_height, box_width = boxes.double().unbind(1)
+    rows = (top, box_height / size[0], top, top + box_height)
+    columns = (left, box_width / size[1], left, left + box_width)
+    return torch.stack([*rows, *columns], dim=1)
 
 
 def interpolation_weights(
@@ -330,18 +346,7 @@ class RandomResizedCrop(nn.Module):
         params = torch.zeros((batch, PARAMS), dtype=torch.float64, device=device)
         out_height, out_width = self.size
         if boxes is not None:
-            top, left, box_height, box_width = boxes.double().unbind(1)
-            columns = (
-                top,
-                box_height / out_height,
-                top,
-                top + box_height,
-                left,
-                box_width / out_width,
-                left,
-                left + box_width,
-            )
-            params[:, :8] = torch.stack(columns, dim=1)
+            params[:, :8] = box_geometry(boxes, self.size)
         else:  # eval: torchvision's Resize, then CenterCrop; or no crop (the image itself)
             resized = resized_size(height, width, self.size, self.eval_ratio) if self.crop else (height, width)
             step_y, step_x = height / resized[0], width / resized[1]
