@@ -647,27 +647,28 @@ def _stream_seed(seed: int) -> int:
     return int.from_bytes(hashlib.blake2b(repr(("uniforms", seed)).encode(), digest_size=8).digest(), "big")
 
 
+def _modules(transform: object) -> list[torch.nn.Module]:
+    """The modules of ``transform`` (or of the module ``torch.compile`` wrapped); none for a plain function."""
+    module = getattr(transform, "_orig_mod", transform)
+    return list(module.modules()) if isinstance(module, torch.nn.Module) else []
+
+
 def _crops(transform: object) -> bool:
-    """Whether ``transform`` (or the module ``torch.compile`` wrapped) crops: holds a cropping
-    :class:`gpuload.RandomResizedCrop`."""
+    """Whether ``transform`` crops: holds a cropping :class:`gpuload.RandomResizedCrop`."""
     from ..transforms.augment import RandomResizedCrop
 
-    module = getattr(transform, "_orig_mod", transform)
-    return isinstance(module, torch.nn.Module) and any(
-        isinstance(part, RandomResizedCrop) and part.crop for part in module.modules()
-    )
+    return any(isinstance(part, RandomResizedCrop) and part.crop for part in _modules(transform))
 
 
 def _moves_pixels(transform: object) -> bool:
-    """Whether ``transform`` (or the module ``torch.compile`` wrapped) moves pixels, which a batch's masks
-    would have to follow: holds a :class:`gpuload.RandomResizedCrop` that crops or flips, or a policy."""
+    """Whether ``transform`` moves pixels, which a batch's masks would have to follow: holds a
+    :class:`gpuload.RandomResizedCrop` that crops or flips, or a policy."""
     from ..transforms.augment import RandomResizedCrop
     from ..transforms.policies import _Policy
 
-    module = getattr(transform, "_orig_mod", transform)
-    return isinstance(module, torch.nn.Module) and any(
+    return any(
         (isinstance(part, RandomResizedCrop) and (part.crop or part.flip)) or isinstance(part, _Policy)
-        for part in module.modules()
+        for part in _modules(transform)
     )
 
 
