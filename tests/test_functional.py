@@ -190,6 +190,10 @@ def test_affine_matrices_are_torchvisions():
             lambda: apply_op(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), "rotate", masks=torch.zeros(2, 5, 4)),
             r"masks must be \[B, H, W\]",
         ),
+        (  # two channels of masks: torch's "shape is invalid" from the reshape before the shared check
+            lambda: apply_op(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), "rotate", masks=torch.zeros(2, 2, 4, 4)),
+            r"masks must be \[B, H, W\] or \[B, 1, H, W\] beside images \[2, 3, 4, 4\], got \[2, 2, 4, 4\]",
+        ),
     ],
 )
 def test_bad_input(call, message):

@@ -22,7 +22,7 @@ from torch import nn
 
 from ..errors import UsageError
 from .draws import uniforms
-from .masks import PARAMS, crop_masks
+from .masks import PARAMS, check_masks, crop_masks
 
 __all__ = [
     "CROP_DRAWS",
@@ -286,15 +286,8 @@ class RandomResizedCrop(nn.Module):
         """
         _check_images(images, needs_rgb=self.training and any(self.jitter))
         batch, _, height, width = images.shape
-        if masks is not None and (
-            masks.dim() not in (3, 4)
-            or masks.shape[0] != batch
-            or masks.shape[-2:] != (height, width)
-            or (masks.dim() == 4 and masks.shape[1] != 1)
-        ):
-            raise UsageError(
-                f"masks must be [B, H, W] or [B, 1, H, W] beside images {list(images.shape)}, got {list(masks.shape)}"
-            )
+        if masks is not None:
+            check_masks(masks, images)
         compute = _compute_dtype(images)
         given = None if uniform is None else uniforms(batch, self.draws, device=images.device, uniform=uniform)
         boxes = flips = None

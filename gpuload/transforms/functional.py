@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from ..errors import UsageError
 from .augment import _traced
+from .masks import check_masks
 
 __all__ = ["OPS", "affine", "affine_matrices", "apply_op", "apply_ops", "op_codes"]
 
@@ -238,10 +239,7 @@ def affine(
     pixels = _sample(pixels, grid, interpolation, None if fills is None else fills.view(1, -1, 1, 1)).round()
     if masks is None:
         return pixels, None
-    if masks.shape[0] != batch or masks.shape[-2:] != (height, width) or masks.dim() not in (3, 4):
-        raise UsageError(
-            f"masks must be [B, H, W] or [B, 1, H, W] beside images {list(pixels.shape)}, got {list(masks.shape)}"
-        )
+    check_masks(masks, pixels)
     flat = masks.reshape(batch, 1, height, width)
     moved = _sample(
         flat.to(torch.float32), grid, "nearest", torch.full((1, 1, 1, 1), float(mask_fill), device=pixels.device)

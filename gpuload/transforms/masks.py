@@ -11,13 +11,32 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import UsageError
 from ..format.fields import MASK_FILL
 
-__all__ = ["PARAMS", "crop_masks"]
+__all__ = ["PARAMS", "check_masks", "crop_masks"]
 
 # Per sample, the geometry of a crop: start, step, low, high along the rows, the same along the
 # columns, and whether it is mirrored left-right (1 or 0).
 PARAMS = 9
+
+
+def check_masks(masks: object, images: torch.Tensor) -> None:
+    """Refuse, in one line, masks that are not ``[B, H, W]`` or ``[B, 1, H, W]`` beside ``images`` ``[B, C, H, W]``.
+
+    Example:
+        >>> check_masks(torch.zeros(2, 1, 4, 5), torch.zeros(2, 3, 4, 5))  # fine: nothing said
+    """
+    batch, height, width = images.shape[0], images.shape[-2], images.shape[-1]
+    if (
+        not isinstance(masks, torch.Tensor)
+        or masks.dim() not in (3, 4)
+        or masks.shape[0] != batch
+        or masks.shape[-2:] != (height, width)
+        or (masks.dim() == 4 and masks.shape[1] != 1)
+    ):
+        got = list(masks.shape) if isinstance(masks, torch.Tensor) else type(masks).__name__
+        raise UsageError(f"masks must be [B, H, W] or [B, 1, H, W] beside images {list(images.shape)}, got {got}")
 
 
 def crop_masks(

@@ -28,6 +28,7 @@ from ..loading.crop import CenterCropDecode, RandomResizedCropDecode
 from .augment import RandomResizedCrop, check_size
 from .draws import check_uniform, uniforms
 from .erasing import RandomErasing
+from .masks import check_masks
 from .mix import MixUpCutMix
 from .normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from .policies import RandAugment, TrivialAugmentWide, _Policy
@@ -275,13 +276,7 @@ class Recipe(nn.Module):
                 f"augment={type(self.augment).__name__} does not move masks with the images: use "
                 "gpuload.TrivialAugmentWide, RandAugment or AutoAugment, or augment=None"
             )
-        if (
-            not isinstance(masks, torch.Tensor)
-            or masks.shape[0] != images.shape[0]
-            or masks.shape[-2:] != images.shape[-2:]
-        ):
-            got = list(masks.shape) if isinstance(masks, torch.Tensor) else type(masks).__name__
-            raise UsageError(f"masks must be [B, H, W] beside images {list(images.shape)}, got {got}")
+        check_masks(masks, images)
 
     def extra_repr(self) -> str:
         return f"size={self.size}, crop={self.crop!r}, flip={self.flip}"
