@@ -26,7 +26,7 @@ from ..errors import UsageError
 from ..format.fields import MASK_FILL
 from ..loading.crop import CenterCropDecode, RandomResizedCropDecode
 from .augment import RandomResizedCrop, check_size
-from .draws import check_uniform, uniforms
+from .draws import uniforms
 from .erasing import RandomErasing
 from .masks import check_masks
 from .mix import MixUpCutMix
@@ -192,7 +192,7 @@ class Recipe(nn.Module):
             )
         if masks is not None:
             self._check_masks(images, masks)
-        parts = self._split(images.shape[0], uniform) if uniform is not None and self.training else {}
+        parts = self._split(images, uniform) if uniform is not None and self.training else {}
         cropped = tuple(images.shape[-2:]) == self.size
         if self.cropper is None and not cropped:
             raise UsageError(
@@ -252,12 +252,12 @@ class Recipe(nn.Module):
             out.append((name, step.draws))
         return out
 
-    def _split(self, batch: int, uniform: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _split(self, images: torch.Tensor, uniform: torch.Tensor) -> dict[str, torch.Tensor]:
         """``uniform``'s columns for each random step (the mix: the first row's)."""
-        check_uniform(uniform, batch, self.draws)
-        given = uniforms(batch, self.draws, device=uniform.device, uniform=uniform)
+        steps = self._draws()
+        given = uniforms(images.shape[0], sum(count for _, count in steps), device=images.device, uniform=uniform)
         parts, start = {}, 0
-        for name, count in self._draws():
+        for name, count in steps:
             parts[name] = given[:, start : start + count]
             start += count
         if "mix" in parts:
