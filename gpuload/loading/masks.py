@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ..transforms.augment import box_geometry
 from ..transforms.masks import crop_masks
 from .crop import CenterCropDecode, RandomResizedCropDecode, resample_params
 
@@ -42,16 +43,19 @@ class MaskCrop:
     def __call__(self, masks: list[torch.Tensor] | torch.Tensor, indices: torch.Tensor, out: torch.Tensor) -> None:
         """Crop ``masks`` (each ``[H, W]``, its image's size; a raw dataset's ``[N, H, W]`` masks, by
         ``indices``) of the images ``indices`` into ``out`` (``[B, *decode.size]``)."""
-        rows = [masks[index] for index in indices.tolist()] if isinstance(masks, torch.Tensor) else masks
-        shapes = torch.tensor([tuple(mask.shape) for mask in rows], dtype=torch.int64).reshape(-1, 2)
+        size = tuple(out.shape[1:])
+        if isinstance(masks, torch.Tensor):  # a raw dataset's: one size, cropped in one call
+            shapes = torch.tensor([tuple(masks.shape[1:])], dtype=torch.int64).expand(len(indices), 2)
+            params = resample_params(self.decode, shapes, indices, self.seed, self.epoch).double()
+            out.copy_(crop_masks(masks[indices], params[:, :9], size))
+            return
+        shapes = torch.tensor([tuple(mask.shape) for mask in masks], dtype=torch.int64).reshape(-1, 2)
         params = resample_params(self.decode, shapes, indices, self.seed, self.epoch).double()
         if self.scaled:
-            height, width = self.decode.size
             for row, shape in enumerate(shapes.tolist()):
-                top, step_y, _, bottom, left, step_x, _, right = params[row, :8].tolist()
+                top, _, _, bottom, left, _, _, right = params[row, :8].tolist()
                 d, (y0, y1), (x0, x1) = self.decode.scaled_box(shape, [top, left, bottom - top, right - left])
-                params[row, :8] = torch.tensor(
-                    [y0 * d, (y1 - y0) * d / height, y0 * d, y1 * d, x0 * d, (x1 - x0) * d / width, x0 * d, x1 * d]
-                )
-        for row, mask in enumerate(rows):
-            out[row] = crop_masks(mask[None], params[row : row + 1, :9], tuple(out.shape[1:]))[0]
+                box = torch.tensor([[y0 * d, x0 * d, (y1 - y0) * d, (x1 - x0) * d]], dtype=torch.float64)
+                params[row, :8] = box_geometry(box, self.decode.size)[0]
+        for row, mask in enumerate(masks):
+            out[row] = crop_masks(mask[None], params[row : row + 1, :9], size)[0]
