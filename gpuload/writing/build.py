@@ -42,7 +42,7 @@ from ..sources.detect import Source, find_source, scan_source
 from ..sources.folder import ImageFolderIndex, shown_names
 from ..sources.samples import ScannedIndex, check_roles
 from ..text import count, either, image_size
-from .decode import Resize, check_target, decode_into, fit_mask, read_size
+from .decode import Resize, check_target, decode_into, fit_mask, read_bytes, read_size
 from .files import (
     OutputLock,
     byte_count,
@@ -642,6 +642,8 @@ class _RawStore(_Store):
 
 def _decode_raw(path: str, data: bytes | None, resize: str, buffers: list[np.ndarray], masks: Masks) -> int:
     image, *fitted = buffers
+    if masks and data is None:  # read once: its pixels, then its size beside its masks' (not a second open)
+        data = read_bytes(path)
     decode_into(path, image, resize, data)
     for ids, out in zip(checked_masks(path, read_size(path, data), masks) if masks else (), fitted):
         fit_mask(ids, out, resize)
