@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import tempfile
@@ -167,16 +168,16 @@ def photo_copy(photo_folder, tmp_path) -> Path:
     return Path(shutil.copytree(photo_folder, tmp_path / "photos"))
 
 
-def resident_kib(folder: Path) -> dict[str, int]:
+def resident_kib(folder: Path, smaps: Path = Path("/proc/self/smaps")) -> dict[str, int]:
     """The KiB of each file under ``folder`` (by its path relative to it) that this process's mappings
     hold in memory, from Linux's /proc/self/smaps."""
     resident: dict[str, int] = {}
     name = None
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
+    with open(smaps) as lines:
+        for line in lines:
             fields = line.split()
-            if "-" in fields[0] and len(fields) >= 6:  # a mapping's header: address range ... path
-                name = fields[5] if Path(fields[5]).is_relative_to(folder) else None
+            if re.fullmatch(r"[0-9a-f]+-[0-9a-f]+", fields[0]):  # a mapping's header: address range ... [path]
+                name = fields[5] if len(fields) >= 6 and Path(fields[5]).is_relative_to(folder) else None
             elif fields[0] == "Rss:" and name is not None:
                 key = Path(name).relative_to(folder).as_posix()
                 resident[key] = resident.get(key, 0) + int(fields[1])

@@ -224,6 +224,21 @@ def test_opening_leaves_no_page_of_the_index_in_this_process(photo_folder, tmp_p
     assert dataset[len(dataset) - 1][1] == dataset.targets[-1]  # read again from the files when used
 
 
+def test_resident_kib_counts_no_anonymous_mapping_as_the_file_before_it(tmp_path):
+    """An anonymous mapping's header has no path: its pages are not the previous file's (the helper once
+    counted them so, and the two tests above failed on a process whose heap lay after a mapped index)."""
+    smaps = tmp_path / "smaps"
+    smaps.write_text(
+        f"7f00-7f10 r--s 00000000 08:01 42 {tmp_path}/ds/offsets.memmap\n"
+        "Size: 4 kB\nRss: 0 kB\n"
+        "7f10-7f80 rw-p 00000000 00:00 0 \n"
+        "Size: 6048 kB\nRss: 6048 kB\n"
+        f"7f80-7f90 r--s 00000000 08:01 43 {tmp_path}/ds/labels.memmap\n"
+        "Size: 4 kB\nRss: 4 kB\n"
+    )
+    assert resident_kib(tmp_path / "ds", smaps) == {"offsets.memmap": 0, "labels.memmap": 4}
+
+
 class TestDamagedFolders:
     def damage(self, dataset_path: Path, tmp_path: Path) -> Path:
         copy = Path(shutil.copytree(dataset_path, tmp_path / "copy.memmap"))
