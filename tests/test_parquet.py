@@ -71,6 +71,22 @@ class TestHuggingFaceLayout:
         )
         assert ds.classes == sorted({path.parent.name for path in sources}) and isinstance(ds[0], tuple)
 
+    @pytest.mark.parametrize("kind", ["binary", "large_binary", "struct"])
+    def test_each_image_bytes_exactly_whatever_the_arrow_layout(self, sources, classes, tmp_path, kind):
+        """The scan cuts a batch's images out of Arrow's one buffer: a batch that starts mid-buffer (row
+        groups of 7 read in batches of 64), 64-bit offsets, structs: each image its own bytes."""
+        data = [path.read_bytes() for path in sources]
+        images = {
+            "binary": pa.array(data, pa.binary()),
+            "large_binary": pa.array(data, pa.large_binary()),
+            "struct": pa.array([{"bytes": item, "path": "x.jpg"} for item in data]),
+        }[kind]
+        pq.write_table(pa.table({"image": images, "label": [0] * len(data)}), tmp_path / "t.parquet", row_group_size=7)
+        ds = MemmapImageDataset(
+            build_memmap(tmp_path / "t.parquet", tmp_path / "out", format="jpeg", order="source", progress=False)
+        )
+        assert [ds.read_jpeg(index) for index in range(len(ds))] == data
+
 
 class TestBadParquet:
     def test_a_truncated_file(self, sources, classes, tmp_path):
@@ -85,6 +101,16 @@ class TestBadParquet:
         pq.write_table(pa.table({"image": [{"bytes": None, "path": "a.jpg"}], "label": [0]}), path)
         with pytest.raises(SourceError, match="row 0 of .*: 'image' holds no image bytes .* embeds them"):
             build_memmap(path, tmp_path / "out", progress=False)
+
+    def test_an_empty_image_among_others_names_its_row(self, sources, classes, tmp_path):
+        data = [path.read_bytes() for path in sources]
+        data[9] = b""
+        pq.write_table(
+            pa.table({"image": pa.array(data, pa.binary()), "label": [0] * len(data)}), tmp_path / "t.parquet"
+        )
+        with pytest.raises(SourceError, match=r"row 9 of .*: 'image' holds no image bytes \(bytes\)"):
+            build_memmap(tmp_path / "t.parquet", tmp_path / "out", progress=False)
+        assert not (tmp_path / "out").exists()
 
     def test_the_image_column_given_another_role_leaves_none(self, sources, classes, tmp_path):
         """``--column image=mask`` left no image column: a StopIteration traceback."""

@@ -1,8 +1,10 @@
 """WebDataset tar shards as a source (gpuload.sources.webdataset): real shards written by webdataset's
-TarWriter and by Python's tarfile, read as streams."""
+TarWriter and by Python's tarfile; an uncompressed shard's images read where they lie, a compressed one
+read as a stream."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import tarfile
@@ -14,7 +16,8 @@ import webdataset as wds
 from PIL import Image
 
 from gpuload import MemmapImageDataset, SourceError, UsageError, build_memmap, verify_memmap
-from gpuload.sources.webdataset import expand_braces, read_shard
+from gpuload.sources.samples import Stored
+from gpuload.sources.webdataset import expand_braces, read_shard, scan_webdataset
 
 
 def photos(folder: Path) -> list[Path]:
@@ -122,6 +125,39 @@ class TestShards:
         kept = [len(opened[0].members) for _ in read_shard(shards / "train-000000.tar")]
         assert len(kept) == 6 and max(kept) <= 1
 
+    @pytest.mark.parametrize("suffix", [".tar", ".tar.gz"])
+    def test_an_uncompressed_shards_images_are_read_where_they_lie_not_copied(self, photo_folder, tmp_path, suffix):
+        """A build from tars once copied every image into its own folder before decoding the first: a
+        second write and read of the whole dataset, where the shard already holds the bytes."""
+        sources = photos(photo_folder)
+        shards = write_shards(tmp_path / "shards", sources, shards=1)
+        shard = shards / "train-000000.tar"
+        if suffix == ".tar.gz":
+            shard = shard.rename(shard.with_suffix(".tar.gz"))
+            shard.write_bytes(gzip.compress(shard.read_bytes()))
+        index = scan_webdataset(shard, classes=None, roles={}, into=tmp_path / "scan")
+        try:
+            copied = (tmp_path / "scan" / "blobs").stat().st_size
+            assert copied == (0 if suffix == ".tar" else sum(path.stat().st_size for path in sources))
+            assert [index.image(position)[1] for position in range(len(sources))] == [
+                path.read_bytes() for path in sources
+            ]
+        finally:
+            index.close()
+        stored = dict(read_shard(shard))["000000"]
+        assert isinstance(stored["jpg"], Stored) == (suffix == ".tar") and isinstance(stored["json"], bytes)
+
+    def test_a_shard_cut_after_the_scan_is_named_when_its_image_is_read(self, photo_folder, tmp_path):
+        shards = write_shards(tmp_path / "shards", photos(photo_folder)[:4], shards=1)
+        shard = shards / "train-000000.tar"
+        index = scan_webdataset(shard, classes=None, roles={}, into=tmp_path / "scan")
+        try:
+            shard.write_bytes(shard.read_bytes()[:2048])
+            with pytest.raises(SourceError, match=rf"^{shard}: ends before byte [\d,]+, where the scan found an image"):
+                index.image(3)
+        finally:
+            index.close()
+
     def test_expand_braces_as_webdataset(self):
         pattern = "s-{000..002}-{a,b}.tar"
         assert expand_braces(pattern) == list(wds.shardlists.expand_urls(pattern))
@@ -134,6 +170,18 @@ class TestBadShards:
         shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2 + 100])
         with pytest.raises(SourceError, match=rf"^{shard}: is truncated or damaged after \d+ samples"):
             build_memmap(shards, tmp_path / "out", progress=False)
+        assert not (tmp_path / "out").exists()
+
+    def test_a_shard_cut_inside_an_image_it_leaves_unread(self, photo_folder, tmp_path):
+        """The image members are not read in the scan: a shard cut inside the last one's bytes is still
+        found out, by its size."""
+        sources = photos(photo_folder)[:3]
+        shards = write_shards(tmp_path / "shards", sources, shards=1)
+        shard = shards / "train-000000.tar"
+        [(key, members)] = [sample for sample in read_shard(shard) if sample[0] == "000002"]
+        shard.write_bytes(shard.read_bytes()[: members["jpg"].offset + 100])
+        with pytest.raises(SourceError, match=rf"^{shard}: is truncated or damaged after 2 samples"):
+            build_memmap(shard, tmp_path / "out", progress=False)
         assert not (tmp_path / "out").exists()
 
     def test_a_missing_shard_of_a_pattern(self, photo_folder, tmp_path):

@@ -4,10 +4,11 @@ A ``.parquet`` file, or a folder of them (read in the order of their names): an 
 ``{bytes, path}`` structs (``datasets.Image``; or plain binary), a ``label`` column (class indices, whose
 names come from the ``ClassLabel`` the file's ``huggingface`` metadata records, or class names), and
 any other column a field (see :mod:`gpuload.sources.samples`; a ``mask`` column, ``{bytes, path}`` or
-binary as the images, holds segmentation masks as PNG bytes). Roles given by name
-override those defaults (``--column picture=image``). Each file is read in record batches of 64 rows through pyarrow (``pip install
-'gpuload[parquet]'``): memory holds one batch whatever the file's size; the image bytes go to the
-scan's own file in the build's folder.
+binary as the images, holds segmentation masks as PNG bytes). Roles given by name override those
+defaults (``--column picture=image``). Each file is read in record batches of 64 rows through pyarrow
+(``pip install 'gpuload[parquet]'``): memory holds one batch whatever the file's size; a batch's image
+bytes go to the scan's own file in the build's folder in one write, from Arrow's buffer (no Python
+object per image).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import SourceError, UsageError
-from .samples import Sample, SampleScan, ScannedIndex, images_column, with_defaults
+from .samples import Sample, SampleScan, ScannedIndex, Stored, images_column, with_defaults
 
 __all__ = ["open_parquet", "parquet_files", "scan_parquet"]
 
@@ -121,22 +124,27 @@ def scan_parquet(
                 "image column with --column NAME=image",
             )
         row, batches = 0, parquet.iter_batches(batch_size=_BATCH)
+        others = [name for name in parquet.schema_arrow.names if name != image]
         while True:
             try:  # only the file's reading: an OSError of the scan's own disk stays what it is
                 batch = next(batches, None)
-                rows = None if batch is None else batch.to_pylist()
+                if batch is None:
+                    break
+                data, starts, lengths = _image_bytes(batch.column(image))
+                rows = pyarrow.RecordBatch.from_arrays([batch.column(name) for name in others], names=others)
+                rows = rows.to_pylist() if others else [{} for _ in range(batch.num_rows)]
             except (pyarrow.ArrowException, OSError) as error:
                 raise SourceError(
                     path, f"cannot be read past row {row} ({error}): truncated or damaged? download it again"
                 ) from None
-            if rows is None:
-                break
-            for values in rows:
+            copied = scan.copy_images(data)
+            for at, (values, start, length) in enumerate(zip(rows, starts.tolist(), lengths.tolist())):
                 where = f"row {row} of {path}"
-                data = _image_bytes(values.pop(image), where, path, image)
+                if length <= 0:
+                    _no_image(batch.column(image)[at], where, path, image)
                 sample = Sample(
                     name=f"{path.relative_to(root).as_posix()}/{row}",
-                    image=data,
+                    image=Stored(copied.file, copied.offset + start, length),
                     label=values.pop(label, None) if label is not None else None,
                     values=values,
                     where=where,
@@ -146,16 +154,34 @@ def scan_parquet(
     return scan.finish(describe=lambda position: f"sample {position}")
 
 
-def _image_bytes(value: object, where: str, path: Path, column: str) -> bytes:
-    """An image cell's bytes: a ``{bytes, path}`` struct's, or plain binary.
+def _image_bytes(column) -> tuple[memoryview, np.ndarray, np.ndarray]:
+    """The image bytes of a batch's image column (``{bytes, path}`` structs, or plain binary) as Arrow
+    holds them, one after the other: the buffer, and each row's start in it and length (``0``: none, or
+    not binary)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    values = pc.struct_field(column, "bytes") if pa.types.is_struct(column.type) else column
+    if not (pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):  # all None: null
+        return memoryview(b""), np.zeros(len(values), np.int64), np.zeros(len(values), np.int64)
+    lengths = pc.binary_length(values).fill_null(0).to_numpy().astype(np.int64)
+    wide = pa.types.is_large_binary(values.type)
+    _, offsets, data = values.buffers()
+    offsets = np.frombuffer(offsets, np.int64 if wide else np.int32)[values.offset : values.offset + len(values) + 1]
+    first, last = int(offsets[0]), int(offsets[-1])
+    view = memoryview(data)[first:last] if data is not None else memoryview(b"")
+    return view, offsets[:-1].astype(np.int64) - first, lengths
+
+
+def _no_image(value: object, where: str, path: Path, column: str) -> None:
+    """Refuse an image cell that holds no bytes (a struct of a path only names a file elsewhere).
 
     Raises:
-        SourceError: it holds none (a struct of a path only names a file elsewhere).
+        SourceError: always.
     """
+    value = value.as_py()
     if isinstance(value, dict):
         value = value.get("bytes")
-    if isinstance(value, (bytes, bytearray)) and value:
-        return bytes(value)
     raise SourceError(
         path,
         f"{where}: {column!r} holds no image bytes ({'empty' if value is None else type(value).__name__}); "

@@ -7,8 +7,9 @@ as they come, so memory holds a few thousand rows whatever the count:
 
 - the table of names and labels (:class:`gpuload.format.table.TableWriter`; labels given by name are
   numbered as they first come, and renumbered in the classes' sorted order at the end);
-- the bytes of images given as bytes, one after the other in ``blobs``, with where each image's lie
-  (``image_refs``);
+- where each image given as bytes lies (``image_refs``): in a file of the source, read there by range
+  when the build decodes it (an uncompressed tar's member: :class:`Stored`), or copied one after the
+  other into ``blobs`` (a compressed tar's, a Parquet file's);
 - each named value, staged by kind (numbers as float64 rows, text, multi-label lists and masks' bytes
   flat with offsets), the kind decided by the first value or by the role given;
 - a hash of each name (``names``), to find two samples naming one image.
@@ -43,6 +44,7 @@ __all__ = [
     "SampleScan",
     "ScannedIndex",
     "StagedField",
+    "Stored",
     "Unreadable",
     "check_roles",
     "images_column",
@@ -60,6 +62,22 @@ class Mask(bytes):
 
 
 @dataclass(frozen=True)
+class Stored:
+    """An image's bytes where they lie, whole and uncompressed, in a file of the source (a member of an
+    uncompressed tar): the scan notes where, and the build reads them there."""
+
+    file: Path
+    offset: int
+    size: int
+
+    def read(self) -> bytes:
+        """The bytes (a file opened for them: for the odd one, such as a mask beside its image)."""
+        with open(self.file, "rb") as file:
+            file.seek(self.offset)
+            return file.read(self.size)
+
+
+@dataclass(frozen=True)
 class Unreadable:
     """A mask the source could not read (a file that is missing): its sample is skipped and listed by the
     build, as an image that cannot be decoded (or stops a ``strict`` build)."""
@@ -74,14 +92,14 @@ class Sample:
     Attributes:
         name: the image's path relative to the source's root, as the dataset records it (a file's, or
             a name such as ``"train-000000.tar/000123.jpg"``).
-        image: its bytes; ``None``: the file at ``root/name``.
+        image: its bytes, or where they lie (:class:`Stored`); ``None``: the file at ``root/name``.
         label: a class index (int) or name (str); ``None`` where the source gives none.
         values: named values: numbers, lists, text.
         where: where it comes from, for messages: ``"row 3 of /data/metadata.csv"``.
     """
 
     name: str
-    image: bytes | None = None
+    image: bytes | Stored | None = None
     label: int | str | None = None
     values: dict[str, object] = field(default_factory=dict)
     where: str = ""
@@ -377,30 +395,48 @@ class StagedField:
 
 
 class _Blobs:
-    """Image bytes staged one after the other in one file of the scan, read back by range."""
+    """Where each image given as bytes lies, as ``(file, start, end)``: file ``0`` is the scan's own, into
+    which bytes given in memory are copied one after the other; ``1`` on, the source's files that
+    :class:`Stored` images lie in, read there. Read back by range."""
 
     def __init__(self, path: Path) -> None:
-        self.path, self.size = path, 0
+        self.files, self.size = [path], 0
+        self.numbers: dict[Path, int] = {path: 0}
         self.file = open(path, "xb")
-        self.fd: int | None = None
+        self.fds: list[int] = []
 
-    def append(self, data: bytes) -> tuple[int, int]:
+    def append(self, data: bytes | Stored) -> tuple[int, int, int]:
+        if isinstance(data, Stored):  # the source's file, or bytes already copied into the scan's (copy)
+            number = self.numbers.setdefault(data.file, len(self.files))
+            if number == len(self.files):
+                self.files.append(data.file)
+            return number, data.offset, data.offset + data.size
         start = self.size
         self.file.write(data)
         self.size += len(data)
-        return start, self.size
+        return 0, start, self.size
+
+    def copy(self, data) -> Path:
+        """Copy ``data`` (a buffer) into the scan's own file, at :attr:`size` before the call; returns the
+        file, for the :class:`Stored` images that lie in it."""
+        self.file.write(data)
+        self.size += len(data)
+        return self.files[0]
 
     def close(self) -> None:
         self.file.close()
-        self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        self.fds = [os.open(path, os.O_RDONLY | os.O_CLOEXEC) for path in self.files]
 
-    def read(self, start: int, length: int) -> bytes:
-        return os.pread(self.fd, length, start)
+    def read(self, number: int, start: int, length: int) -> bytes:
+        data = os.pread(self.fds[number], length, start)
+        if len(data) != length:  # the source's file was cut since the scan
+            raise SourceError(self.files[number], f"ends before byte {start + length:,}, where the scan found an image")
+        return data
 
     def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
 
 
 class SampleScan:
@@ -444,6 +480,12 @@ class SampleScan:
         self.first_where = ""
         self.skipped: list[dict] = []
         self.bar = tqdm(unit="sample", desc=f"scan {source.name}", disable=not progress, file=sys.stderr)
+
+    def copy_images(self, data) -> Stored:
+        """Copy ``data`` (a buffer: the bytes of several images, one after the other) into the scan's own
+        file in one write; returns where it lies, for the :class:`Stored` images cut from it."""
+        start = self.blobs.size
+        return Stored(self.blobs.copy(data), start, len(data))
 
     def skip(self, name: str, reason: str) -> None:
         """List a sample the source cannot give (no image in a tar's sample) as the build lists a file it
@@ -585,7 +627,7 @@ class SampleScan:
         used = np.zeros(len(classes), dtype=bool)
         used[np.unique(table.labels)] = True
         empty = sorted(name for name, has in zip(classes, used.tolist()) if not has)
-        refs = map_array(self.folder, "image_refs", np.int64, 2 * count).reshape(count, 2) if self.image_refs else None
+        refs = map_array(self.folder, "image_refs", np.int64, 3 * count).reshape(count, 3) if self.image_refs else None
         return ScannedIndex(
             root=self.root,
             source_path=self.source,
@@ -697,13 +739,13 @@ class ScannedIndex:
         """Sample ``position``'s image: ``(path, None)`` for a file, ``(name, its bytes)``."""
         if self.image_refs is None:
             return os.path.join(self.root, self.samples.table.path(position)), None
-        start, end = self.image_refs[position].tolist()
-        return str(self.root / self.samples.table.path(position)), self.blobs.read(start, end - start)
+        number, start, end = self.image_refs[position].tolist()
+        return str(self.root / self.samples.table.path(position)), self.blobs.read(number, start, end - start)
 
     def image_bytes(self) -> int:
         """The images' bytes: those staged, or estimated from a sample of the files (:func:`estimated_bytes`)."""
         if self.image_refs is not None:
-            return int((self.image_refs[:, 1] - self.image_refs[:, 0]).sum())
+            return int((self.image_refs[:, 2] - self.image_refs[:, 1]).sum())
         return estimated_bytes(lambda position: self.image(position)[0], len(self.samples))
 
     def close(self) -> None:

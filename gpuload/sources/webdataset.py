@@ -1,4 +1,4 @@
-"""Images held in WebDataset tar shards, read as streams: no unpacking to disk, one sample in memory.
+"""Images held in WebDataset tar shards: no unpacking to disk, one sample in memory.
 
 A shard is a tar file (``.tar``, or compressed: ``.tar.gz``, ``.tgz``...) whose members are grouped
 into samples by key, as WebDataset groups them: ``000123.jpg``, ``000123.cls`` and ``000123.json`` are
@@ -19,7 +19,9 @@ What a sample's members become:
   ``000123.jpg``) or by what precedes its extension (``000123.seg.png``: ``seg``); left out with
   ``--column mask=ignore``.
 
-A sample with no image member is skipped and listed; members of other extensions are left out, with
+An uncompressed shard is read by its headers: an image's bytes are left where they lie in the shard,
+and the build reads them there (no copy of the images); a compressed shard is read as a stream, its
+images copied into the build's folder. A sample with no image member is skipped and listed; members of other extensions are left out, with
 one warning per extension. A shard that ends before its last member (truncated, or a damaged
 compressed stream) stops the build with an error naming it.
 """
@@ -27,6 +29,7 @@ compressed stream) stops the build with an error naming it.
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import tarfile
 import warnings
@@ -35,7 +38,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ..errors import SourceError, UsageError
-from .samples import Mask, Sample, SampleScan, ScannedIndex
+from .samples import Mask, Sample, SampleScan, ScannedIndex, Stored
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -122,36 +125,46 @@ def shard_paths(src: str | Path) -> list[Path]:
     return [path]
 
 
-def read_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """``(key, {extension: bytes})`` for each sample of the shard ``path``, read as a stream (tarfile's
-    ``r|*``: compressed or not, nothing seeks); one sample's members in memory at a time.
+def read_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes | Stored]]]:
+    """``(key, {extension: bytes})`` for each sample of the shard ``path``; one sample's members in memory
+    at a time. An uncompressed shard's image members (by extension) are given as :class:`Stored`: where
+    their bytes lie, unread (tarfile's ``r:`` reads the headers and seeks past the data); a compressed
+    one is read as a stream (``r|*``), every member's bytes read.
 
     Raises:
         SourceError: the shard ends before a member does, or is not a tar file.
     """
     key, members, count = None, {}, 0
     try:
-        with open(path, "rb") as file, tarfile.open(fileobj=file, mode="r|*") as tar:
-            for member in tar:
-                tar.members = []  # the stream mode keeps every TarInfo read: millions in one big shard
-                if not member.isfile():
-                    continue
-                found = _KEY.match(member.name)
-                if found is None:
-                    continue  # no extension: no member of a sample (WebDataset leaves them out too)
-                data = tar.extractfile(member).read()
-                if found[1] != key:
-                    if members:
-                        yield key, members
-                        count += 1
-                    key, members = found[1], {}
-                extension = found[2].lower()
-                if extension in members:  # which is the sample's? webdataset refuses it too
-                    raise SourceError(
-                        path,
-                        f"sample {key!r} holds the member {extension!r} twice; keep one of them (rewrite the shard)",
-                    )
-                members[extension] = data
+        with open(path, "rb") as file:
+            tar, seekable = _open_tar(file)
+            size = os.fstat(file.fileno()).st_size
+            with tar:
+                for member in tar:
+                    tar.members = []  # tarfile keeps every TarInfo read: millions in one big shard
+                    if not member.isfile():
+                        continue
+                    found = _KEY.match(member.name)
+                    if found is None:
+                        continue  # no extension: no member of a sample (WebDataset leaves them out too)
+                    extension = found[2].lower()
+                    if seekable and member.offset_data + member.size > size:
+                        raise tarfile.ReadError("unexpected end of data")
+                    if seekable and extension.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS and not member.issparse():
+                        data: bytes | Stored = Stored(path, member.offset_data, member.size)
+                    else:
+                        data = tar.extractfile(member).read()
+                    if found[1] != key:
+                        if members:
+                            yield key, members
+                            count += 1
+                        key, members = found[1], {}
+                    if extension in members:  # which is the sample's? webdataset refuses it too
+                        raise SourceError(
+                            path,
+                            f"sample {key!r} holds the member {extension!r} twice; keep one of them (rewrite the shard)",
+                        )
+                    members[extension] = data
     except (tarfile.TarError, EOFError, OSError) as error:
         if isinstance(error, OSError) and not _damage(error):
             raise
@@ -162,6 +175,16 @@ def read_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
         ) from None
     if members:
         yield key, members
+
+
+def _open_tar(file) -> tuple[tarfile.TarFile, bool]:
+    """``file`` as an uncompressed tar read by seeking (``r:``; ``True``), else as a stream of any
+    compression (``False``)."""
+    try:
+        return tarfile.open(fileobj=file, mode="r:"), True
+    except tarfile.ReadError:
+        file.seek(0)
+        return tarfile.open(fileobj=file, mode="r|*"), False
 
 
 def _damage(error: OSError) -> bool:
@@ -236,7 +259,7 @@ def scan_webdataset(
 
 
 def _values(
-    members: dict[str, bytes], where: str, shard: Path, roles: dict[str, str], unknown: Counter
+    members: dict[str, bytes | Stored], where: str, shard: Path, roles: dict[str, str], unknown: Counter
 ) -> tuple[dict[str, object], int | str | None]:
     """A sample's members (but its image) as named values, and its ``cls`` label."""
     import json
@@ -259,7 +282,8 @@ def _values(
                 raise SourceError(shard, f"{where}: its json is not an object of named values")
             values.update(decoded)
         elif extension.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS:  # a second image: a mask
-            values[extension.rsplit(".", 1)[0] if "." in extension else "mask"] = Mask(data)
+            mask = data.read() if isinstance(data, Stored) else data
+            values[extension.rsplit(".", 1)[0] if "." in extension else "mask"] = Mask(mask)
         elif roles.get(extension) != "ignore":
             unknown[extension] += 1
     return values, label
