@@ -199,6 +199,20 @@ class TestBadShards:
         ds = MemmapImageDataset(build_memmap(shards, tmp_path / "plain", columns={"mask": "ignore"}, progress=False))
         assert len(ds) == len(sources) and "mask" not in ds.fields
 
+    def test_a_role_given_to_an_image_extension_is_its(self, photo_folder, tmp_path):
+        """``--column png=ignore`` and ``--column png=mask`` were not heard: the png was the mask
+        ``mask`` whatever the roles said."""
+        sources = photos(photo_folder)[:4]
+        mask = io.BytesIO()
+        Image.new("L", (64, 48), 3).save(mask, "PNG")
+        shards = write_shards(tmp_path / "shards", sources, png=lambda position: mask.getvalue())
+        ignored = MemmapImageDataset(build_memmap(shards, tmp_path / "a", columns={"png": "ignore"}, progress=False))
+        named = MemmapImageDataset(build_memmap(shards, tmp_path / "b", columns={"png": "mask"}, progress=False))
+        assert "mask" not in ignored.fields and "png" not in ignored.fields
+        assert named.fields["png"].spec.kind == "mask" and "mask" not in named.fields
+        assert named[0]["png"].unique().tolist() == [3]
+        assert torch.equal(named[0]["image"], ignored[0]["image"])  # the jpg is the image in both
+
     def test_a_json_field_missing_from_a_sample(self, photo_folder, tmp_path):
         sources = photos(photo_folder)[:4]
         shard = tmp_path / "s.tar"

@@ -17,7 +17,8 @@ What a sample's members become:
 - ``json``: an object, each of whose keys is a field (see :mod:`gpuload.sources.samples`);
 - another image member: a segmentation mask, a field named ``mask`` (``000123.png`` beside
   ``000123.jpg``) or by what precedes its extension (``000123.seg.png``: ``seg``); left out with
-  ``--column mask=ignore``.
+  ``--column mask=ignore``. A role given to an image extension is its: ``--column png=mask`` makes
+  the ``png`` member a mask field named ``png`` (and not the image), ``--column png=ignore`` leaves it out.
 
 An uncompressed shard is read by its headers: an image's bytes are left where they lie in the shard,
 and the build reads them there (no copy of the images); a compressed shard is read as a stream, its
@@ -225,8 +226,10 @@ def scan_webdataset(
     for shard in shards:
         for key, members in read_shard(shard):
             where = f"sample {key!r} of {shard}"
-            extension = (
-                image_role if image_role in members else next((e for e in IMAGE_EXTENSIONS if e in members), None)
+            extension = (  # an image member given another role (--column png=mask) is not the image
+                image_role
+                if image_role in members
+                else next((e for e in IMAGE_EXTENSIONS if e in members and e not in roles), None)
             )
             if extension is None:
                 scan.skip(
@@ -281,10 +284,13 @@ def _values(
             if not isinstance(decoded, dict):
                 raise SourceError(shard, f"{where}: its json is not an object of named values")
             values.update(decoded)
+        elif roles.get(extension) == "ignore":
+            continue
         elif extension.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS:  # a second image: a mask
             mask = data.read() if isinstance(data, Stored) else data
-            values[extension.rsplit(".", 1)[0] if "." in extension else "mask"] = Mask(mask)
-        elif roles.get(extension) != "ignore":
+            named = extension if extension in roles else extension.rsplit(".", 1)[0] if "." in extension else "mask"
+            values[named] = Mask(mask)
+        else:
             unknown[extension] += 1
     return values, label
 
