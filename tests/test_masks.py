@@ -39,7 +39,9 @@ from gpuload import (
     verify_memmap,
 )
 from gpuload.format.masks import decode_mask
+from gpuload.remote.dataset import verify_remote
 from gpuload.remote.push import push_memmap
+from gpuload.remote.store import Store
 from gpuload.transforms.masks import crop_masks
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
@@ -396,6 +398,129 @@ class TestOpen:
         ds = MemmapImageDataset(coordinate_datasets["crop"])
         batch = next(iter(torch.utils.data.DataLoader(ds, batch_size=4)))
         assert batch["mx"].shape == (4, 96, 96) and torch.equal(batch["mx"][3], ds[3]["mx"])
+
+
+class TestAtUrl:
+    """A mask field's data at a URL is read by range, through the block cache, for the samples asked
+    for; its offsets (jpeg) are index objects, read whole at open."""
+
+    BLOCK = 256  # the masks' data files span many blocks
+
+    @pytest.fixture
+    def reads(self, monkeypatch) -> list[tuple[str, int, int]]:
+        """``(object, start, length)`` of each read from the store from here on."""
+        found: list[tuple[str, int, int]] = []
+        real = Store.read
+
+        def read(store, name, start, length, expect=None, **options):
+            found.append((name, start, length))
+            return real(store, name, start, length, expect, **options)
+
+        monkeypatch.setattr(Store, "read", read)
+        return found
+
+    @pytest.fixture(params=["crop", "jpeg"])
+    def pushed(self, request, s3, coordinate_datasets) -> tuple[Path, str]:
+        local = coordinate_datasets[request.param]
+        push_memmap(local, s3.url(request.param), progress=False)
+        return local, s3.url(request.param)
+
+    def open(self, url: str, cache: Path | None) -> MemmapImageDataset:
+        if cache is None:
+            return MemmapImageDataset(url, block_size=self.BLOCK)
+        return MemmapImageDataset(url, cache=cache, cache_size="10MB", block_size=self.BLOCK)
+
+    @staticmethod
+    def blocks(local: Path, name: str, positions: list[int], block: int) -> set[int]:
+        """The blocks of ``fields/<name>.memmap`` that the masks of ``positions`` lie in."""
+        field = local / "fields"
+        if (field / f"{name}.offsets.memmap").exists():
+            offsets = np.fromfile(field / f"{name}.offsets.memmap", np.int64)
+        else:
+            offsets = np.arange(7, dtype=np.int64) * 96 * 96
+        return {
+            index
+            for position in positions
+            for index in range(int(offsets[position]) // block, (int(offsets[position + 1]) - 1) // block + 1)
+        }
+
+    def fetched(self, reads: list[tuple[str, int, int]], name: str) -> list[int]:
+        return [
+            index
+            for found, start, length in reads
+            if found == f"fields/{name}.memmap"
+            for index in range(start // self.BLOCK, (start + length - 1) // self.BLOCK + 1)
+        ]
+
+    @pytest.mark.parametrize("cached", [True, False])
+    def test_an_open_fetches_none_of_a_masks_data(self, pushed, tmp_path, reads, cached):
+        local, url = pushed
+        cache = tmp_path / "cache" if cached else None
+        for _ in ("cold", "warm"):
+            reads.clear()
+            with self.open(url, cache) as remote:
+                assert len(remote) == 6
+            names = {name for name, _, _ in reads}
+            assert not names & {"fields/mx.memmap", "fields/my.memmap"}, names
+            if local.name == "jpeg" and not cached:
+                assert "fields/mx.offsets.memmap" in names  # an index object
+
+    @pytest.mark.parametrize("cached", [True, False])
+    def test_a_sample_and_a_batch_read_only_their_masks_blocks(self, pushed, tmp_path, reads, cached):
+        local, url = pushed
+        here = MemmapImageDataset(local)
+        size = (local / "fields" / "mx.memmap").stat().st_size
+        assert size > 4 * self.BLOCK  # several blocks
+        decode = CenterCropDecode(32) if local.name == "jpeg" else None
+        with self.open(url, tmp_path / "cache" if cached else None) as remote:
+            reads.clear()
+            sample = remote[3]
+            for name in ("mx", "my"):
+                assert torch.equal(sample[name], here[3][name])
+                assert set(self.fetched(reads, name)) == self.blocks(local, name, [3], self.BLOCK)
+            reads.clear()
+            (batch,) = DataLoader(remote, batch_size=2, sampler=[4, 1], decode=decode, device="cpu")
+            (expected,) = DataLoader(here, batch_size=2, sampler=[4, 1], decode=decode, device="cpu")
+            for name in ("mx", "my"):
+                assert torch.equal(batch[name], expected[name])
+                fetched = self.fetched(reads, name)
+                cached_before = self.blocks(local, name, [3], self.BLOCK) if cached else set()
+                assert set(fetched) == self.blocks(local, name, [4, 1], self.BLOCK) - cached_before
+                assert len(fetched) == len(set(fetched))  # each block once
+
+    def test_a_png_damaged_in_the_cache_is_fetched_again(self, s3, coordinate_datasets, tmp_path, reads):
+        url, cache = s3.url("jpeg"), tmp_path / "cache"
+        push_memmap(coordinate_datasets["jpeg"], url, progress=False)
+        with self.open(url, cache) as remote:
+            expected = remote[0]["my"]
+        (block,) = [
+            path / "0"
+            for path in (cache / "objects").iterdir()
+            if json.loads((path / "object.json").read_text())["url"].endswith("/fields/my.memmap")
+        ]
+        block.write_bytes(bytes(block.stat().st_size))  # what a power cut leaves of an unsynced block
+        reads.clear()
+        with self.open(url, cache) as remote:
+            assert torch.equal(remote[0]["my"], expected)
+        assert 0 in self.fetched(reads, "my") and block.read_bytes() != bytes(block.stat().st_size)
+
+    def test_a_mask_damaged_at_the_url_is_refused(self, pushed, s3, tmp_path):
+        """Masks have no checksum of their own (images do: each read is checked against it): the build's
+        digest of the whole file is what gpuload verify checks, and a jpeg dataset's PNG that no longer
+        decodes is refused when read, naming the image."""
+        local, url = pushed
+        data = bytearray((local / "fields" / "my.memmap").read_bytes())
+        data[: len(data) // 2] = bytes(len(data) // 2)  # the first masks' bytes zeroed, the size unchanged
+        s3.client().put_object(Bucket=s3.bucket, Key=f"{local.name}/fields/my.memmap", Body=bytes(data))
+        problems = verify_remote(url, progress=False)
+        assert any("fields/my.memmap differs from what was built" in problem for problem in problems), problems
+        if local.name != "jpeg":
+            return
+        for cache in (None, tmp_path / "cache"):
+            with self.open(url, cache) as remote:
+                assert torch.equal(remote[5]["mx"], MemmapImageDataset(local)[5]["mx"])  # the rest is served
+                with pytest.raises(DatasetError, match=r"image 0's my: .*damaged"):
+                    remote[0]
 
 
 class TestLoaderCrop:

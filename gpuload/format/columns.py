@@ -40,7 +40,7 @@ class FieldColumn:
         """
         if self._offsets is None:
             return
-        offsets, size = self._offsets, len(self._data)
+        offsets, size = self._offsets, self._size()
         if len(offsets) != self.count + 1 or int(offsets[0]) != 0 or int(offsets[-1]) != size:
             name = field_path(self.spec.name, "offsets")
             raise DatasetError(
@@ -56,33 +56,51 @@ class FieldColumn:
         if self.spec.kind == "text":
             return bytes(self._bytes(index)).decode()
         if self.spec.kind == "mask":
-            return torch.from_numpy(self.mask(index))
+            return self.masks(torch.tensor([index]))[0]
         return self.batch(torch.tensor([index]))[0]
 
-    def mask(self, index: int) -> np.ndarray:
-        """Image ``index``'s mask in a jpeg dataset, decoded from its PNG: uint8 ``[H, W]``.
+    def masks(self, indices: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
+        """The masks of ``indices``: a raw dataset's ``[B, H, W]``, a jpeg dataset's decoded from their PNGs
+        (a list, each uint8 ``[H, W]``).
 
         Raises:
-            DatasetError: its bytes do not decode (the dataset is damaged).
+            DatasetError: a PNG does not decode (the dataset is damaged).
         """
-        try:
-            return decode_mask(bytes(self._bytes(index)), f"image {index}'s {self.spec.name}")
-        except DecodeError as error:
-            raise DatasetError(f"{error}; the dataset is damaged: run gpuload verify, then rebuild it") from None
+        if self.spec.fixed:
+            return self._select(indices)
+        positions = indices.tolist()
+        return [self._decode(index, data) for index, data in zip(positions, self._values(positions))]
 
-    def masks(self, indices: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
-        """The masks of ``indices``: a raw dataset's all (``[N, H, W]``, mapped: index them by ``indices``),
-        a jpeg dataset's decoded (a list, each ``[H, W]``)."""
-        return self._tensor if self.spec.fixed else [self.sample(index) for index in indices.tolist()]
+    def _decode(
+        self, index: int, data: bytes | np.ndarray, damaged: str = "run gpuload verify, then rebuild it"
+    ) -> torch.Tensor:
+        try:
+            return torch.from_numpy(decode_mask(bytes(data), f"image {index}'s {self.spec.name}"))
+        except DecodeError as error:
+            raise DatasetError(f"{error}; the dataset is damaged: {damaged}") from None
+
+    def _size(self) -> int:
+        """How many values its data holds (bytes; int32 class indices for multi-label)."""
+        return len(self._data)
 
     def _bytes(self, index: int) -> np.ndarray:
         return self._data[int(self._offsets[index]) : int(self._offsets[index + 1])]
 
+    def _values(self, indices: list[int]) -> list[bytes | np.ndarray]:
+        """The stored bytes of the values ``indices`` (a field cut by offsets)."""
+        return [self._bytes(index) for index in indices]
+
+    def _select(self, indices: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The rows ``indices`` of a fixed-shape field, into ``out`` where given."""
+        return torch.index_select(self._tensor, 0, indices, out=out)
+
     def batch(self, indices: torch.Tensor) -> torch.Tensor | list[str] | list[torch.Tensor]:
         """The values of ``indices``: a tensor ``[B, *shape]``, or a list: of ``str`` for text, of masks
         at their images' sizes in a jpeg dataset."""
-        if self.spec.kind == "text" or (self.spec.kind == "mask" and not self.spec.fixed):
+        if self.spec.kind == "text":
             return [self.sample(index) for index in indices.tolist()]
+        if self.spec.kind == "mask" and not self.spec.fixed:
+            return self.masks(indices)
         out = torch.empty((len(indices), *self.spec.shape), dtype=self.spec.torch_dtype)
         self.gather_into(indices, out)
         return out
@@ -90,7 +108,7 @@ class FieldColumn:
     def gather_into(self, indices: torch.Tensor, out: torch.Tensor) -> None:
         """The values of ``indices`` written into ``out`` (``[B, *shape]``: a loader's buffer)."""
         if self.spec.fixed:
-            torch.index_select(self._tensor, 0, indices, out=out)
+            self._select(indices, out)
             return
         out.zero_()
         starts, ends = self._offsets[indices.numpy()], self._offsets[indices.numpy() + 1]

@@ -29,6 +29,7 @@ from .table import SampleTable
 
 if TYPE_CHECKING:
     from ..remote.cache import BlockCache
+    from ..remote.masks import RemoteMasks
 
 __all__ = [
     "FieldSamples",
@@ -247,7 +248,7 @@ class MemmapImageDataset(torch.utils.data.Dataset):
     :func:`gpuload.push_memmap` wrote): the manifest, the objects' versions (ETags) and the index
     (each image's label, checksum and path; jpeg: its place and size) are read whole at open, checked
     against the build's digests (with a ``cache``, kept in it and mapped from there: a warm open reads
-    none of it and holds none of it in memory), the image bytes on
+    none of it and holds none of it in memory), the image bytes (and a mask field's) on
     demand by byte ranges, through the node's block cache when ``cache`` is given (see
     :class:`gpuload.BlockCache`: 4 MiB blocks, downloaded once per node, shared by its processes).
     Every image read is checked against its build checksum: a cached block that fails it is dropped
@@ -367,7 +368,7 @@ class MemmapImageDataset(torch.utils.data.Dataset):
             cache = BlockCache(cache, limit)
         self._url, self._options, self.cache = url, storage_options, cache
         self.block_size = block_size
-        index = open_remote(open_store(url, storage_options=storage_options), cache)
+        index = open_remote(open_store(url, storage_options=storage_options), cache, self.block_size)
         self.path = index.store.display
         self.version = index.version
         self.manifest = index.manifest
@@ -460,8 +461,20 @@ class MemmapImageDataset(torch.utils.data.Dataset):
             )
         old = self._file
         store = open_store(self._url, backend=old.store.backend, retry=old.store.retry, storage_options=self._options)
-        self._file = RemoteFile(store, old.name, info=old.info, cache=self.cache, block_size=self.block_size)
+
+        def again(file: RemoteFile) -> RemoteFile:
+            return RemoteFile(store, file.name, info=file.info, cache=self.cache, block_size=self.block_size)
+
+        self._file = again(old)
+        for column in self._remote_masks():
+            column.file = again(column.file)
         self._pid = os.getpid()
+
+    def _remote_masks(self) -> list[RemoteMasks]:
+        """The columns of the mask fields of a dataset at a URL (:class:`gpuload.remote.masks.RemoteMasks`)."""
+        from ..remote.masks import RemoteMasks
+
+        return [column for column in self.fields.values() if isinstance(column, RemoteMasks)]
 
     def raw_pixels(self, data: bytes) -> torch.Tensor:
         """A raw image's stored bytes as ``[3, H, W]`` (channels-last memory where the dataset stores it so)."""
@@ -476,6 +489,8 @@ class MemmapImageDataset(torch.utils.data.Dataset):
         """Stop the request threads of a dataset at a URL (a folder has none); it reopens them when read again."""
         if self._file is not None:
             self._file.close()
+            for column in self._remote_masks():
+                column.file.close()
 
     def __enter__(self) -> MemmapImageDataset:
         return self

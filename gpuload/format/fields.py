@@ -17,7 +17,8 @@ files under ``fields/``, mapped at open (nothing per image in memory):
 
 The numbers and raw masks are a nested ``TensorDict`` of plain tensordict (``fields/meta.json``):
 ``TensorDict.load_memmap(DIR)["fields", "boxes"]``. Every file of a field is an index file: digested
-in the manifest's ``table``, read whole at a URL.
+in the manifest's ``table``, read whole at a URL; except a mask's ``fields/<name>.memmap``, as large as
+the images and read by range as they are (:class:`gpuload.remote.masks.RemoteMasks`).
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ class FieldSpec:
         return _STORED[self.dtype]
 
     def files(self) -> tuple[str, ...]:
-        """Its files' relative paths in a dataset, each read whole (digested in the manifest's ``table``)."""
+        """Its files' relative paths in a dataset, each digested in the manifest's ``table`` (and read whole at a
+        URL, but for a mask's data)."""
         if self.fixed:
             return (field_path(self.name),)
         return (field_path(self.name), field_path(self.name, "offsets"))

@@ -128,8 +128,8 @@ def field_files(specs: list[FieldSpec]) -> list[str]:
 
 
 def index_files(storage: str, specs: list[FieldSpec]) -> list[str]:
-    """The files of a value per image that a reader reads whole, each digested in the manifest's ``table``
-    (version 4): the table's, a jpeg dataset's index, and every field's.
+    """The files of a value per image, each digested in the manifest's ``table`` (version 4) and read whole
+    at a URL (but a mask's data, read by range): the table's, a jpeg dataset's index, and every field's.
 
     Example:
         >>> index_files("raw", [FieldSpec("age", "number", "int64", ())])[-1]
@@ -266,7 +266,7 @@ class Manifest:
         return field_files(self.field_specs)
 
     def index_files(self) -> list[str]:
-        """The files of a value per image that a reader reads whole (see :func:`index_files`)."""
+        """The files of a value per image, digested (see :func:`index_files`)."""
         return index_files(self.storage, self.field_specs)
 
     def array_path(self, name: str) -> str:

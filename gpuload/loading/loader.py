@@ -567,8 +567,9 @@ class DataLoader:
         return ConcatGather(self._concat, gathers, keyed=self.decode is not None)
 
     def _prefetcher(self, batches: list[torch.Tensor]) -> BlockPrefetchers | None:
-        """The read-ahead of the epoch's blocks into the node's cache, one per dataset at a URL with a cache
-        (each part of a ConcatDataset its own, given its rows of each batch); ``None`` without one."""
+        """The read-ahead of the epoch's blocks into the node's cache, one per object read by range (the
+        images, each mask field) of a dataset at a URL with a cache (each part of a ConcatDataset its own,
+        given its rows of each batch); ``None`` without one."""
         ahead = max(DEFAULT_AHEAD_BLOCKS, self.block_shuffle)
         if self._concat is None:
             reads = [(self.dataset, batches)] if _cached(self.dataset) else []
@@ -580,8 +581,12 @@ class DataLoader:
                 if _cached(part)
             ]
         prefetchers = [
-            BlockPrefetcher(part.image_file, part._starts, part._lengths, part_batches, ahead=ahead)
+            BlockPrefetcher(file, starts, lengths, part_batches, ahead=ahead)
             for part, part_batches in reads
+            for file, starts, lengths in [
+                (part.image_file, part._starts, part._lengths),
+                *((column.file, *column.ranges()) for column in part._remote_masks()),
+            ]
         ]
         return BlockPrefetchers(prefetchers) if prefetchers else None
 

@@ -41,13 +41,13 @@ class MaskCrop:
         self.scaled = scaled and isinstance(decode, RandomResizedCropDecode)
 
     def __call__(self, masks: list[torch.Tensor] | torch.Tensor, indices: torch.Tensor, out: torch.Tensor) -> None:
-        """Crop ``masks`` (each ``[H, W]``, its image's size; a raw dataset's ``[N, H, W]`` masks, by
-        ``indices``) of the images ``indices`` into ``out`` (``[B, *decode.size]``)."""
+        """Crop ``masks`` (each ``[H, W]``, its image's size; a raw dataset's ``[B, H, W]``) of the images
+        ``indices`` into ``out`` (``[B, *decode.size]``)."""
         size = tuple(out.shape[1:])
         if isinstance(masks, torch.Tensor):  # a raw dataset's: one size, cropped in one call
             shapes = torch.tensor([tuple(masks.shape[1:])], dtype=torch.int64).expand(len(indices), 2)
             params = resample_params(self.decode, shapes, indices, self.seed, self.epoch).double()
-            out.copy_(crop_masks(masks[indices], params[:, :9], size))
+            out.copy_(crop_masks(masks, params[:, :9], size))
             return
         shapes = torch.tensor([tuple(mask.shape) for mask in masks], dtype=torch.int64).reshape(-1, 2)
         params = resample_params(self.decode, shapes, indices, self.seed, self.epoch).double()

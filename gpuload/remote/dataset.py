@@ -4,7 +4,8 @@
 ``MemmapImageDataset(url, cache=...)`` on it): it reads the manifest, checks every object the manifest
 lists against its size and records its ETag (the version every later read carries), reads the index
 arrays whole (raw: ``labels``; jpeg: ``offsets``, ``shapes``, ``labels``, 24 bytes an image) and checks
-them as a local open does. Image bytes are then read on demand through :meth:`RemoteIndex.image_file`.
+them as a local open does. Image bytes are then read on demand through :meth:`RemoteIndex.image_file`,
+and a mask field's through its column (:class:`~gpuload.remote.masks.RemoteMasks`).
 :func:`describe_remote` and :func:`verify_remote` are ``gpuload info`` and ``gpuload verify`` for URLs.
 """
 
@@ -28,7 +29,8 @@ from ..format.dataset import check_meta_shape
 from ..format.fields import field_path
 from ..format.manifest import MANIFEST_NAME, Manifest
 from ..text import count, either
-from .file import RemoteFile
+from .file import DEFAULT_BLOCK_SIZE, RemoteFile, object_digest
+from .masks import RemoteMasks
 from .store import ObjectInfo, Store, open_store
 
 if TYPE_CHECKING:
@@ -55,7 +57,8 @@ class RemoteIndex:
         table: each image's path, label and checksum (:class:`gpuload.format.table.SampleTable`).
         starts, lengths: int64 ``[N]``: each image's byte range in the image object.
         shapes: jpeg: int32 ``[N, 2]`` (height, width) of each image; raw: ``None``.
-        fields: each named field's values (its index objects read whole, as the table's).
+        fields: each named field's values (its index objects read whole, as the table's; a mask's data
+            read by range, see :class:`~gpuload.remote.masks.RemoteMasks`).
     """
 
     store: Store
@@ -125,14 +128,16 @@ def read_remote_manifest(store: Store, info: ObjectInfo | None = None) -> Manife
             raise DatasetError(f"{store.display} is not a valid gpuload dataset: {reason}") from None
 
 
-def open_remote(url: str | Store, cache: BlockCache | None = None) -> RemoteIndex:
+def open_remote(url: str | Store, cache: BlockCache | None = None, block_size: int = DEFAULT_BLOCK_SIZE) -> RemoteIndex:
     """Open the dataset at ``url`` (or a store of it): manifest, object versions, index (see the module).
 
     With a ``cache`` (format version 4), each index object is kept in it whole, as one block, and
     mapped from there: nothing of it in this process's memory until read, its pages shared by every
     process of the node, and a warm open downloads none of it. Each copy is checked against the
     build's digest of the file (the manifest's ``table``) at every open: a block that a power cut
-    damaged is fetched again.
+    damaged is fetched again. A mask field's data is not an index object: its column
+    (:class:`~gpuload.remote.masks.RemoteMasks`) reads each mask by range when asked, through ``cache``
+    in blocks of ``block_size`` bytes, as the images are read.
 
     Raises:
         DatasetError: not a gpuload dataset, an unfinished push, an object missing or of another size
@@ -206,17 +211,21 @@ def open_remote(url: str | Store, cache: BlockCache | None = None) -> RemoteInde
         size = int(np.prod(manifest.image_shape))
         starts, lengths, shapes = np.arange(count, dtype=np.int64) * size, np.full(count, size, dtype=np.int64), None
     manifest.check_labels(table.labels, store.display, "push the dataset again")
-    fields = {}
+    fields: dict[str, FieldColumn] = {}
     for spec in manifest.field_specs:
-        if spec.fixed:
-            arrays = {"data": array(field_path(spec.name), spec.stored_dtype, (-1,))}
+        offsets = None if spec.fixed else array(field_path(spec.name, "offsets"), np.int64, (count + 1,))
+        if spec.kind == "mask":  # as large as the images: read by range, as they are
+            name = field_path(spec.name)
+            file = RemoteFile(store, name, info=objects[name], cache=cache, block_size=block_size)
+            fields[spec.name] = RemoteMasks(spec, file, offsets, count)
+        elif spec.fixed:
+            fields[spec.name] = FieldColumn(
+                spec, {"data": array(field_path(spec.name), spec.stored_dtype, (-1,))}, count
+            )
         else:
             ragged = np.int32 if spec.kind == "multilabel" else np.uint8
-            arrays = {
-                "data": array(field_path(spec.name), ragged, (-1,)),
-                "offsets": array(field_path(spec.name, "offsets"), np.int64, (count + 1,)),
-            }
-        fields[spec.name] = FieldColumn(spec, arrays, count)
+            data = array(field_path(spec.name), ragged, (-1,))
+            fields[spec.name] = FieldColumn(spec, {"data": data, "offsets": offsets}, count)
         fields[spec.name].check(store.display)
     for mapping in mappings:  # the pages the checks read leave this process (the page cache keeps them)
         mapping.madvise(mmap.MADV_DONTNEED)
@@ -301,7 +310,7 @@ def verify_remote(url: str, *, progress: bool = True) -> Verification:
     :class:`gpuload.format.verify.Verification`, whose ``checked`` says what was checked).
 
     Reads every image once (ranged reads, no cache) and compares its checksum; also the manifest's
-    digests, the objects' sizes, the labels and the index.
+    digests, the objects' sizes, the labels, the index and the digest of each mask field's data.
 
     Raises:
         UsageError: ``url`` holds no dataset at all.
@@ -322,6 +331,13 @@ def verify_remote(url: str, *, progress: bool = True) -> Verification:
     problems = [
         f"manifest.json: the field {name!r} was changed after the build (its digest differs); rebuild the dataset"
         for name in manifest.edited_fields()
+    ]
+    masks = [field_path(spec.name) for spec in manifest.field_specs if spec.kind == "mask"]
+    problems += [  # read by range, not at open: their build digests checked here
+        f"{name} differs from what was built (its digest differs): the masks in it are damaged; push the dataset "
+        "again from an intact copy"
+        for name in masks
+        if f"{object_digest(store, name, index.objects[name]):016x}" != manifest.table[name]
     ]
     checksums, bad, resized = index.checksums(), [], []
     images = len(manifest)
@@ -351,7 +367,9 @@ def verify_remote(url: str, *, progress: bool = True) -> Verification:
             f"size in shapes.memmap: {shown}"
         )
     checked = (
-        f"the manifest and the {count(len(index.objects), 'object')} it lists (sizes, ETags, digests), "
+        f"the manifest and the {count(len(index.objects), 'object')} it lists (sizes, ETags, digests"
+        + (", the masks' data read whole for it" if masks else "")
+        + "), "
         f"{count(images, 'label')}, {count(images, 'image')} read once against {either(images, 'its', 'their')} "
         "build checksum" + (" and recorded size" if index.shapes is not None else "")
     )

@@ -63,7 +63,7 @@ from ..format.manifest import ARRAYS, MANIFEST_NAME, Manifest
 from ..text import byte_size, count
 from ..writing.files import OutputLock, resolve
 from .dataset import PUSH_MARKER, read_remote_manifest
-from .file import RemoteFile
+from .file import object_digest
 from .store import ObjectInfo, RemoteError, Store, Upload, open_store
 
 __all__ = ["PUSH_RECORD", "PushReport", "push_memmap"]
@@ -381,7 +381,7 @@ def _same_objects(
             same[name] = True
         else:
             report.read_back.append(name)
-            same[name] = _remote_digest(store, name, info) == digests[name]
+            same[name] = object_digest(store, name, info) == digests[name]
         if same[name]:
             bar.update(size)
     return same
@@ -415,7 +415,7 @@ def _upload(store: Store, name: str, path: Path, digest: int, bar, resume: Uploa
             f"{store.object_url(name)} has {info.size:,} bytes after its upload, the file {path} has {size:,}; "
             "push again (it resumes)"
         )
-    if _remote_digest(store, name, info) != digest:
+    if object_digest(store, name, info) != digest:
         raise RemoteError(
             f"{store.object_url(name)} reads back other bytes than {path} after its upload (checksums differ); "
             "push again (it resumes); if it happens again, the storage is damaging data"
@@ -458,19 +458,6 @@ def _local_digest(path: Path) -> int:
     with open(path, "rb") as file:
         while chunk := file.read(_CHUNK):
             digest.update(chunk)
-    return digest.intdigest()
-
-
-def _remote_digest(store: Store, name: str, info: ObjectInfo) -> int:
-    """xxh3-64 of the object's bytes as a reader gets them: ranged reads of 8 MiB, 8 in flight."""
-    digest = xxhash.xxh3_64()
-    if info.size == 0:
-        return digest.intdigest()
-    ranges = [(start, min(_CHUNK, info.size - start)) for start in range(0, info.size, _CHUNK)]
-    with RemoteFile(store, name, info=info, block_size=_CHUNK, blocks_per_request=1, workers=8) as file:
-        for first in range(0, len(ranges), 8):
-            for data in file.read_many(ranges[first : first + 8]):
-                digest.update(data)
     return digest.intdigest()
 
 
