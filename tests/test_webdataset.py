@@ -112,9 +112,13 @@ class TestShards:
         assert sorted(samples[0][1]) == ["cls", "jpg", "json", "txt"]
 
     def test_the_stream_keeps_no_member_it_has_read(self, photo_folder, tmp_path, monkeypatch):
-        """tarfile's stream mode keeps every member's TarInfo in ``members`` (millions in one big shard):
-        the reader empties it as it goes, as webdataset's ``tar_file_iterator`` does."""
+        """tarfile's stream mode (a compressed shard's) keeps every member's TarInfo in ``members``
+        (millions in one big shard): the reader empties it as it goes, as webdataset's
+        ``tar_file_iterator`` does."""
         shards = write_shards(tmp_path / "shards", photos(photo_folder)[:6], shards=1)
+        plain = shards / "train-000000.tar"
+        (shards / "train-000000.tar.gz").write_bytes(gzip.compress(plain.read_bytes()))
+        plain.unlink()
         opened, real_open = [], tarfile.open
 
         def spy(*args, **kwargs):
@@ -122,7 +126,7 @@ class TestShards:
             return opened[-1]
 
         monkeypatch.setattr(tarfile, "open", spy)
-        kept = [len(opened[0].members) for _ in read_shard(shards / "train-000000.tar")]
+        kept = [len(opened[-1].members) for _ in read_shard(shards / "train-000000.tar.gz")]
         assert len(kept) == 6 and max(kept) <= 1
 
     @pytest.mark.parametrize("suffix", [".tar", ".tar.gz"])

@@ -39,7 +39,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ..errors import SourceError, UsageError
-from .samples import Mask, Sample, SampleScan, ScannedIndex, Stored
+from . import tarheaders
+from .samples import Mask, Sample, SampleScan, ScannedIndex, Sink, Stored
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -128,9 +129,9 @@ def shard_paths(src: str | Path) -> list[Path]:
 
 def read_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes | Stored]]]:
     """``(key, {extension: bytes})`` for each sample of the shard ``path``; one sample's members in memory
-    at a time. An uncompressed shard's image members (by extension) are given as :class:`Stored`: where
-    their bytes lie, unread (tarfile's ``r:`` reads the headers and seeks past the data); a compressed
-    one is read as a stream (``r|*``), every member's bytes read.
+    at a time. An uncompressed shard is read by its headers (:mod:`gpuload.sources.tarheaders`), its
+    image members (by extension) given as :class:`Stored`: where their bytes lie, unread; a compressed
+    one is read as a stream (tarfile's ``r|*``), every member's bytes read.
 
     Raises:
         SourceError: the shard ends before a member does, or is not a tar file.
@@ -138,34 +139,22 @@ def read_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes | Stored]]]:
     key, members, count = None, {}, 0
     try:
         with open(path, "rb") as file:
-            tar, seekable = _open_tar(file)
-            size = os.fstat(file.fileno()).st_size
-            with tar:
-                for member in tar:
-                    tar.members = []  # tarfile keeps every TarInfo read: millions in one big shard
-                    if not member.isfile():
-                        continue
-                    found = _KEY.match(member.name)
-                    if found is None:
-                        continue  # no extension: no member of a sample (WebDataset leaves them out too)
-                    extension = found[2].lower()
-                    if seekable and member.offset_data + member.size > size:
-                        raise tarfile.ReadError("unexpected end of data")
-                    if seekable and extension.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS and not member.issparse():
-                        data: bytes | Stored = Stored(path, member.offset_data, member.size)
-                    else:
-                        data = tar.extractfile(member).read()
-                    if found[1] != key:
-                        if members:
-                            yield key, members
-                            count += 1
-                        key, members = found[1], {}
-                    if extension in members:  # which is the sample's? webdataset refuses it too
-                        raise SourceError(
-                            path,
-                            f"sample {key!r} holds the member {extension!r} twice; keep one of them (rewrite the shard)",
-                        )
-                    members[extension] = data
+            for name, data in _shard_members(path, file):
+                found = _KEY.match(name)
+                if found is None:
+                    continue  # no extension: no member of a sample (WebDataset leaves them out too)
+                extension = found[2].lower()
+                if found[1] != key:
+                    if members:
+                        yield key, members
+                        count += 1
+                    key, members = found[1], {}
+                if extension in members:  # which is the sample's? webdataset refuses it too
+                    raise SourceError(
+                        path,
+                        f"sample {key!r} holds the member {extension!r} twice; keep one of them (rewrite the shard)",
+                    )
+                members[extension] = data
     except (tarfile.TarError, EOFError, OSError) as error:
         if isinstance(error, OSError) and not _damage(error):
             raise
@@ -178,14 +167,47 @@ def read_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes | Stored]]]:
         yield key, members
 
 
-def _open_tar(file) -> tuple[tarfile.TarFile, bool]:
-    """``file`` as an uncompressed tar read by seeking (``r:``; ``True``), else as a stream of any
-    compression (``False``)."""
+def _shard_members(path: Path, file) -> Iterator[tuple[str, bytes | Stored]]:
+    """The name of each regular member of the shard open as ``file``, with its bytes, or where they lie
+    (:class:`Stored`: an uncompressed shard's images). Read by the headers; from a header that
+    :func:`gpuload.sources.tarheaders.members` does not read (or a compressed shard: from the start) on,
+    by ``tarfile``."""
+    fd, size = file.fileno(), os.fstat(file.fileno()).st_size
+    start = 0
     try:
-        return tarfile.open(fileobj=file, mode="r:"), True
+        if size < 2 * tarheaders.BLOCK:  # too short for a tar: tarfile says what it is
+            raise tarheaders.Unusual(0)
+        for name, offset, length in tarheaders.members(fd, size):
+            yield name, _member_data(path, fd, name, offset, length)
+        return
+    except tarheaders.Unusual as unusual:
+        start = unusual.offset
+    file.seek(start)
+    try:
+        tar, seekable = tarfile.open(fileobj=file, mode="r:"), True
     except tarfile.ReadError:
+        if start:
+            raise
         file.seek(0)
-        return tarfile.open(fileobj=file, mode="r|*"), False
+        tar, seekable = tarfile.open(fileobj=file, mode="r|*"), False
+    with tar:
+        for member in tar:
+            tar.members = []  # tarfile keeps every TarInfo read: millions in one big shard
+            if not member.isfile():
+                continue
+            if seekable and member.offset_data + member.size > size:
+                raise tarfile.ReadError("unexpected end of data")
+            if seekable and not member.issparse():
+                yield member.name, _member_data(path, fd, member.name, member.offset_data, member.size)
+            else:
+                yield member.name, tar.extractfile(member).read()
+
+
+def _member_data(path: Path, fd: int, name: str, offset: int, length: int) -> bytes | Stored:
+    """A member of an uncompressed shard: an image's place (:class:`Stored`), anything else's bytes."""
+    if name.rsplit(".", 1)[-1].lower() in IMAGE_EXTENSIONS:
+        return Stored(path, offset, length)
+    return os.pread(fd, length, offset)
 
 
 def _damage(error: OSError) -> bool:
@@ -201,6 +223,7 @@ def scan_webdataset(
     into: Path,
     shards: list[Path] | None = None,
     progress: bool = False,
+    sink: Sink | None = None,
 ) -> ScannedIndex:
     """Scan the samples of the shards ``src`` names into the new folder ``into`` (see the module).
 
@@ -221,9 +244,11 @@ def scan_webdataset(
         roles=roles,
         default_class=_default_class(str(src), shards),
         progress=progress,
+        sink=sink,
     )
     unknown: Counter[str] = Counter()
     for shard in shards:
+        named = shard.relative_to(root).as_posix()
         for key, members in read_shard(shard):
             where = f"sample {key!r} of {shard}"
             extension = (  # an image member given another role (--column png=mask) is not the image
@@ -233,7 +258,7 @@ def scan_webdataset(
             )
             if extension is None:
                 scan.skip(
-                    f"{shard.relative_to(root).as_posix()}/{key}",
+                    f"{named}/{key}",
                     f"no image among its members ({', '.join(sorted(members))})",
                 )
                 continue
@@ -245,7 +270,7 @@ def scan_webdataset(
                 label = values.pop("label")
             scan.add(
                 Sample(
-                    name=f"{shard.relative_to(root).as_posix()}/{key}.{extension}",
+                    name=f"{named}/{key}.{extension}",
                     image=image,
                     label=label,
                     values=values,

@@ -1,0 +1,146 @@
+"""The header reader of uncompressed tars (gpuload.sources.tarheaders), checked against Python's tarfile
+on tars written by tarfile in each of its formats and by webdataset's TarWriter."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+import webdataset as wds
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuload import SourceError
+from gpuload.sources.tarheaders import BLOCK, Unusual, members
+from gpuload.sources.webdataset import read_shard
+
+
+def listed(path: Path) -> list[tuple[str, int, int]]:
+    with open(path, "rb") as file:
+        return list(members(file.fileno(), path.stat().st_size))
+
+
+def by_tarfile(path: Path) -> list[tuple[str, int, int]]:
+    with tarfile.open(path, "r:") as tar:
+        return [(member.name, member.offset_data, member.size) for member in tar if member.isfile()]
+
+
+NAMES = st.text(st.characters(codec="utf-8", exclude_characters="/\0"), min_size=1, max_size=40).filter(
+    lambda name: name not in (".", "..")
+)
+ENTRIES = st.lists(
+    st.tuples(
+        st.lists(NAMES, min_size=1, max_size=5).map("/".join),  # up to ~200 characters: prefix and long names
+        st.sampled_from(["file", "folder", "link"]),
+        st.integers(0, 2 * BLOCK + 3),
+        st.sampled_from([1_700_000_000, 1_700_000_000.5]),  # a float mtime: a pax header in pax format
+    ),
+    max_size=8,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(entries=ENTRIES, fmt=st.sampled_from([tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]))
+def test_every_member_as_tarfile_lists_it(tmp_path_factory, entries, fmt):
+    path = tmp_path_factory.mktemp("tars") / "t.tar"
+    try:
+        with tarfile.open(path, "w", format=fmt, encoding="utf-8") as tar:
+            for name, kind, size, mtime in entries:
+                info = tarfile.TarInfo(name)
+                info.mtime = mtime
+                info.type = {"file": tarfile.REGTYPE, "folder": tarfile.DIRTYPE, "link": tarfile.SYMTYPE}[kind]
+                info.linkname = "elsewhere" if kind == "link" else ""
+                info.size = size if kind == "file" else 0
+                tar.addfile(info, io.BytesIO(bytes(range(256)) * (size // 256 + 1)) if kind == "file" else None)
+    except ValueError:  # a name too long for ustar: no such tar can be written
+        return
+    assert listed(path) == by_tarfile(path)
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_long_names_each_way_a_format_writes_them(tmp_path, fmt):
+    """Beyond 100 bytes a name goes to ustar's prefix, a GNU long-name member, or a pax header."""
+    names = ["a" * 90 + "/" + "b" * 60 + ".jpg", "short.cls", "ü" * 30 + "/" + "é" * 40 + ".json"]
+    path = tmp_path / "t.tar"
+    with tarfile.open(path, "w", format=fmt, encoding="utf-8") as tar:
+        for name in names:
+            info = tarfile.TarInfo(name)
+            info.size = 5
+            tar.addfile(info, io.BytesIO(b"12345"))
+    assert [name for name, _, _ in listed(path)] == names and listed(path) == by_tarfile(path)
+
+
+def test_a_webdataset_shard(photo_folder, tmp_path):
+    """TarWriter's members each carry a pax header (a float mtime): read, not handed to tarfile."""
+    path = tmp_path / "shard.tar"
+    with wds.TarWriter(str(path)) as sink:
+        for position, photo in enumerate(sorted(photo_folder.rglob("*.jpg"))[:5]):
+            sink.write({"__key__": f"dir/{position:06d}", "jpg": photo.read_bytes(), "cls": position})
+    assert listed(path) == by_tarfile(path) and len(listed(path)) == 10
+
+
+def write_tar(path: Path, count: int) -> Path:
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for position in range(count):
+            for extension, data in (("jpg", b"j" * (100 + position)), ("cls", str(position).encode())):
+                info = tarfile.TarInfo(f"{position:04d}.{extension}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def patch_header(path: Path, offset: int, kind: bytes | None = None, checksum: bool = True) -> None:
+    """Give the header at ``offset`` another type (its checksum recomputed, or left wrong)."""
+    data = bytearray(path.read_bytes())
+    header = data[offset : offset + BLOCK]
+    if kind is not None:
+        header[156:157] = kind
+    if checksum:
+        header[148:156] = b" " * 8
+        header[148:156] = f"{sum(header):06o}\0 ".encode()
+    else:
+        header[0] ^= 0x01
+    data[offset : offset + BLOCK] = header
+    path.write_bytes(bytes(data))
+
+
+def test_a_type_it_does_not_read_is_left_to_tarfile_from_there(tmp_path):
+    path = write_tar(tmp_path / "t.tar", 4)
+    third = by_tarfile(path)[2][1] - BLOCK  # the header of the third member
+    patch_header(path, third, kind=b"V")  # a GNU volume header: tarfile skips it
+    with pytest.raises(Unusual) as raised:
+        listed(path)
+    assert raised.value.offset == third
+    samples = dict(read_shard(path))
+    assert sorted(samples) == ["0000", "0001", "0002", "0003"] and "jpg" not in samples["0001"]
+    assert [bytes(samples[key]["cls"]) for key in ("0002", "0003")] == [b"2", b"3"]
+
+
+def test_a_damaged_header_after_the_first_is_named_where_tarfile_would_stop_without_a_word(tmp_path):
+    path = write_tar(tmp_path / "t.tar", 4)
+    third = by_tarfile(path)[2][1] - BLOCK
+    patch_header(path, third, checksum=False)
+    with pytest.raises(tarfile.ReadError, match=f"the header at byte {third:,} fails its checksum"):
+        listed(path)
+    with pytest.raises(
+        SourceError, match=rf"is truncated or damaged after 0 samples \(ReadError: the header at byte {third:,}"
+    ):
+        list(read_shard(path))
+
+
+@pytest.mark.parametrize("cut", [BLOCK + 50, 3 * BLOCK + 10])  # inside the first member's data, inside a header
+def test_a_tar_cut_short(tmp_path, cut):
+    path = write_tar(tmp_path / "t.tar", 4)
+    path.write_bytes(path.read_bytes()[:cut])
+    with pytest.raises(tarfile.ReadError, match="unexpected end of data"):
+        listed(path)
+
+
+def test_a_first_header_that_is_not_a_tar_is_left_to_tarfile(tmp_path):
+    path = tmp_path / "t.tar"
+    path.write_bytes(b"\x1f\x8b" + bytes(2 * BLOCK))  # a gzip magic: not a header
+    with pytest.raises(Unusual) as raised:
+        listed(path)
+    assert raised.value.offset == 0
