@@ -1,11 +1,13 @@
 import collections
 import errno
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import textwrap
 import warnings
 from pathlib import Path
@@ -32,6 +34,7 @@ from gpuload import (
     verify_memmap,
 )
 from gpuload.format.table import SampleTable, file_digest
+from gpuload.sources.samples import SampleScan
 
 PINNED = Path(__file__).parent / "data" / "tiny.memmap"
 
@@ -709,3 +712,62 @@ def test_each_source_costs_one_status_lookup(photo_folder, tmp_path, monkeypatch
         counts
     )  # jpeg: a sample's size too
     assert sum(counts.values()) <= 20 + (20 if format == "jpeg" else 0)
+
+
+def shard_of(folder: Path, path: Path, bad: str | None = None) -> Path:
+    """The photos of ``folder`` as one uncompressed WebDataset tar (``jpg`` and its class folder as
+    ``cls``), written by Python's tarfile; ``bad``: one of ``BAD_FILES`` as one more sample's image."""
+    samples = [(photo.read_bytes(), photo.parent.name) for photo in sorted(folder.rglob("*.jpg"))]
+    if bad is not None:
+        write_bad_file(path.parent, bad)
+        samples.insert(3, ((path.parent / bad).read_bytes(), samples[0][1]))
+    with tarfile.open(path, "w") as tar:
+        for position, (data, label) in enumerate(samples):
+            for extension, member in (("jpg", data), ("cls", label.encode())):
+                info = tarfile.TarInfo(f"{position:06d}.{extension}")
+                info.size = len(member)
+                tar.addfile(info, io.BytesIO(member))
+    return path
+
+
+class TestWritingAsTheScanGoes:
+    """A source of samples built in its own order (raw at a given size, jpeg in the source's order) has
+    each image's job started as the scan stages it, not after the whole scan."""
+
+    @pytest.mark.parametrize(
+        "options, streams",
+        [
+            ({"size": SIZE}, True),
+            ({"format": "jpeg", "order": "source"}, True),
+            ({}, False),
+            ({"format": "jpeg"}, False),
+        ],
+    )
+    def test_the_first_job_starts_after_the_first_sample(self, photo_folder, tmp_path, monkeypatch, options, streams):
+        """Scanned first, 1.28M samples in tar shards kept the decoders idle for minutes (and the
+        build's folder held a copy of every image)."""
+        shard = shard_of(photo_folder, tmp_path / "train.tar")
+        scanned, at_first_job = [], []
+        add, raw, jpeg = SampleScan.add, gpuload.writing.build._RawStore.submit, gpuload.writing.build._JpegStore.submit
+        monkeypatch.setattr(SampleScan, "add", lambda self, sample: scanned.append(1) or add(self, sample))
+        for store, submit in ((gpuload.writing.build._RawStore, raw), (gpuload.writing.build._JpegStore, jpeg)):
+            monkeypatch.setattr(
+                store,
+                "submit",
+                lambda self, *args, submit=submit: at_first_job.append(len(scanned)) or submit(self, *args),
+            )
+        ds = MemmapImageDataset(build_memmap(shard, tmp_path / "out", progress=False, **options))
+        assert len(ds) == len(scanned) > 1 and verify_memmap(ds.path, progress=False) == []
+        assert at_first_job[0] == (1 if streams else len(scanned))
+
+    @pytest.mark.parametrize("bad", ["truncated.jpg", "notes.jpg"])
+    def test_the_same_dataset_as_a_build_that_scans_first(self, photo_folder, tmp_path, bad):
+        """Raw at the given size (written as the scan goes) and at the images' common size (scanned
+        first: the same size here): the same images, labels, checksums, names and skipped images."""
+        shard = shard_of(photo_folder, tmp_path / "src" / "train.tar", bad=bad)
+        streamed = MemmapImageDataset(build_memmap(shard, tmp_path / "a", size=SIZE, progress=False))
+        scanned = MemmapImageDataset(build_memmap(shard, tmp_path / "b", progress=False))
+        for name in ("images.memmap", "labels.memmap", "checksums.memmap", "paths.memmap", "path_offsets.memmap"):
+            assert (streamed.path / name).read_bytes() == (scanned.path / name).read_bytes(), name
+        assert streamed.manifest.skipped == scanned.manifest.skipped
+        assert [entry["path"] for entry in streamed.manifest.skipped] == ["train.tar/000003.jpg"]

@@ -220,16 +220,42 @@ class TestBuild:
             )  # fmt: skip
         assert not (tmp_path / "out").exists()
 
-    def test_a_raw_build_counts_its_masks_in_the_disk_space_it_needs(self, coordinate_folder, tmp_path, monkeypatch):
-        """6 images of 96x96x3 bytes need 166,176 bytes with their index; their two masks 110,592 more."""
+    def test_a_raw_build_counts_its_masks_in_the_disk_space_it_needs(self, tmp_path, monkeypatch):
+        """6 images of 96x96x3 bytes need 166,176 bytes with their index; their two masks 110,592 more (a
+        build at the images' common size: it scans them all before it writes)."""
+        folder = tmp_path / "src"
+        (folder / "masks").mkdir(parents=True)
+        rows = []
+        for position in range(6):
+            image, x, y = coordinates(96, 96)
+            Image.fromarray(image).save(folder / f"{position}.png")
+            (folder / "masks" / f"{position}.x.png").write_bytes(png(x))
+            (folder / "masks" / f"{position}.y.png").write_bytes(png(y))
+            rows.append([f"{position}.png", "ab"[position % 2], f"masks/{position}.x.png", f"masks/{position}.y.png"])
+        write_table(folder, rows)
         usage = type("Usage", (), {"total": 10**6, "used": 0, "free": 200_000})
         monkeypatch.setattr(gpuload.writing.build.shutil, "disk_usage", lambda path: usage)
         with pytest.raises(OSError, match=r"the dataset needs 276,768 bytes .*\(6 images of 96x96x3 bytes, each with 2 "
                            r"masks of 96x96 bytes\) but .* has 200,000 bytes"):  # fmt: skip
+            build_memmap(folder, tmp_path / "out", columns={"mx": "mask", "my": "mask"}, progress=False)
+        assert not (tmp_path / "out").exists()
+
+    def test_a_build_that_writes_as_it_scans_finds_a_full_disk_as_it_writes(
+        self, coordinate_folder, tmp_path, monkeypatch
+    ):
+        """A raw build at a given size writes each image as the scan stages it: how many come is not known
+        before, so the disk is reserved a step ahead, and a disk without room says so, and leaves nothing."""
+        import errno
+
+        def full(fd, offset, length):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(gpuload.writing.writer.os, "posix_fallocate", full)
+        with pytest.raises(OSError, match=r"not enough disk space to write .*out/images.memmap: it needs 27,648 bytes"):
             build_memmap(
                 coordinate_folder, tmp_path / "out", size=(96, 96), columns={"mx": "mask", "my": "mask"}, progress=False
             )
-        assert not (tmp_path / "out").exists()
+        assert list(tmp_path.iterdir()) == []
 
     @pytest.mark.parametrize("format", ["raw", "jpeg"])
     @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from pathlib import Path
 from ..errors import UsageError
 from .folder import ImageFolderIndex, scan_image_folder
 from .metadata import TABLE_SUFFIXES, find_metadata, scan_metadata
-from .samples import ScannedIndex
+from .samples import ScannedIndex, Sink
 from .webdataset import TAR_SUFFIXES, is_pattern, shard_paths
 
 __all__ = ["Source", "find_source", "scan_source"]
@@ -112,10 +112,17 @@ def find_source(src: str | os.PathLike, columns: dict[str, str]) -> Source:
 
 
 def scan_source(
-    source: Source, *, classes: Sequence[str] | None, columns: dict[str, str], into: Path, progress: bool = False
+    source: Source,
+    *,
+    classes: Sequence[str] | None,
+    columns: dict[str, str],
+    into: Path,
+    progress: bool = False,
+    sink: Sink | None = None,
 ) -> ImageFolderIndex | ScannedIndex:
     """Scan ``source`` into the new folder ``into`` (the build's own): the samples' index (``progress``: a
-    progress bar of the samples of a table, tar shards or Parquet files).
+    progress bar of the samples of a table, tar shards or Parquet files; ``sink``: given each of their
+    samples as it is staged, see :data:`gpuload.sources.samples.Sink`).
 
     Raises:
         UsageError: ``columns`` for an ImageFolder, whose images have no columns.
@@ -127,19 +134,27 @@ def scan_source(
                 f"columns name the columns of a metadata table, tar shards or Parquet files, and {source.path} is an "
                 "ImageFolder (one folder per class): leave columns out, or add a metadata.csv"
             )
+        if sink is not None:
+            raise UsageError("an ImageFolder's scan gives no sample as it goes: its build writes after the scan")
         return scan_image_folder(source.path, classes=classes, into=into)
     if source.format == "table":
-        return scan_metadata(source.table, classes=classes, roles=columns, into=into, progress=progress)
+        return scan_metadata(source.table, classes=classes, roles=columns, into=into, progress=progress, sink=sink)
     if source.format == "webdataset":
         from .webdataset import scan_webdataset
 
         return scan_webdataset(
-            source.path, classes=classes, roles=columns, into=into, shards=list(source.files), progress=progress
+            source.path,
+            classes=classes,
+            roles=columns,
+            into=into,
+            shards=list(source.files),
+            progress=progress,
+            sink=sink,
         )
     from .parquet import scan_parquet
 
     return scan_parquet(
-        source.path, classes=classes, roles=columns, into=into, files=list(source.files), progress=progress
+        source.path, classes=classes, roles=columns, into=into, files=list(source.files), progress=progress, sink=sink
     )
 
 

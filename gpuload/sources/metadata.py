@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ..errors import SourceError, UsageError
-from .samples import Sample, SampleScan, ScannedIndex, Unreadable, images_column, with_defaults
+from .samples import Sample, SampleScan, ScannedIndex, Sink, Unreadable, images_column, with_defaults
 
 __all__ = ["TABLE_NAMES", "TABLE_SUFFIXES", "find_metadata", "read_rows", "scan_metadata"]
 
@@ -58,7 +58,13 @@ def find_metadata(folder: Path) -> Path | None:
 
 
 def scan_metadata(
-    table: Path, *, classes: Sequence[str] | None, roles: dict[str, str], into: Path, progress: bool = False
+    table: Path,
+    *,
+    classes: Sequence[str] | None,
+    roles: dict[str, str],
+    into: Path,
+    progress: bool = False,
+    sink: Sink | None = None,
 ) -> ScannedIndex:
     """Scan the images that ``table`` names into the new folder ``into`` (see the module).
 
@@ -88,6 +94,7 @@ def scan_metadata(
         roles=roles,
         default_class=table.parent.name or "images",
         progress=progress,
+        sink=sink,
     )
     by_folder: bool | None = None
     text_columns = {name for name, role in roles.items() if role in ("text", "mask", "image")}

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SourceError, UsageError
-from .samples import Sample, SampleScan, ScannedIndex, Stored, images_column, with_defaults
+from .samples import Sample, SampleScan, ScannedIndex, Sink, images_column, with_defaults
 
 __all__ = ["open_parquet", "parquet_files", "scan_parquet"]
 
@@ -90,6 +90,7 @@ def scan_parquet(
     into: Path,
     files: list[Path] | None = None,
     progress: bool = False,
+    sink: Sink | None = None,
 ) -> ScannedIndex:
     """Scan the images of the Parquet file or folder ``src`` into the new folder ``into`` (see the module).
 
@@ -114,6 +115,7 @@ def scan_parquet(
         roles=roles,
         default_class=src.stem if src.is_file() else src.name,
         progress=progress,
+        sink=sink,
     )
     for path in files:
         parquet = open_parquet(path)
@@ -123,7 +125,7 @@ def scan_parquet(
                 f"has no {image!r} column of images (its columns: {', '.join(parquet.schema_arrow.names)}); name the "
                 "image column with --column NAME=image",
             )
-        row, batches = 0, parquet.iter_batches(batch_size=_BATCH)
+        row, batches, named = 0, parquet.iter_batches(batch_size=_BATCH), path.relative_to(root).as_posix()
         others = [name for name in parquet.schema_arrow.names if name != image]
         while True:
             try:  # only the file's reading: an OSError of the scan's own disk stays what it is
@@ -137,14 +139,14 @@ def scan_parquet(
                 raise SourceError(
                     path, f"cannot be read past row {row} ({error}): truncated or damaged? download it again"
                 ) from None
-            copied = scan.copy_images(data)
-            for at, (values, start, length) in enumerate(zip(rows, starts.tolist(), lengths.tolist())):
+            images = scan.images(data, starts.tolist(), lengths.tolist())
+            for at, (values, image_bytes, length) in enumerate(zip(rows, images, lengths.tolist())):
                 where = f"row {row} of {path}"
                 if length <= 0:
                     _no_image(batch.column(image)[at], where, path, image)
                 sample = Sample(
-                    name=f"{path.relative_to(root).as_posix()}/{row}",
-                    image=Stored(copied.file, copied.offset + start, length),
+                    name=f"{named}/{row}",
+                    image=image_bytes,
                     label=values.pop(label, None) if label is not None else None,
                     values=values,
                     where=where,

@@ -9,7 +9,8 @@ as they come, so memory holds a few thousand rows whatever the count:
   numbered as they first come, and renumbered in the classes' sorted order at the end);
 - where each image given as bytes lies (``image_refs``): in a file of the source, read there by range
   when the build decodes it (an uncompressed tar's member: :class:`Stored`), or copied one after the
-  other into ``blobs`` (a compressed tar's, a Parquet file's);
+  other into ``blobs`` (a compressed tar's, a Parquet file's); a scan with a sink (a build that writes as
+  the scan goes) hands each image on instead, and keeps none;
 - each named value, staged by kind (numbers as float64 rows, text, multi-label lists and masks' bytes
   flat with offsets), the kind decided by the first value or by the role given;
 - a hash of each name (``names``), to find two samples naming one image.
@@ -43,6 +44,7 @@ __all__ = [
     "Sample",
     "SampleScan",
     "ScannedIndex",
+    "Sink",
     "StagedField",
     "Stored",
     "Unreadable",
@@ -54,6 +56,11 @@ __all__ = [
 # What a source's column (a table's, a tar's member or JSON key, a Parquet column) can be taken as.
 ROLES = ("image", "label", "multilabel", "mask", "number", "text", "ignore")
 _CHUNK = 4096  # rows kept in memory between writes
+
+# What a build that writes as the scan goes does with each sample, as it is staged:
+# ``sink(position, name, path, data, masks)``: its image's file (``data``: its bytes, where the source
+# holds them) and its masks, as :meth:`ScannedIndex.image` and :meth:`ScannedIndex.masks` give them.
+Sink = Callable[[int, str, str, "bytes | None", "list[tuple[str, bytes, str | None]]"], None]
 _EXACT_INT = 2**53  # integers staged as float64 are exact up to here
 
 
@@ -296,7 +303,8 @@ class StagedField:
             value = b""
         elif not isinstance(value, (bytes, bytearray)) or not value:
             self._mixed(where, value, "mask (an image's bytes)")
-        self._text.append(bytes(value))
+        self.last = (bytes(value), self.unreadable.get(self.count))
+        self._text.append(self.last[0])
 
     def mask(self, position: int) -> tuple[bytes, str | None]:
         """The staged bytes of the mask of sample ``position``, and why it could not be read (else ``None``)."""
@@ -403,7 +411,7 @@ class _Blobs:
         self.files, self.size = [path], 0
         self.numbers: dict[Path, int] = {path: 0}
         self.file = open(path, "xb")
-        self.fds: list[int] = []
+        self.fds: dict[int, int] = {}  # file number -> its descriptor, opened when first read
 
     def append(self, data: bytes | Stored) -> tuple[int, int, int]:
         if isinstance(data, Stored):  # the source's file, or bytes already copied into the scan's (copy)
@@ -425,18 +433,21 @@ class _Blobs:
 
     def close(self) -> None:
         self.file.close()
-        self.fds = [os.open(path, os.O_RDONLY | os.O_CLOEXEC) for path in self.files]
 
     def read(self, number: int, start: int, length: int) -> bytes:
+        if number == 0 and not self.file.closed:
+            self.file.flush()  # read while the scan runs: what it copied, on disk
+        if number not in self.fds:
+            self.fds[number] = os.open(self.files[number], os.O_RDONLY | os.O_CLOEXEC)
         data = os.pread(self.fds[number], length, start)
         if len(data) != length:  # the source's file was cut since the scan
             raise SourceError(self.files[number], f"ends before byte {start + length:,}, where the scan found an image")
         return data
 
     def release(self) -> None:
-        for fd in self.fds:
+        for fd in self.fds.values():
             os.close(fd)
-        self.fds = []
+        self.fds = {}
 
 
 class SampleScan:
@@ -451,6 +462,7 @@ class SampleScan:
         roles: each column's role where given (see :data:`ROLES`).
         default_class: the one class of a source whose samples have no label.
         progress: show a progress bar of the samples scanned.
+        sink: given each sample as it is staged (see :data:`Sink`), for a build that writes as the scan goes.
     """
 
     def __init__(
@@ -464,14 +476,17 @@ class SampleScan:
         roles: dict[str, str],
         default_class: str,
         progress: bool = False,
+        sink: Sink | None = None,
     ) -> None:
         self.folder, self.root, self.source, self.source_format = Path(into), root, source, source_format
+        self.sink = sink
         self.folder.mkdir()
         self.given = list(classes) if classes is not None else None
         self.roles, self.default_class = roles, default_class
         self.table = TableWriter(self.folder)
         self.blobs = _Blobs(self.folder / "blobs")
         self.image_refs: _Appender | None = None
+        self.bytes_given = False  # the first sample's image came as bytes (every one's must)
         self.hashes = _Appender(self.folder / "names", "<u8")
         self.fields: dict[str, StagedField] = {}
         self.columns: list[str] | None = None  # the first sample's: every sample has these
@@ -481,11 +496,14 @@ class SampleScan:
         self.skipped: list[dict] = []
         self.bar = tqdm(unit="sample", desc=f"scan {source.name}", disable=not progress, file=sys.stderr)
 
-    def copy_images(self, data) -> Stored:
-        """Copy ``data`` (a buffer: the bytes of several images, one after the other) into the scan's own
-        file in one write; returns where it lies, for the :class:`Stored` images cut from it."""
-        start = self.blobs.size
-        return Stored(self.blobs.copy(data), start, len(data))
+    def images(self, data, starts: list[int], lengths: list[int]) -> list[bytes | Stored]:
+        """The images cut from ``data`` (a buffer: their bytes one after the other) at ``starts``, each
+        ``lengths`` long: for the build that writes after the scan, copied into the scan's own file in
+        one write (:class:`Stored` there); for a build that writes as the scan goes, each image's bytes."""
+        if self.sink is not None:
+            return [bytes(data[start : start + length]) for start, length in zip(starts, lengths)]
+        offset, file = self.blobs.size, self.blobs.copy(data)
+        return [Stored(file, offset + start, length) for start, length in zip(starts, lengths)]
 
     def skip(self, name: str, reason: str) -> None:
         """List a sample the source cannot give (no image in a tar's sample) as the build lists a file it
@@ -501,16 +519,25 @@ class SampleScan:
         position = self.table.count
         if position == 0:
             self.first_where = sample.where
-            self.image_refs = _Appender(self.folder / "image_refs", "<i8") if sample.image is not None else None
-        if (sample.image is None) != (self.image_refs is None):
+            given = sample.image is not None and self.sink is None  # kept for the build (a sink's are handed on)
+            self.image_refs = _Appender(self.folder / "image_refs", "<i8") if given else None
+            self.bytes_given = sample.image is not None
+        if (sample.image is None) == self.bytes_given:
             raise SourceError(self.source, f"{sample.where}: holds its image as a file where others hold bytes")
         label = self._label(sample)
         self._values(sample)
-        if self.image_refs is not None:
+        if self.sink is None and sample.image is not None:
             self.image_refs.append(self.blobs.append(sample.image))
         self.hashes.append(xxhash.xxh3_64_intdigest(sample.name.encode()))
         self.table.append(sample.name, label, 0)
         self.bar.update()
+        if self.sink is not None:  # the image handed on, not kept
+            data = sample.image
+            if isinstance(data, Stored):
+                number, start, end = self.blobs.append(data)
+                data = self.blobs.read(number, start, end - start)
+            masks = [(staged.name, *staged.last) for staged in self.fields.values() if staged.kind == "mask"]
+            self.sink(position, sample.name, os.path.join(self.root, sample.name), data, masks)
 
     def _label(self, sample: Sample) -> int:
         label = sample.label

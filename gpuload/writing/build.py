@@ -10,7 +10,7 @@ import shutil
 import sys
 import warnings
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -295,7 +295,14 @@ def _build(
     progress: bool,
 ) -> None:
     """Write the dataset into ``tmp``: scan the source into a table there, write the images (``out`` names
-    them in messages), then the index, the table, the fields and the manifest."""
+    them in messages), then the index, the table, the fields and the manifest. A source of samples
+    (not an ImageFolder) built in its own order (raw at a given size, or jpeg in the source's order) has
+    its images written as the scan stages them (:func:`_build_streamed`)."""
+    streams = source.format != "image_folder" and (size is not None if format == "raw" else order == "source")
+    if streams:
+        _build_streamed(tmp, source, out, pool, format, size, resize, max_side, quality, classes, columns,
+                        workers, strict, sync, progress)  # fmt: skip
+        return
     index = scan_source(source, classes=classes, columns=columns, into=tmp / SCAN, progress=progress)
     try:
         _build_from(tmp, index, out, pool, format, size, resize, max_side, quality, order, seed, workers, strict,
@@ -346,6 +353,74 @@ def _build_from(
         store.layout(images, None if order == "source" else seed)
     todo = (position for position in store.order(images) if position not in unreadable)
     kept = _write(store, index, todo, images - len(unreadable), skipped, strict, progress)
+    _complete(tmp, index, out, store, kept, skipped, sync)
+
+
+def _build_streamed(
+    tmp: Path,
+    source: Source,
+    out: Path,
+    pool: ThreadPoolExecutor,
+    format: str,
+    size: tuple[int, int] | None,
+    resize: str,
+    max_side: int | None,
+    quality: int,
+    classes: Sequence[str] | None,
+    columns: dict[str, str],
+    workers: int,
+    strict: bool,
+    sync: bool,
+    progress: bool,
+) -> None:
+    """:func:`_build` for a source of samples in its own order: each image's job starts as the scan stages
+    it, so the decoders work while the scan reads on (a source's scan no longer comes before its first
+    image), and its result is appended as the jobs complete, in the scan's order. The store is made at
+    the first sample, whose fields are every sample's; how many come is known at the end, so the files
+    grow as they come (reserved a step ahead: see :class:`gpuload.writing.writer.BlockWriter`)."""
+    skipped: list[dict] = []
+    with tqdm(unit="img", desc="build-memmap", disable=not progress, file=sys.stderr) as bar:
+        jobs: _Jobs | None = None
+
+        def sink(position: int, name: str, path: str, data: bytes | None, masks: Masks) -> None:
+            nonlocal jobs
+            if jobs is None:
+                if masks and max_side is not None:
+                    raise UsageError(
+                        f"max_side scales images down, and {source.path} has masks ({', '.join(m[0] for m in masks)}), "
+                        "which a jpeg build keeps as they came: leave max_side out, or build raw (--size)"
+                    )
+                if format == "raw":
+                    mask_names = [mask[0] for mask in masks]
+                    store: _Store = _RawStore(tmp, out, pool, size, resize, workers, sync, None, mask_names)
+                else:
+                    store = _JpegStore(tmp, out, pool, max_side, quality, workers, sync, None)
+                store.layout(None, None)
+                jobs = _Jobs(store, skipped, strict, bar)
+            jobs.add(position, path, data, masks, name)
+
+        index = scan_source(source, classes=classes, columns=columns, into=tmp / SCAN, sink=sink)
+        try:
+            skipped[:0] = index.skipped
+            for staged in index.fields if format == "raw" else ():  # stored fitted as their images: one size
+                if staged.kind == "mask":
+                    staged.spec = replace(staged.spec, shape=tuple(size))
+            kept = jobs.finish(index.source_path)
+            _complete(tmp, index, out, jobs.store, kept, skipped, sync)
+        finally:
+            index.close()
+
+
+def _complete(
+    tmp: Path,
+    index: ImageFolderIndex | ScannedIndex,
+    out: Path,
+    store: _Store,
+    kept: int,
+    skipped: list[dict],
+    sync: bool,
+) -> None:
+    """Warn of classes the skipped images emptied, then :func:`_finish` the dataset."""
     empty = _empty_classes(index, store)
     emptied = sorted(set(empty) - set(index.empty_classes))
     if emptied:
@@ -353,7 +428,7 @@ def _build_from(
             f"{count(len(emptied), 'class', 'classes')} {either(len(emptied), 'has', 'have')} no image left in {out}, "
             f"all of {either(len(emptied), 'its', 'their')} files skipped: "
             f"{shown_names(emptied)}; their labels are kept",
-            stacklevel=3,
+            stacklevel=4,
         )
     with full_disk_says(
         lambda: no_room(
@@ -517,11 +592,12 @@ class _Store:
 
     records: np.memmap
 
-    def layout(self, count: int, seed: int | None) -> None:
-        """Note what is written of each of ``count`` sample positions in a file of the build's own (not
-        memory), and write them in a random order seeded by ``seed`` (``None``: ImageFolder's)."""
+    def layout(self, count: int | None, seed: int | None) -> None:
+        """Note what is written of each of ``count`` sample positions (``None``: not known yet; the file
+        grows) in a file of the build's own (not memory), and write them in a random order seeded by
+        ``seed`` (``None``: ImageFolder's)."""
         self.seed = seed
-        self.records = np.memmap(self.tmp / ".records", dtype=self.record, mode="w+", shape=(max(1, count),))
+        self.records = np.memmap(self.tmp / ".records", dtype=self.record, mode="w+", shape=(max(1, count or 0),))
         if seed is not None:
             self.shuffled = np.memmap(self.tmp / ".order", dtype="<i8", mode="w+", shape=(count,))
             self.shuffled[:] = np.arange(count, dtype=np.int64)
@@ -535,6 +611,16 @@ class _Store:
         return (
             position for first in range(0, count, _CHUNK) for position in self.shuffled[first : first + _CHUNK].tolist()
         )
+
+    def note(self, position: int, record: tuple) -> None:
+        """Record what was written of the sample at ``position`` (the file doubled when it is beyond it)."""
+        if position >= len(self.records):
+            size = max(position + 1, 2 * len(self.records))
+            self.records.flush()
+            self.records = None
+            os.truncate(self.tmp / ".records", size * self.record.itemsize)  # the new rows read as zeros
+            self.records = np.memmap(self.tmp / ".records", dtype=self.record, mode="r+", shape=(size,))
+        self.records[position] = record
 
     def kept(self, first: int, last: int) -> np.ndarray:
         """The positions in ``[first, last)`` whose images were written."""
@@ -588,7 +674,7 @@ class _RawStore(_Store):
         resize: str,
         workers: int,
         sync: bool,
-        count: int,
+        count: int | None,
         masks: list[str],
     ) -> None:
         self.tmp, self.pool, self.size, self.resize = tmp, pool, size, resize
@@ -600,7 +686,10 @@ class _RawStore(_Store):
         self.busy: dict[Future, list[np.ndarray]] = {}
         self.writers = [
             BlockWriter(
-                tmp / "images.memmap", count * 3 * size[0] * size[1], write_behind=sync, name=out / "images.memmap"
+                tmp / "images.memmap",
+                None if count is None else count * 3 * size[0] * size[1],
+                write_behind=sync,
+                name=out / "images.memmap",
             )
         ]
         if masks:
@@ -608,7 +697,10 @@ class _RawStore(_Store):
         for name in masks:
             self.writers.append(
                 BlockWriter(
-                    tmp / field_path(name), count * size[0] * size[1], write_behind=sync, name=out / field_path(name)
+                    tmp / field_path(name),
+                    None if count is None else count * size[0] * size[1],
+                    write_behind=sync,
+                    name=out / field_path(name),
                 )
             )
 
@@ -619,7 +711,7 @@ class _RawStore(_Store):
         return future
 
     def append(self, position: int, checksum: int) -> int:
-        self.records[position] = (checksum, 1)
+        self.note(position, (checksum, 1))
         return checksum
 
     def release(self, future: Future) -> None:
@@ -673,7 +765,7 @@ class _JpegStore(_Store):
         quality: int,
         workers: int,
         sync: bool,
-        expected_bytes: int,
+        expected_bytes: int | None,
     ) -> None:
         self.tmp, self.pool, self.max_side, self.quality = tmp, pool, max_side, quality
         self.window = 4 * workers + 4  # small results: more in flight hides the slow re-encodes
@@ -689,7 +781,7 @@ class _JpegStore(_Store):
             self.writer.skip(BLOCK_SIZE - start % BLOCK_SIZE)  # to the next block
             start = self.writer.written
         self.writer.write(np.frombuffer(stored.data, np.uint8))
-        self.records[position] = (start, self.writer.written, stored.shape, stored.checksum, 1)
+        self.note(position, (start, self.writer.written, stored.shape, stored.checksum, 1))
         if stored.reencoded is not None:
             self.reencoded[stored.reencoded] += 1
         return stored.checksum
@@ -731,39 +823,71 @@ def _write(
     strict: bool,
     progress: bool,
 ) -> int:
-    """Run the store's jobs for the samples at positions ``order`` (``total`` of them), at most a window
-    at once, and append their results in that order; returns how many were kept."""
-    pending: deque[tuple[int, Future]] = deque()
-    positions = iter(order)
-    kept = 0
-
-    def submit_next() -> None:
-        position = next(positions, None)
-        if position is not None:
-            masks = index.masks(position) if isinstance(index, ScannedIndex) else []
-            pending.append((position, store.submit(*index.image(position), masks)))
-
+    """Run the store's jobs for the samples at positions ``order`` (``total`` of them) and append their
+    results in that order (:class:`_Jobs`); returns how many were kept."""
     with tqdm(total=total, unit="img", desc="build-memmap", disable=not progress, file=sys.stderr) as bar:
-        for _ in range(store.window):
-            submit_next()
-        while pending:
-            position, future = pending.popleft()
-            try:
-                result = future.result()
-            except DecodeError as error:
-                if strict:
-                    raise
-                skipped.append({"path": index.samples[position][0], "reason": error.reason})
-                bar.set_postfix(skipped=len(skipped), refresh=False)
-            else:
-                store.append(position, result)
-                kept += 1
-            store.release(future)
-            submit_next()
-            bar.update()
-    if not kept:
-        raise DecodeError(index.source_path, f"no image could be decoded; first problem: {skipped[0]['reason']}")
-    return kept
+        jobs = _Jobs(store, skipped, strict, bar, describe=lambda position: index.samples[position][0])
+        for position in order:
+            masks = index.masks(position) if isinstance(index, ScannedIndex) else []
+            jobs.add(position, *index.image(position), masks)
+        return jobs.finish(index.source_path)
+
+
+class _Jobs:
+    """The store's jobs, at most its window in flight, each result appended (or its image skipped and
+    listed in ``skipped``, unless ``strict``) in the order the jobs were added.
+
+    Args:
+        describe: names the image at a position, for the list of skipped images (when the job was not
+            given its name).
+    """
+
+    def __init__(
+        self,
+        store: _Store,
+        skipped: list[dict],
+        strict: bool,
+        bar: tqdm,
+        describe: Callable[[int], str] | None = None,
+    ) -> None:
+        self.store, self.skipped, self.strict, self.bar, self.describe = store, skipped, strict, bar, describe
+        self.pending: deque[tuple[int, str | None, Future]] = deque()
+        self.kept = 0
+
+    def add(self, position: int, path: str, data: bytes | None, masks: Masks, name: str | None = None) -> None:
+        """Start the job of the sample at ``position`` (see :meth:`_Store.submit`), once the window has room."""
+        if len(self.pending) >= self.store.window:
+            self._complete()
+        self.pending.append((position, name, self.store.submit(path, data, masks)))
+
+    def finish(self, source: Path) -> int:
+        """Complete every job; returns how many images were kept.
+
+        Raises:
+            DecodeError: none could be decoded (``source`` named).
+        """
+        while self.pending:
+            self._complete()
+        if not self.kept:
+            first = self.skipped[0]["reason"] if self.skipped else "none was given"
+            raise DecodeError(source, f"no image could be decoded; first problem: {first}")
+        return self.kept
+
+    def _complete(self) -> None:
+        position, name, future = self.pending.popleft()
+        try:
+            result = future.result()
+        except DecodeError as error:
+            if self.strict:
+                raise
+            name = name if name is not None else self.describe(position)
+            self.skipped.append({"path": name, "reason": error.reason})
+            self.bar.set_postfix(skipped=len(self.skipped), refresh=False)
+        else:
+            self.store.append(position, result)
+            self.kept += 1
+        self.store.release(future)
+        self.bar.update()
 
 
 def _finish(

@@ -13,13 +13,14 @@ from .files import byte_count, full_disk_says, no_room, start_writeback
 __all__ = ["BlockWriter"]
 
 _WRITE_BEHIND_BYTES = 32 * 2**20
+_RESERVE_STEP = 256 * 2**20  # reserved ahead at a time where the size is not known
 
 
 class BlockWriter:
-    """Write blocks one after the other into a new file of known maximum size.
+    """Write blocks one after the other into a new file of known maximum size (or unknown).
 
     The file's disk space is reserved first (``posix_fallocate``), so a full disk fails
-    at once rather than halfway, and ext4 then takes page-cache writes several times
+    at once rather than halfway (a file of unknown size: 256 MiB ahead at a time), and ext4 then takes page-cache writes several times
     faster than into a growing file (0.17 against 0.98 ms per 0.9 MB block on the
     development machine). Writes go through the page cache; with ``write_behind`` the
     kernel is asked to start writing every few tens of megabytes to disk as they come
@@ -28,7 +29,8 @@ class BlockWriter:
 
     Args:
         path: the file to create; it must not exist.
-        capacity: the bytes expected (reserved up front; writing more grows the file).
+        capacity: the bytes expected (reserved up front; writing more grows the file); ``None``: not
+            known, reserved a step ahead as the file grows.
         write_behind: start the disk writes during the build (for a build that fsyncs at the end).
         name: the file that full-disk messages name (default ``path``): where it will be once
             moved into place, for a file written under a temporary name.
@@ -45,7 +47,7 @@ class BlockWriter:
     def __init__(
         self,
         path: str | os.PathLike,
-        capacity: int,
+        capacity: int | None,
         *,
         write_behind: bool = False,
         name: str | os.PathLike | None = None,
@@ -55,11 +57,13 @@ class BlockWriter:
         self.written = 0
         self._write_behind = write_behind
         self._started = 0  # bytes whose write to disk has been started
+        self._growing, self._reserved = capacity is None, 0
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         with full_disk_says(lambda: _no_space(self.path.parent, self.name, "a new file")):  # no free inode
             self._fd = os.open(self.path, flags, 0o644)
         try:
-            _reserve(self._fd, capacity, self.name)
+            self._reserved = capacity or 0
+            _reserve(self._fd, 0, self._reserved, self.name)
         except BaseException:
             self.close()
             raise
@@ -71,6 +75,8 @@ class BlockWriter:
             OSError: the write failed; a full disk (``ENOSPC``) names the file and the bytes it needed.
         """
         view = memoryview(block).cast("B")
+        if self._growing and self.written + len(view) > self._reserved:
+            self._reserve_ahead(self.written + len(view) - self._reserved)
         with full_disk_says(
             lambda: _no_space(self._fd, self.name, f"{byte_count(len(view))} beyond the {self.written:,} written")
         ):
@@ -81,6 +87,18 @@ class BlockWriter:
             if self._write_behind and self.written - self._started >= _WRITE_BEHIND_BYTES:
                 start_writeback(self._fd, self._started, self.written - self._started)
                 self._started = self.written
+
+    def _reserve_ahead(self, needed: int) -> None:
+        """Reserve a step ahead, or (a disk without room for the step) the ``needed`` bytes alone."""
+        for length in dict.fromkeys((max(_RESERVE_STEP, needed), needed)):
+            try:
+                _reserve(self._fd, self._reserved, length, self.name)
+            except OSError as error:
+                if error.errno != errno.ENOSPC or length == needed:
+                    raise
+            else:
+                self._reserved += length
+                return
 
     def skip(self, count: int) -> None:
         """Leave ``count`` bytes out: the next block lands after them, and they read as zeros."""
@@ -103,12 +121,12 @@ class BlockWriter:
         self.close()
 
 
-def _reserve(fd: int, capacity: int, path: Path) -> None:
-    if capacity <= 0 or not hasattr(os, "posix_fallocate"):
+def _reserve(fd: int, offset: int, length: int, path: Path) -> None:
+    if length <= 0 or not hasattr(os, "posix_fallocate"):
         return
-    with full_disk_says(lambda: _no_space(fd, path, byte_count(capacity))):
+    with full_disk_says(lambda: _no_space(fd, path, byte_count(length))):
         try:
-            os.posix_fallocate(fd, 0, capacity)
+            os.posix_fallocate(fd, offset, length)
         except OSError as error:
             if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                 raise
