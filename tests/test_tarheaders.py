@@ -144,3 +144,25 @@ def test_a_first_header_that_is_not_a_tar_is_left_to_tarfile(tmp_path):
     with pytest.raises(Unusual) as raised:
         listed(path)
     assert raised.value.offset == 0
+
+
+@pytest.mark.parametrize("record", [b"0 path=x\n", b"-9 path=x\n"])
+def test_a_pax_record_of_no_length_is_left_to_tarfile_not_read_forever(tmp_path, record):
+    """A damaged pax record's length (0, negative) would not move the reader on: tarfile reads from there
+    (a length of 0 it calls invalid; a record that does not start with digits ends its records)."""
+    path = tmp_path / "t.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("0000.jpg")
+        info.size, info.pax_headers = 3, {"comment": "x"}
+        tar.addfile(info, io.BytesIO(b"abc"))
+    data = bytearray(path.read_bytes())
+    data[BLOCK : BLOCK + len(record)] = record  # the pax header's first record
+    path.write_bytes(bytes(data))
+    with pytest.raises(Unusual) as raised:
+        listed(path)
+    assert raised.value.offset == 0
+    if record.startswith(b"0"):
+        with pytest.raises(SourceError, match="invalid header"):
+            list(read_shard(path))
+    else:
+        assert [(key, sorted(members)) for key, members in read_shard(path)] == [("0000", ["jpg"])]

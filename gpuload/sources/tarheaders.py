@@ -128,10 +128,10 @@ def _pax(records: bytes, offset: int) -> dict[str, str]:
     found, at = {}, 0
     while at < len(records) and records[at : at + 1] != b"\0":
         space = records.find(b" ", at)
-        try:
-            length = int(records[at:space])
-        except ValueError:
-            raise Unusual(offset) from None
+        digits = records[at:space] if space > at else b""
+        length = int(digits) if digits.isdigit() else 0
+        if length <= space - at + 1:  # not past its own length field: damaged (tarfile calls it invalid)
+            raise Unusual(offset)
         key, _, value = records[space + 1 : at + length - 1].partition(b"=")
         found[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
         at += length
