@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -161,6 +162,29 @@ class TestShards:
                 index.image(3)
         finally:
             index.close()
+
+    @pytest.mark.parametrize("streamed", [False, True])
+    def test_the_images_of_many_shards_are_read_with_a_few_files_open(self, photo_folder, tmp_path, streamed):
+        """A descriptor per shard kept open until the build's end ran out of them (1,024 on most machines)
+        in a build from more shards than that."""
+        shards = write_shards(tmp_path / "shards", photos(photo_folder), shards=20)
+        most = [0]
+
+        def open_shards(*_) -> None:
+            fds = Path("/proc/self/fd")
+            held = [fd for fd in fds.iterdir() if os.path.realpath(fd).startswith(str(shards))]
+            most[0] = max(most[0], len(held))
+
+        index = scan_webdataset(
+            shards, classes=None, roles={}, into=tmp_path / "scan", sink=open_shards if streamed else None
+        )
+        try:
+            for position in range(len(index.samples) if not streamed else 0):
+                index.image(position)
+                open_shards()
+        finally:
+            index.close()
+        assert 0 < most[0] <= 8
 
     def test_expand_braces_as_webdataset(self):
         pattern = "s-{000..002}-{a,b}.tar"

@@ -56,6 +56,7 @@ __all__ = [
 # What a source's column (a table's, a tar's member or JSON key, a Parquet column) can be taken as.
 ROLES = ("image", "label", "multilabel", "mask", "number", "text", "ignore")
 _CHUNK = 4096  # rows kept in memory between writes
+_OPEN_FILES = 8  # the source's files whose images are read kept open at once (the last read)
 
 # What a build that writes as the scan goes does with each sample, as it is staged:
 # ``sink(position, name, path, data, masks)``: its image's file (``data``: its bytes, where the source
@@ -411,7 +412,7 @@ class _Blobs:
         self.files, self.size = [path], 0
         self.numbers: dict[Path, int] = {path: 0}
         self.file = open(path, "xb")
-        self.fds: dict[int, int] = {}  # file number -> its descriptor, opened when first read
+        self.fds: dict[int, int] = {}  # file number -> its descriptor: the last few read, oldest first
 
     def append(self, data: bytes | Stored) -> tuple[int, int, int]:
         if isinstance(data, Stored):  # the source's file, or bytes already copied into the scan's (copy)
@@ -437,9 +438,13 @@ class _Blobs:
     def read(self, number: int, start: int, length: int) -> bytes:
         if number == 0 and not self.file.closed:
             self.file.flush()  # read while the scan runs: what it copied, on disk
-        if number not in self.fds:
-            self.fds[number] = os.open(self.files[number], os.O_RDONLY | os.O_CLOEXEC)
-        data = os.pread(self.fds[number], length, start)
+        fd = self.fds.pop(number, None)
+        if fd is None:
+            if len(self.fds) >= _OPEN_FILES:  # one per shard would run out (1,024 on most machines)
+                os.close(self.fds.pop(next(iter(self.fds))))
+            fd = os.open(self.files[number], os.O_RDONLY | os.O_CLOEXEC)
+        self.fds[number] = fd  # the most recent last
+        data = os.pread(fd, length, start)
         if len(data) != length:  # the source's file was cut since the scan
             raise SourceError(self.files[number], f"ends before byte {start + length:,}, where the scan found an image")
         return data
