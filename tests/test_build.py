@@ -1,5 +1,6 @@
 import collections
 import errno
+import gc
 import io
 import json
 import os
@@ -28,6 +29,7 @@ from gpuload import (
     DecodeError,
     ImageData,
     MemmapImageDataset,
+    SourceError,
     UsageError,
     build_memmap,
     make_sample_folder,
@@ -771,3 +773,25 @@ class TestWritingAsTheScanGoes:
             assert (streamed.path / name).read_bytes() == (scanned.path / name).read_bytes(), name
         assert streamed.manifest.skipped == scanned.manifest.skipped
         assert [entry["path"] for entry in streamed.manifest.skipped] == ["train.tar/000003.jpg"]
+
+    @pytest.mark.parametrize("options", [{"size": SIZE}, {"format": "jpeg", "order": "source"}])
+    @pytest.mark.parametrize("failure", ["strict", "cut"])
+    def test_a_build_that_fails_as_the_scan_goes_leaves_no_file_open(self, photo_folder, tmp_path, options, failure):
+        """A failure after the first job (a bad image with strict, a shard cut after its first samples) left
+        the shard and the removed dataset's data file open (descriptors no object closes), its space
+        reserved, until the process ended."""
+        bad = "truncated.jpg" if failure == "strict" else None
+        (tmp_path / "src").mkdir()
+        shard = shard_of(photo_folder, tmp_path / "src" / "train.tar", bad=bad)
+        if failure == "cut":
+            shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2 + 100])
+        with pytest.raises(DecodeError if failure == "strict" else SourceError):
+            build_memmap(shard, tmp_path / "out", strict=True, progress=False, **options)
+        gc.collect()  # the files of the objects the failure's traceback held
+        held = []
+        for fd in Path("/proc/self/fd").iterdir():
+            try:
+                held += [target] if str(tmp_path) in (target := os.readlink(fd)) else []
+            except OSError:  # the listing's own descriptor, closed
+                pass
+        assert held == [] and not (tmp_path / "out").exists()

@@ -501,6 +501,14 @@ class SampleScan:
         self.skipped: list[dict] = []
         self.bar = tqdm(unit="sample", desc=f"scan {source.name}", disable=not progress, file=sys.stderr)
 
+    def __enter__(self) -> SampleScan:
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if kind is not None:  # the scan failed: the source's files it read images from are closed now
+            self.bar.close()
+            self.blobs.release()
+
     def images(self, data, starts: list[int], lengths: list[int]) -> list[bytes | Stored]:
         """The images cut from ``data`` (a buffer: their bytes one after the other) at ``starts``, each
         ``lengths`` long: for the build that writes after the scan, copied into the scan's own file in

@@ -247,36 +247,37 @@ def scan_webdataset(
         sink=sink,
     )
     unknown: Counter[str] = Counter()
-    for shard in shards:
-        named = shard.relative_to(root).as_posix()
-        for key, members in read_shard(shard):
-            where = f"sample {key!r} of {shard}"
-            extension = (  # an image member given another role (--column png=mask) is not the image
-                image_role
-                if image_role in members
-                else next((e for e in IMAGE_EXTENSIONS if e in members and e not in roles), None)
-            )
-            if extension is None:
-                scan.skip(
-                    f"{named}/{key}",
-                    f"no image among its members ({', '.join(sorted(members))})",
+    with scan:  # a failure closes the shards it read images from (a build writing as the scan goes)
+        for shard in shards:
+            named = shard.relative_to(root).as_posix()
+            for key, members in read_shard(shard):
+                where = f"sample {key!r} of {shard}"
+                extension = (  # an image member given another role (--column png=mask) is not the image
+                    image_role
+                    if image_role in members
+                    else next((e for e in IMAGE_EXTENSIONS if e in members and e not in roles), None)
                 )
-                continue
-            image = members.pop(extension)
-            values, label = _values(members, f"sample {key!r}", shard, roles, unknown)
-            if label_role is not None:
-                label = values.pop(label_role, label)
-            elif label is None and "label" in values and roles.get("label") is None:
-                label = values.pop("label")
-            scan.add(
-                Sample(
-                    name=f"{named}/{key}.{extension}",
-                    image=image,
-                    label=label,
-                    values=values,
-                    where=where,
+                if extension is None:
+                    scan.skip(
+                        f"{named}/{key}",
+                        f"no image among its members ({', '.join(sorted(members))})",
+                    )
+                    continue
+                image = members.pop(extension)
+                values, label = _values(members, f"sample {key!r}", shard, roles, unknown)
+                if label_role is not None:
+                    label = values.pop(label_role, label)
+                elif label is None and "label" in values and roles.get("label") is None:
+                    label = values.pop("label")
+                scan.add(
+                    Sample(
+                        name=f"{named}/{key}.{extension}",
+                        image=image,
+                        label=label,
+                        values=values,
+                        where=where,
+                    )
                 )
-            )
     for extension, count in sorted(unknown.items()):
         warnings.warn(
             f"{count} samples of {src} have a member {extension!r}, which gpuload does not read (it reads images, "

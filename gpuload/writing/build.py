@@ -351,8 +351,12 @@ def _build_from(
     else:
         store = _JpegStore(tmp, out, pool, max_side, quality, workers, sync, expected)
         store.layout(images, None if order == "source" else seed)
-    todo = (position for position in store.order(images) if position not in unreadable)
-    kept = _write(store, index, todo, images - len(unreadable), skipped, strict, progress)
+    try:
+        todo = (position for position in store.order(images) if position not in unreadable)
+        kept = _write(store, index, todo, images - len(unreadable), skipped, strict, progress)
+    except BaseException:
+        store.abort()
+        raise
     _complete(tmp, index, out, store, kept, skipped, sync)
 
 
@@ -399,13 +403,22 @@ def _build_streamed(
                 jobs = _Jobs(store, skipped, strict, bar)
             jobs.add(position, path, data, masks, name)
 
-        index = scan_source(source, classes=classes, columns=columns, into=tmp / SCAN, sink=sink)
+        try:
+            index = scan_source(source, classes=classes, columns=columns, into=tmp / SCAN, sink=sink)
+        except BaseException:
+            if jobs is not None:
+                jobs.store.abort()
+            raise
         try:
             skipped[:0] = index.skipped
             for staged in index.fields if format == "raw" else ():  # stored fitted as their images: one size
                 if staged.kind == "mask":
                     staged.spec = replace(staged.spec, shape=tuple(size))
-            kept = jobs.finish(index.source_path)
+            try:
+                kept = jobs.finish(index.source_path)
+            except BaseException:
+                jobs.store.abort()
+                raise
             _complete(tmp, index, out, jobs.store, kept, skipped, sync)
         finally:
             index.close()
@@ -636,6 +649,13 @@ class _Store:
         for name in (".records", ".order"):
             (self.tmp / name).unlink(missing_ok=True)
 
+    def abort(self) -> None:
+        """Close the files of a build that failed (its folder is removed): their descriptors, and the disk
+        space reserved for them, are not held until the process ends."""
+        for writer in self.writers:
+            writer.close()
+        self.records = self.shuffled = None
+
     def submit(self, path: str, data: bytes | None, masks: Masks) -> Future:
         """Start the job of one image: the file ``path``, or its bytes ``data`` (``path`` then names it), with
         its ``masks``."""
@@ -770,6 +790,7 @@ class _JpegStore(_Store):
         self.tmp, self.pool, self.max_side, self.quality = tmp, pool, max_side, quality
         self.window = 4 * workers + 4  # small results: more in flight hides the slow re-encodes
         self.writer = BlockWriter(tmp / "data.memmap", expected_bytes, write_behind=sync, name=out / "data.memmap")
+        self.writers = [self.writer]
         self.reencoded = dict.fromkeys(REENCODE_REASONS, 0)
 
     def submit(self, path: str, data: bytes | None, masks: Masks) -> Future:
