@@ -166,3 +166,15 @@ def test_a_pax_record_of_no_length_is_left_to_tarfile_not_read_forever(tmp_path,
             list(read_shard(path))
     else:
         assert [(key, sorted(members)) for key, members in read_shard(path)] == [("0000", ["jpg"])]
+
+
+def test_a_pax_size_that_is_not_a_number_is_left_to_tarfile(tmp_path):
+    """It escaped as a ValueError (a traceback); tarfile takes such a size as 0."""
+    path = tmp_path / "t.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("0000.cls")
+        info.size, info.pax_headers = 0, {"size": "x"}
+        tar.addfile(info, io.BytesIO(b""))
+    with pytest.raises(Unusual) as raised:
+        listed(path)
+    assert raised.value.offset == 0 and by_tarfile(path) == [("0000.cls", 3 * BLOCK, 0)]

@@ -52,7 +52,7 @@ def members(fd: int, size: int, start: int = 0) -> Iterator[tuple[str, int, int]
         ...     list(members(file.fileno(), file.seek(0, 2)))
         [('a/000001.jpg', 512, 3)]
     """
-    offset, long_name, pax = start, None, {}
+    offset, long_name, pax, pax_at = start, None, {}, start
     while offset + BLOCK <= size:
         header = os.pread(fd, BLOCK, offset)
         if len(header) < BLOCK:
@@ -65,7 +65,10 @@ def members(fd: int, size: int, start: int = 0) -> Iterator[tuple[str, int, int]
             raise tarfile.ReadError(f"the header at byte {offset:,} fails its checksum")
         kind = header[156:157]
         length = _number(header[124:136], offset)
-        length = int(pax.get("size", length))
+        if "size" in pax:
+            if not pax["size"].isdigit():  # tarfile takes it as 0
+                raise Unusual(pax_at)
+            length = int(pax["size"])
         data = offset + BLOCK
         following = data + -(-length // BLOCK) * BLOCK
         if following > size:
@@ -75,7 +78,7 @@ def members(fd: int, size: int, start: int = 0) -> Iterator[tuple[str, int, int]
             if kind == b"L":
                 long_name = _text(value.split(b"\0", 1)[0])
             elif kind != b"g":  # a global header sets defaults no WebDataset writer uses: left as tarfile leaves paths
-                pax = _pax(value, offset)
+                pax, pax_at = _pax(value, offset), offset
             offset = following
             continue
         if kind in _REGULAR:
