@@ -108,9 +108,11 @@ def build_memmap(
     a folder with ``metadata.csv``, ``metadata.jsonl`` or ``metadata.parquet`` at its root, or such a
     table given by its path (Hugging Face's convention: a ``file_name`` column of paths relative to the
     table's folder, every other column a field); WebDataset tar shards (a ``.tar``, a folder of them, or
-    a brace pattern ``train-{000000..000099}.tar``), read as streams; Parquet files in the layout Hugging
-    Face ``datasets`` exports (an ``image`` column of ``{bytes, path}``), read in record batches. Every
-    source goes through one scan into the build's folder, then the same decode and write.
+    a brace pattern ``train-{000000..000099}.tar``; a plain one read by its headers, a compressed one as a
+    stream); Parquet files in the layout Hugging Face ``datasets`` exports (an ``image`` column of
+    ``{bytes, path}``), read in record batches. Every source goes through one scan into the build's
+    folder and the same decode and write: after the scan, or, for a source of samples built in its own
+    order (raw with ``size``, jpeg with ``order="source"``), as the scan goes.
 
     Fields (see :mod:`gpuload.format.fields`): a ``label`` column (a ``cls`` member, a Parquet
     ``label``) is the class label, by name or index; every other column a named field: numbers (int,
