@@ -494,10 +494,16 @@ def _sources(result: dict, into: dict[str, str]) -> None:
     """The build rate of each source (jpeg and raw stores) and the loader's epoch rate with three numeric
     fields against images only (the issue's bar: 90 %)."""
     builds, epochs = result["build_images_per_second"], result["epoch_images_per_second"]
+    cpu, paired_builds = result["build_cpu_ms_per_image"], result["build_of_folder_paired"]
     for fmt, by_source in builds.items():
         for name, stats in by_source.items():
             into[f"sources.build.{fmt}.{name}"] = count(stats["median"])
-            into[f"sources.build.{fmt}.{name}.of_folder"] = percent(stats["median"] / by_source["folder"]["median"])
+            into[f"sources.build.{fmt}.{name}.cpu"] = f"{cpu[fmt][name]['median']:.2f} ms"
+            if name != "folder":  # each round's rate over the folder's, median
+                into[f"sources.build.{fmt}.{name}.of_folder"] = percent(paired_builds[fmt][name]["median"])
+                into[f"sources.build.{fmt}.{name}.cpu_over_folder"] = percent(
+                    cpu[fmt][name]["median"] / cpu[fmt]["folder"]["median"] - 1
+                )
     for name, stats in epochs.items():
         into[f"sources.epoch.{name}"] = count(stats["median"])
         into[f"sources.epoch.{name}.of_folder"] = percent(stats["median"] / epochs["folder"]["median"])
@@ -517,12 +523,22 @@ def _sources(result: dict, into: dict[str, str]) -> None:
 def _sources_table(results: dict[str, dict]) -> str:
     result = results["sources"]
     builds, epochs = result["build_images_per_second"], result["epoch_images_per_second"]
-    paired = result["epoch_of_folder_paired"]
+    paired, paired_builds, cpu = (
+        result["epoch_of_folder_paired"],
+        result["build_of_folder_paired"],
+        result["build_cpu_ms_per_image"],
+    )
+
+    def build(fmt: str, name: str) -> str:
+        stats = builds[fmt][name]
+        of_folder = f", {percent(paired_builds[fmt][name]['median'])}" if name != "folder" else ""
+        return f"{count(stats['median'])} ({spread(stats)}{of_folder}); {cpu[fmt][name]['median']:.2f} ms"
+
     rows = [
         [
             label,
-            f"{count(builds['jpeg'][name]['median'])} ({spread(builds['jpeg'][name])})",
-            f"{count(builds['raw'][name]['median'])} ({spread(builds['raw'][name])})",
+            build("jpeg", name),
+            build("raw", name),
             f"{count(epochs[name]['median'])} ({spread(epochs[name])})",
             f"{percent(paired[name]['median'])} ({percent(paired[name]['min'])}-{percent(paired[name]['max'])})"
             if name in paired
@@ -532,8 +548,8 @@ def _sources_table(results: dict[str, dict]) -> str:
     ]
     header = [
         "source",
-        "build, jpeg store, images/s",
-        "build, raw store, images/s",
+        "build, jpeg store: images/s (min-max, of the folder's); CPU per image",
+        "build, raw store: images/s (min-max, of the folder's); CPU per image",
         "loader epoch, images/s",
         "epoch rate over images only's, round by round",
     ]

@@ -7,11 +7,14 @@ an ImageFolder, the same files named by a ``metadata.csv`` (hard links: no copy)
 float score, an int64 box of 4 and a bool flag). Each is built into a jpeg store (the source bytes kept:
 what a build from bytes costs beside one from files) and into a raw store at 160x160 (every photo
 decoded and cropped), ``repeats`` times, the sources taken in turn so that the machine's load falls on
-all alike; a rate is images per second of a whole ``build_memmap`` (scan, write, fsync, rename).
+all alike (each round starting with the next); a rate is images per second of a whole ``build_memmap``
+(scan, write, fsync, rename), beside the CPU time it took per image (the decoders' threads' too). A raw
+build at a given size from a source of samples writes as it scans; a jpeg build in the default
+shuffled order scans first, as from the folder.
 
 Then ``gpuload.DataLoader`` on the CPU: whole shuffled epochs (``passes`` a measurement) of each raw
-store with the three fields against the ImageFolder's raw store (images and labels only), in turn,
-``epochs`` rounds, each source's rate taken over the folder's of the same round; the bar is the
+store with the three fields against the ImageFolder's raw store (images and labels only), in turn
+(each round starting with the next), ``epochs`` rounds, each source's rate taken over the folder's of the same round; the bar is the
 issue's, at least 90 % of the images-only rate. Writes ``assets/results/sources.json`` (the machine named).
 """
 
@@ -93,21 +96,34 @@ def make_sources(workdir: Path, count: int) -> dict[str, Path]:
     return {"folder": folder, "table": table, "tar": shards, "parquet": parquet}
 
 
-def build_rates(sources: dict[str, Path], out: Path, repeats: int) -> dict[str, dict[str, list[float]]]:
-    """Images per second of each build, per format and source, the sources in turn."""
+def build_rates(
+    sources: dict[str, Path], out: Path, repeats: int
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, list[float]]]]:
+    """Images per second of each build, and this process's CPU time per image (its threads': user and
+    system), per format and source, the sources in turn (each round starting with the next)."""
+    import resource
+
     import gpuload
 
+    def cpu_seconds() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
     rates: dict[str, dict[str, list[float]]] = {fmt: {name: [] for name in sources} for fmt in FORMATS}
-    for _ in range(repeats):
+    cpu: dict[str, dict[str, list[float]]] = {fmt: {name: [] for name in sources} for fmt in FORMATS}
+    names = list(sources)
+    for round in range(repeats):
         for fmt in FORMATS:
             options = {"format": "jpeg"} if fmt == "jpeg" else {"size": RAW_SIZE}
-            for name, src in sources.items():
+            for name in names[round % len(names) :] + names[: round % len(names)]:
                 target = out / f"{name}.{fmt}"
-                started = time.perf_counter()
-                gpuload.build_memmap(src, target, overwrite=True, progress=False, **options)
-                seconds = time.perf_counter() - started
-                rates[fmt][name].append(len(gpuload.MemmapImageDataset(target)) / seconds)
-    return rates
+                started, used = time.perf_counter(), cpu_seconds()
+                gpuload.build_memmap(sources[name], target, overwrite=True, progress=False, **options)
+                seconds, used = time.perf_counter() - started, cpu_seconds() - used
+                images = len(gpuload.MemmapImageDataset(target))
+                rates[fmt][name].append(images / seconds)
+                cpu[fmt][name].append(1000 * used / images)
+    return rates, cpu
 
 
 def epoch_rates(out: Path, repeats: int, batch_size: int, passes: int) -> dict[str, list[float]]:
@@ -126,8 +142,10 @@ def epoch_rates(out: Path, repeats: int, batch_size: int, passes: int) -> dict[s
     for loader in loaders.values():  # a warm-up epoch each: the pages in memory, the rings allocated
         for _ in loader:
             pass
-    for _ in range(repeats):
-        for name, loader in loaders.items():
+    for round in range(repeats):
+        names = list(loaders)
+        for name in names[round % len(names) :] + names[: round % len(names)]:  # each first in turn
+            loader = loaders[name]
             started, served = time.perf_counter(), 0
             for _ in range(passes):
                 served += sum(len(batch["label"] if isinstance(batch, dict) else batch[1]) for batch in loader)
@@ -140,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--images", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=9, help="timed measurements of each loader")
-    parser.add_argument("--passes", type=int, default=30, help="epochs a measurement")
+    parser.add_argument("--passes", type=int, default=100, help="epochs a measurement")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "gpuload-experiments")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
@@ -153,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     out = args.workdir / f"sources-{args.images}" / "built"
     out.mkdir(exist_ok=True)
     load = os.getloadavg()
-    builds = build_rates(sources, out, args.repeats)
+    builds, cpu = build_rates(sources, out, args.repeats)
     epochs = epoch_rates(out, args.epochs, args.batch_size, args.passes)
     path = write_result(
         "sources",
@@ -173,6 +191,19 @@ def main(argv: list[str] | None = None) -> None:
                 fmt: {name: median_spread(runs) for name, runs in by_source.items()}
                 for fmt, by_source in builds.items()
             },
+            # each round's build rate over the folder's of the same round: the machine's load falls on both alike
+            "build_of_folder_paired": {
+                fmt: {
+                    name: median_spread([ours / theirs for ours, theirs in zip(runs, by_source["folder"], strict=True)])
+                    for name, runs in by_source.items()
+                    if name != "folder"
+                }
+                for fmt, by_source in builds.items()
+            },
+            # the work a build costs, which the load of other jobs changes less than its time
+            "build_cpu_ms_per_image": {
+                fmt: {name: median_spread(runs) for name, runs in by_source.items()} for fmt, by_source in cpu.items()
+            },
             "epoch_images_per_second": {name: median_spread(runs) for name, runs in epochs.items()},
             # each round's rate over the folder's of the same round (taken back to back): the load of the
             # shared machine falls on both alike
@@ -183,8 +214,12 @@ def main(argv: list[str] | None = None) -> None:
             },
         },
     )
+    import gpuload
+
+    print(f"machine: {gpuload.machine_line()}")
     for fmt, by_source in builds.items():
         print(fmt, {name: f"{statistics.median(runs):,.0f}/s" for name, runs in by_source.items()})
+        print(f"{fmt} CPU", {name: f"{statistics.median(runs):.2f} ms/img" for name, runs in cpu[fmt].items()})
     print("epochs", {name: f"{statistics.median(runs):,.0f}/s" for name, runs in epochs.items()})
     print(path)
 
