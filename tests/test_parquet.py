@@ -71,7 +71,7 @@ class TestHuggingFaceLayout:
         )
         assert ds.classes == sorted({path.parent.name for path in sources}) and isinstance(ds[0], tuple)
 
-    @pytest.mark.parametrize("kind", ["binary", "large_binary", "struct"])
+    @pytest.mark.parametrize("kind", ["binary", "large_binary", "struct", "fixed_size_binary"])
     def test_each_image_bytes_exactly_whatever_the_arrow_layout(self, sources, classes, tmp_path, kind):
         """The scan cuts a batch's images out of Arrow's one buffer: a batch that starts mid-buffer (row
         groups of 7 read in batches of 64), 64-bit offsets, structs: each image its own bytes."""
@@ -80,7 +80,12 @@ class TestHuggingFaceLayout:
             "binary": pa.array(data, pa.binary()),
             "large_binary": pa.array(data, pa.large_binary()),
             "struct": pa.array([{"bytes": item, "path": "x.jpg"} for item in data]),
+            "fixed_size_binary": None,
         }[kind]
+        if kind == "fixed_size_binary":  # images of one byte length (padded after their end marker)
+            width = max(map(len, data))
+            data = [item + bytes(width - len(item)) for item in data]
+            images = pa.array(data, pa.binary(width))
         pq.write_table(pa.table({"image": images, "label": [0] * len(data)}), tmp_path / "t.parquet", row_group_size=7)
         ds = MemmapImageDataset(
             build_memmap(tmp_path / "t.parquet", tmp_path / "out", format="jpeg", order="source", progress=False)

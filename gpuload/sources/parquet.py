@@ -75,7 +75,7 @@ def image_column(path: Path, roles: dict[str, str]) -> str | None:
     if named not in schema.names:
         return None
     kind = schema.field(named).type
-    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind):
         return named
     if pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0:
         return named
@@ -164,6 +164,8 @@ def _image_bytes(column) -> tuple[memoryview, np.ndarray, np.ndarray]:
     import pyarrow.compute as pc
 
     values = pc.struct_field(column, "bytes") if pa.types.is_struct(column.type) else column
+    if pa.types.is_fixed_size_binary(values.type):  # images of one byte length: offsets made for them
+        values = values.cast(pa.binary())
     if not (pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):  # all None: null
         return memoryview(b""), np.zeros(len(values), np.int64), np.zeros(len(values), np.int64)
     lengths = pc.binary_length(values).fill_null(0).to_numpy().astype(np.int64)
