@@ -53,6 +53,7 @@ def members(fd: int, size: int, start: int = 0) -> Iterator[tuple[str, int, int]
         [('a/000001.jpg', 512, 3)]
     """
     offset, long_name, pax = start, None, {}
+    member = start  # where the current member's headers begin (its long name or pax header, if any)
     while offset + BLOCK <= size:
         header = os.pread(fd, BLOCK, offset)
         if len(header) < BLOCK:
@@ -64,8 +65,9 @@ def members(fd: int, size: int, start: int = 0) -> Iterator[tuple[str, int, int]
                 raise Unusual(offset)
             raise tarfile.ReadError(f"the header at byte {offset:,} fails its checksum")
         kind = header[156:157]
-        length = _number(header[124:136], offset)
-        length = int(pax.get("size", length))
+        length = _number(header[124:136], member)
+        if "size" in pax:
+            length = _size(pax["size"], member)
         data = offset + BLOCK
         following = data + -(-length // BLOCK) * BLOCK
         if following > size:
@@ -75,7 +77,7 @@ def members(fd: int, size: int, start: int = 0) -> Iterator[tuple[str, int, int]
             if kind == b"L":
                 long_name = _text(value.split(b"\0", 1)[0])
             elif kind != b"g":  # a global header sets defaults no WebDataset writer uses: left as tarfile leaves paths
-                pax = _pax(value, offset)
+                pax = _pax(value, member)
             offset = following
             continue
         if kind in _REGULAR:
@@ -83,8 +85,9 @@ def members(fd: int, size: int, start: int = 0) -> Iterator[tuple[str, int, int]
             if not name.endswith("/"):  # an old-style folder: a regular type with a trailing slash
                 yield name, data, length
         elif kind not in _SKIPPED:
-            raise Unusual(offset)  # a sparse member, or a type of some other tar
+            raise Unusual(member)  # a sparse member, or a type of some other tar: tarfile reads its long name too
         offset, long_name, pax = following, None, {}
+        member = offset
     if offset < size:
         raise tarfile.ReadError("unexpected end of data")
 
@@ -114,6 +117,14 @@ def _number(field: bytes, offset: int) -> int:
         raise Unusual(offset) from None
 
 
+def _size(value: str, offset: int) -> int:
+    """A pax header's ``size``; :class:`Unusual` where it is no whole number of bytes (tarfile reads it as 0)."""
+    digits = value.strip()
+    if not digits.isascii() or not digits.isdigit():
+        raise Unusual(offset)
+    return int(digits)
+
+
 def _ustar_name(header: bytes) -> str:
     name = _text(header[:100].split(b"\0", 1)[0])
     if header[257:263] == b"ustar\0":  # POSIX ustar (GNU's "ustar  " uses those bytes for times)
@@ -132,6 +143,8 @@ def _pax(records: bytes, offset: int) -> dict[str, str]:
             length = int(records[at:space])
         except ValueError:
             raise Unusual(offset) from None
+        if not at < space < at + length <= len(records):  # a length of 0 read the same record forever
+            raise Unusual(offset)
         key, _, value = records[space + 1 : at + length - 1].partition(b"=")
         found[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
         at += length
