@@ -20,6 +20,7 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
+import gpuload.sources.samples
 import gpuload.writing.build
 import gpuload.writing.decode
 import gpuload.writing.files
@@ -279,6 +280,16 @@ class TestBadInputs:
         message = _full_disk_message(photo_folder, tmp_path / "out.memmap", format=format)
         assert message.startswith(f"[Errno 28] not enough disk space to write {tmp_path / 'out.memmap' / name}: ")
         assert ".tmp-" not in message and message.endswith("free space there or write to another disk")
+        assert os.listdir(tmp_path) == []  # nothing half-built left
+
+    @pytest.mark.parametrize("options", [{"size": (48, 64)}, {}], ids=["streamed", "scan first"])
+    def test_a_full_disk_while_scanning_names_the_dataset(self, table_folder, tmp_path, monkeypatch, options):
+        """A streamed build writes the scan's files among its images, so the disk may fill there: the
+        message was the bare "[Errno 28] No space left on device", naming nothing."""
+        monkeypatch.setattr(gpuload.sources.samples.TableWriter, "close", _disk_full)
+        message = _full_disk_message(table_folder, tmp_path / "out.memmap", **options)
+        assert message.startswith(f"[Errno 28] not enough disk space to build {tmp_path / 'out.memmap'}: ")
+        assert message.endswith("free space there or write to another disk")
         assert os.listdir(tmp_path) == []  # nothing half-built left
 
     def test_no_room_for_the_build_folder_names_the_dataset(self, photo_folder, tmp_path, monkeypatch):

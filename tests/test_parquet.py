@@ -140,7 +140,7 @@ class TestBadParquet:
 
         monkeypatch.setattr(SampleScan, "add", full)
         path = write_parquet(tmp_path / "train.parquet", sources, classes)
-        with pytest.raises(OSError, match="No space left on device") as raised:
+        with pytest.raises(OSError, match="not enough disk space to build .*out: its index of the source's") as raised:
             build_memmap(path, tmp_path / "out", progress=False)
         assert not isinstance(raised.value, SourceError)
         assert not (tmp_path / "out").exists()

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from gpuload import SourceError
 from gpuload.sources.tarheaders import BLOCK, Unusual, members
-from gpuload.sources.webdataset import read_shard
+from gpuload.sources.webdataset import _shard_members, read_shard
 
 
 def listed(path: Path) -> list[tuple[str, int, int]]:
@@ -178,3 +178,66 @@ def test_a_pax_size_that_is_not_a_number_is_left_to_tarfile(tmp_path):
     with pytest.raises(Unusual) as raised:
         listed(path)
     assert raised.value.offset == 0 and by_tarfile(path) == [("0000.cls", 3 * BLOCK, 0)]
+
+
+def sparse_tar(path: Path, name: str, data: bytes, hole: int) -> Path:
+    """A GNU tar (tarfile's gnu format: a long name in an ``L`` member) whose one member is an old-style
+    GNU sparse file (type ``S``): ``data``, then a hole of ``hole`` bytes that the tar does not hold."""
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    raw = bytearray(path.read_bytes())
+    [(_, data_offset, _)] = by_tarfile(path)
+    header = raw[data_offset - BLOCK : data_offset]
+    header[156:157] = b"S"
+    header[386:410] = f"{0:011o}\0{len(data):011o}\0".encode()  # one piece: the data at the start
+    header[483:495] = f"{len(data) + hole:011o}\0".encode()  # the real size, the hole after the data
+    header[148:156] = b" " * 8
+    header[148:156] = f"{sum(header):06o}\0 ".encode()
+    raw[data_offset - BLOCK : data_offset] = header
+    path.write_bytes(bytes(raw))
+    return path
+
+
+@pytest.mark.parametrize("name", ["s.jpg", "n" * 120 + ".jpg"])  # a long name: an L member before it
+def test_a_gnu_sparse_member_is_read_by_tarfile_whole_and_named(tmp_path, name):
+    """A sparse member is longer than the bytes the tar holds of it: the fallback to tarfile refused it as
+    a shard cut short; and the Unusual raised at the sparse header lost the long name read before it."""
+    data = bytes(range(256)) * 8
+    path = sparse_tar(tmp_path / "t.tar", name, data, hole=1 << 20)
+    with tarfile.open(path, "r:") as tar:
+        [member] = tar.getmembers()
+        expected = tar.extractfile(member).read()
+    assert member.issparse() and len(expected) == len(data) + (1 << 20)
+    [(key, found)] = list(read_shard(path))
+    assert key == name[:-4] and found == {"jpg": expected}
+
+
+@pytest.mark.parametrize(
+    "record",
+    [b"0 x=y\n", b"-5 path=c.jpg\n", b"12 size=abc\n", b"12 size=2.5\n", b"11 size=-1\n", b"99 path=c.jpg\n"],
+    ids=["zero length", "negative length", "size not a number", "size not an integer", "negative size", "too long"],
+)
+def test_a_pax_header_of_odd_records_is_left_to_tarfile(tmp_path, record):
+    """A record of length 0 looped forever; a size that is not a whole number raised a ValueError (and
+    a negative one, read by tarfile, was read to the end of the file)."""
+    path = tmp_path / "t.tar"
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in (("././@PaxHeader", record), ("a.jpg", b"j" * 700), ("b.jpg", b"k" * 10)):
+            info = tarfile.TarInfo(name)
+            info.size, info.type = len(data), tarfile.XHDTYPE if name.endswith("PaxHeader") else tarfile.REGTYPE
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(Unusual) as raised:
+        listed(path)
+    assert raised.value.offset == 0
+    try:
+        with tarfile.open(path, "r:") as tar:
+            expected = {member.name: tar.extractfile(member).read() for member in tar if member.isfile()}
+    except tarfile.ReadError:  # a record tarfile refuses too
+        with pytest.raises(SourceError, match="is truncated or damaged after 0 samples"):
+            list(read_shard(path))
+        return
+    with open(path, "rb") as file:
+        found = {name: data if isinstance(data, bytes) else data.read() for name, data in _shard_members(path, file)}
+    assert found == expected

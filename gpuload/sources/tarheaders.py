@@ -52,7 +52,8 @@ def members(fd: int, size: int, start: int = 0) -> Iterator[tuple[str, int, int]
         ...     list(members(file.fileno(), file.seek(0, 2)))
         [('a/000001.jpg', 512, 3)]
     """
-    offset, long_name, pax, pax_at = start, None, {}, start
+    offset, long_name, pax = start, None, {}
+    member = start  # where the current member's headers begin (its long name or pax header, if any)
     while offset + BLOCK <= size:
         header = os.pread(fd, BLOCK, offset)
         if len(header) < BLOCK:
@@ -64,11 +65,9 @@ def members(fd: int, size: int, start: int = 0) -> Iterator[tuple[str, int, int]
                 raise Unusual(offset)
             raise tarfile.ReadError(f"the header at byte {offset:,} fails its checksum")
         kind = header[156:157]
-        length = _number(header[124:136], offset)
+        length = _number(header[124:136], member)
         if "size" in pax:
-            if not pax["size"].isdigit():  # tarfile takes it as 0
-                raise Unusual(pax_at)
-            length = int(pax["size"])
+            length = _size(pax["size"], member)
         data = offset + BLOCK
         following = data + -(-length // BLOCK) * BLOCK
         if following > size:
@@ -78,7 +77,7 @@ def members(fd: int, size: int, start: int = 0) -> Iterator[tuple[str, int, int]
             if kind == b"L":
                 long_name = _text(value.split(b"\0", 1)[0])
             elif kind != b"g":  # a global header sets defaults no WebDataset writer uses: left as tarfile leaves paths
-                pax, pax_at = _pax(value, offset), offset
+                pax = _pax(value, member)
             offset = following
             continue
         if kind in _REGULAR:
@@ -86,8 +85,9 @@ def members(fd: int, size: int, start: int = 0) -> Iterator[tuple[str, int, int]
             if not name.endswith("/"):  # an old-style folder: a regular type with a trailing slash
                 yield name, data, length
         elif kind not in _SKIPPED:
-            raise Unusual(offset)  # a sparse member, or a type of some other tar
+            raise Unusual(member)  # a sparse member, or a type of some other tar: tarfile reads its long name too
         offset, long_name, pax = following, None, {}
+        member = offset
     if offset < size:
         raise tarfile.ReadError("unexpected end of data")
 
@@ -117,6 +117,14 @@ def _number(field: bytes, offset: int) -> int:
         raise Unusual(offset) from None
 
 
+def _size(value: str, offset: int) -> int:
+    """A pax header's ``size``; :class:`Unusual` where it is no whole number of bytes (tarfile reads it as 0)."""
+    digits = value.strip()
+    if not digits.isascii() or not digits.isdigit():
+        raise Unusual(offset)
+    return int(digits)
+
+
 def _ustar_name(header: bytes) -> str:
     name = _text(header[:100].split(b"\0", 1)[0])
     if header[257:263] == b"ustar\0":  # POSIX ustar (GNU's "ustar  " uses those bytes for times)
@@ -131,9 +139,11 @@ def _pax(records: bytes, offset: int) -> dict[str, str]:
     found, at = {}, 0
     while at < len(records) and records[at : at + 1] != b"\0":
         space = records.find(b" ", at)
-        digits = records[at:space] if space > at else b""
-        length = int(digits) if digits.isdigit() else 0
-        if length <= space - at + 1:  # not past its own length field: damaged (tarfile calls it invalid)
+        try:
+            length = int(records[at:space])
+        except ValueError:
+            raise Unusual(offset) from None
+        if not at < space < at + length <= len(records):  # a length of 0 read the same record forever
             raise Unusual(offset)
         key, _, value = records[space + 1 : at + length - 1].partition(b"=")
         found[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")

@@ -195,9 +195,9 @@ def _shard_members(path: Path, file) -> Iterator[tuple[str, bytes | Stored]]:
             tar.members = []  # tarfile keeps every TarInfo read: millions in one big shard
             if not member.isfile():
                 continue
-            if seekable and member.offset_data + member.size > size:
-                raise tarfile.ReadError("unexpected end of data")
-            if seekable and not member.issparse():
+            if seekable and not member.issparse() and member.offset_data + member.size > size:
+                raise tarfile.ReadError("unexpected end of data")  # (a sparse member's size counts its holes)
+            if seekable and not member.issparse() and member.size >= 0:  # (tarfile reads a negative size as 0)
                 yield member.name, _member_data(path, fd, member.name, member.offset_data, member.size)
             else:
                 yield member.name, tar.extractfile(member).read()

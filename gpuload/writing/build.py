@@ -10,8 +10,9 @@ import shutil
 import sys
 import warnings
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -305,12 +306,30 @@ def _build(
         _build_streamed(tmp, source, out, pool, format, size, resize, max_side, quality, classes, columns,
                         workers, strict, sync, progress)  # fmt: skip
         return
-    index = scan_source(source, classes=classes, columns=columns, into=tmp / SCAN, progress=progress)
+    with _scan_disk_full(out):
+        index = scan_source(source, classes=classes, columns=columns, into=tmp / SCAN, progress=progress)
     try:
         _build_from(tmp, index, out, pool, format, size, resize, max_side, quality, order, seed, workers, strict,
                     sync, progress)  # fmt: skip
     finally:
         index.close()
+
+
+@contextmanager
+def _scan_disk_full(out: Path) -> Iterator[None]:
+    """A full disk met by the scan's own files (its table of samples, among the images of a streamed
+    build) names ``out``; one the build's writers met and named already (ENOSPC, their message) passes."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno != errno.ENOSPC or error.strerror != os.strerror(errno.ENOSPC):
+            raise
+        message = no_room(
+            out.parent,
+            f"to build {out}: its index of the source's samples did not fit",
+            "there or write to another disk",
+        )
+        raise OSError(errno.ENOSPC, message) from None
 
 
 def _build_from(
@@ -406,7 +425,8 @@ def _build_streamed(
             jobs.add(position, path, data, masks, name)
 
         try:
-            index = scan_source(source, classes=classes, columns=columns, into=tmp / SCAN, sink=sink)
+            with _scan_disk_full(out):
+                index = scan_source(source, classes=classes, columns=columns, into=tmp / SCAN, sink=sink)
         except BaseException:
             if jobs is not None:
                 jobs.store.abort()
