@@ -727,6 +727,18 @@ def test_each_source_costs_one_status_lookup(photo_folder, tmp_path, monkeypatch
     assert sum(counts.values()) <= 20 + (20 if format == "jpeg" else 0)
 
 
+def test_file_and_folder_names_that_are_not_utf8(photo_folder, tmp_path):
+    """Names written by another system's encoding (latin-1's é as one byte): Python gives them
+    surrogate-escaped, and the table's encode refused them (a UnicodeEncodeError traceback)."""
+    folder = os.path.join(os.fsencode(tmp_path), b"src", b"caf\xe9")
+    os.makedirs(folder)
+    for number, photo_path in enumerate(sorted(photo_folder.rglob("*.jpg"))[:2]):
+        shutil.copy(photo_path, os.path.join(folder, b"x\xe9%d.jpg" % number))
+    ds = MemmapImageDataset(build_memmap(tmp_path / "src", tmp_path / "out", progress=False))
+    assert ds.classes == ["caf\udce9"] and ds.table.path(1) == "caf\udce9/x\udce91.jpg"
+    assert Path(ds.samples[1][0]).is_file() and verify_memmap(ds.path, progress=False) == []
+
+
 def shard_of(folder: Path, path: Path, bad: str | None = None) -> Path:
     """The photos of ``folder`` as one uncompressed WebDataset tar (``jpg`` and its class folder as
     ``cls``), written by Python's tarfile; ``bad``: one of ``BAD_FILES`` as one more sample's image."""

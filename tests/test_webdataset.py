@@ -270,3 +270,15 @@ def test_the_scan_shows_its_progress(photo_folder, tmp_path, capsys):
     assert "scan shards: 6sample" in capsys.readouterr().err
     build_memmap(shards, tmp_path / "quiet", progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_a_member_name_that_is_not_utf8(photo_folder, tmp_path):
+    """A tar written with latin-1 names (a café's é as one byte): a UnicodeEncodeError traceback in the
+    scan's name hash; the name is kept as it is (surrogate-escaped, as Python gives such a file's name)."""
+    data = sorted(photo_folder.rglob("*.jpg"))[0].read_bytes()
+    with tarfile.open(tmp_path / "s.tar", "w", format=tarfile.GNU_FORMAT, encoding="latin-1") as tar:
+        for name in ("café-1.jpg", "café-2.jpg"):
+            add(tar, name, data)
+    ds = MemmapImageDataset(build_memmap(tmp_path / "s.tar", tmp_path / "out", format="jpeg", progress=False))
+    assert [ds.table.path(index) for index in range(2)] == ["s.tar/caf\udce9-1.jpg", "s.tar/caf\udce9-2.jpg"]
+    assert ds.read_jpeg(1) == data and verify_memmap(ds.path, progress=False) == []

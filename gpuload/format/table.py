@@ -80,7 +80,7 @@ class SampleTable:
     def from_lists(cls, samples: Sequence[Sequence], checksums: Sequence[str]) -> SampleTable:
         """The table of a dataset of format version 1 to 3: its manifest's ``[path, label]`` pairs and
         hex checksums."""
-        encoded = [str(path).encode() for path, _ in samples]
+        encoded = [str(path).encode("utf-8", "surrogateescape") for path, _ in samples]
         offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
         np.cumsum([len(path) for path in encoded], out=offsets[1:])
         return cls(
@@ -96,7 +96,7 @@ class SampleTable:
     def path(self, index: int) -> str:
         """Image ``index``'s path relative to the source folder."""
         start, end = int(self._offsets[index]), int(self._offsets[index + 1])
-        return bytes(self._paths[start:end]).decode()
+        return bytes(self._paths[start:end]).decode("utf-8", "surrogateescape")
 
     def check(self, where: str, classes: int) -> None:
         """The cheap checks of an open: the path offsets cut the paths file into ``len(self)`` paths.
@@ -137,7 +137,7 @@ class TableWriter:
         self._checksums: list[int] = []
 
     def append(self, path: str, label: int, checksum: int) -> None:
-        self._paths.append(path.encode())
+        self._paths.append(path.encode("utf-8", "surrogateescape"))
         self._labels.append(label)
         self._checksums.append(checksum)
         self.count += 1
@@ -147,7 +147,7 @@ class TableWriter:
     def extend(self, paths: Sequence[str], label: int, checksum: int = 0) -> None:
         """Append one row per path, all with ``label`` and ``checksum`` (a scanned folder's images: a
         million rows cost a second less than one :meth:`append` each)."""
-        self._paths += [path.encode() for path in paths]
+        self._paths += [path.encode("utf-8", "surrogateescape") for path in paths]
         self._labels += [label] * len(paths)
         self._checksums += [checksum] * len(paths)
         self.count += len(paths)

@@ -541,7 +541,7 @@ class SampleScan:
         self._values(sample)
         if self.sink is None and sample.image is not None:
             self.image_refs.append(self.blobs.append(sample.image))
-        self.hashes.append(xxhash.xxh3_64_intdigest(sample.name.encode()))
+        self.hashes.append(xxhash.xxh3_64_intdigest(sample.name.encode("utf-8", "surrogateescape")))
         self.table.append(sample.name, label, 0)
         self.bar.update()
         if self.sink is not None:  # the image handed on, not kept

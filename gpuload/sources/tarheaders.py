@@ -76,7 +76,7 @@ def members(fd: int, size: int, start: int = 0) -> Iterator[tuple[str, int, int]
             value = os.pread(fd, length, data)
             if kind == b"L":
                 long_name = _text(value.split(b"\0", 1)[0])
-            elif kind != b"g":  # a global header sets defaults no WebDataset writer uses: left as tarfile leaves paths
+            elif kind != b"g":  # a global header (WebDataset writers make none) is left out; tarfile applies it
                 pax = _pax(value, member)
             offset = following
             continue
