@@ -727,6 +727,18 @@ def test_each_source_costs_one_status_lookup(photo_folder, tmp_path, monkeypatch
     assert sum(counts.values()) <= 20 + (20 if format == "jpeg" else 0)
 
 
+def test_a_source_that_is_a_symlink_loop_or_a_fifo_is_refused_in_one_line(tmp_path):
+    """A loop gave RuntimeError's traceback from pathlib; a FIFO named like a shard blocked the build."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(UsageError, match=r"a is a symlink loop \(it leads back to itself\); point it at"):
+        build_memmap(tmp_path / "a", tmp_path / "out", progress=False)
+    os.mkfifo(tmp_path / "shard.tar")
+    with pytest.raises(UsageError, match=r"shard.tar is not a regular file \(a FIFO, a device, a socket\?\)"):
+        build_memmap(tmp_path / "shard.tar", tmp_path / "out", progress=False)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a", "b", "shard.tar"]
+
+
 def test_file_and_folder_names_that_are_not_utf8(photo_folder, tmp_path):
     """Names written by another system's encoding (latin-1's é as one byte): Python gives them
     surrogate-escaped, and the table's encode refused them (a UnicodeEncodeError traceback)."""

@@ -95,6 +95,11 @@ def find_source(src: str | os.PathLike, columns: dict[str, str]) -> Source:
 
                 return Source("parquet", path, tuple(parquet_files(path)))
         return Source("image_folder", path)
+    if not path.is_file():  # read, it would block (a FIFO) or never end (a device)
+        raise UsageError(
+            f"{path} is not a regular file (a FIFO, a device, a socket?); pass an image folder, a metadata table, "
+            "tar shards or Parquet files"
+        )
     if path.name.endswith(TAR_SUFFIXES):
         return Source("webdataset", path, (path,))
     if path.suffix in (".csv", ".jsonl"):

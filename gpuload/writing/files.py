@@ -108,7 +108,8 @@ def resolve(path: str | os.PathLike) -> Path:
     """``path`` with ``~`` expanded and every symlink and ``..`` resolved (the folder need not exist).
 
     Raises:
-        UsageError: an empty path (an unset shell variable), which would mean the current folder.
+        UsageError: an empty path (an unset shell variable), which would mean the current folder; a
+            symlink loop.
 
     Example:
         >>> resolve("/tmp/../tmp/x").as_posix()
@@ -116,7 +117,14 @@ def resolve(path: str | os.PathLike) -> Path:
     """
     if not str(path).strip():
         raise UsageError(f"a path is empty ({str(path)!r}: an unset shell variable?); give a folder, '.' for this one")
-    return Path(path).expanduser().resolve()
+    try:
+        return Path(path).expanduser().resolve()
+    except (RuntimeError, OSError) as error:  # a loop: RuntimeError before Python 3.13, then OSError (ELOOP)
+        if isinstance(error, OSError) and error.errno != errno.ELOOP:
+            raise
+        raise UsageError(
+            f"{path} is a symlink loop (it leads back to itself); point it at a folder or a file"
+        ) from None
 
 
 def check_apart(source: Path, output: Path, *, source_name: str, output_name: str) -> None:
