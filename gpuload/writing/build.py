@@ -351,15 +351,10 @@ def _build_from(
 ) -> None:
     unreadable: dict[int, str] = {}
     masks = [staged for staged in index.fields if staged.kind == "mask"]
-    if masks and max_side is not None:
-        raise UsageError(
-            f"max_side scales images down, and {index.source_path} has masks ({', '.join(m.name for m in masks)}), "
-            "which a jpeg build keeps as they came: leave max_side out, or build raw (--size)"
-        )
+    _check_max_side(index.source_path, [staged.name for staged in masks], max_side)
     if format == "raw" and size is None:
         size, unreadable = _common_size(index, pool, strict)
-    for staged in masks if format == "raw" else ():  # stored fitted as their images: one size
-        staged.spec = replace(staged.spec, shape=tuple(size))
+    _fit_masks(index, format, size)
     expected = index.image_bytes() if format == "jpeg" and max_side is None else 0  # scaled down: unknown
     _check_free_space(out.parent, index, size, max_side, expected, len(masks))
     skipped = list(index.skipped)
@@ -410,11 +405,7 @@ def _build_streamed(
         def sink(position: int, name: str, path: str, data: bytes | None, masks: Masks) -> None:
             nonlocal jobs
             if jobs is None:
-                if masks and max_side is not None:
-                    raise UsageError(
-                        f"max_side scales images down, and {source.path} has masks ({', '.join(m[0] for m in masks)}), "
-                        "which a jpeg build keeps as they came: leave max_side out, or build raw (--size)"
-                    )
+                _check_max_side(source.path, [mask[0] for mask in masks], max_side)
                 if format == "raw":
                     mask_names = [mask[0] for mask in masks]
                     store: _Store = _RawStore(tmp, out, pool, size, resize, workers, sync, None, mask_names)
@@ -424,26 +415,43 @@ def _build_streamed(
                 jobs = _Jobs(store, skipped, strict, bar)
             jobs.add(position, path, data, masks, name)
 
+        index = None
         try:
             with _scan_disk_full(out):
                 index = scan_source(source, classes=classes, columns=columns, into=tmp / SCAN, sink=sink)
+            kept = jobs.finish(index.source_path)
         except BaseException:
             if jobs is not None:
                 jobs.store.abort()
+            if index is not None:
+                index.close()
             raise
         try:
             skipped[:0] = index.skipped
-            for staged in index.fields if format == "raw" else ():  # stored fitted as their images: one size
-                if staged.kind == "mask":
-                    staged.spec = replace(staged.spec, shape=tuple(size))
-            try:
-                kept = jobs.finish(index.source_path)
-            except BaseException:
-                jobs.store.abort()
-                raise
+            _fit_masks(index, format, size)
             _complete(tmp, index, out, jobs.store, kept, skipped, sync)
         finally:
             index.close()
+
+
+def _check_max_side(source: Path, masks: list[str], max_side: int | None) -> None:
+    """Refuse ``max_side`` for a source with ``masks`` (their names), which a jpeg build keeps as they came.
+
+    Raises:
+        UsageError: both.
+    """
+    if masks and max_side is not None:
+        raise UsageError(
+            f"max_side scales images down, and {source} has masks ({', '.join(masks)}), which a jpeg build keeps "
+            "as they came: leave max_side out, or build raw (--size)"
+        )
+
+
+def _fit_masks(index: ImageFolderIndex | ScannedIndex, format: str, size: tuple[int, int] | None) -> None:
+    """A raw build's mask fields are stored fitted as their images: of one ``size``."""
+    for staged in index.fields if format == "raw" else ():
+        if staged.kind == "mask":
+            staged.spec = replace(staged.spec, shape=tuple(size))
 
 
 def _complete(
