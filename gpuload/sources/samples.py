@@ -78,12 +78,6 @@ class Stored:
     offset: int
     size: int
 
-    def read(self) -> bytes:
-        """The bytes (a file opened for them: for the odd one, such as a mask beside its image)."""
-        with open(self.file, "rb") as file:
-            file.seek(self.offset)
-            return file.read(self.size)
-
 
 @dataclass(frozen=True)
 class Unreadable:
@@ -421,8 +415,7 @@ class _Blobs:
                 self.files.append(data.file)
             return number, data.offset, data.offset + data.size
         start = self.size
-        self.file.write(data)
-        self.size += len(data)
+        self.copy(data)
         return 0, start, self.size
 
     def copy(self, data) -> Path:
@@ -448,6 +441,11 @@ class _Blobs:
         if len(data) != length:  # the source's file was cut since the scan
             raise SourceError(self.files[number], f"ends before byte {start + length:,}, where the scan found an image")
         return data
+
+    def bytes_of(self, stored: Stored) -> bytes:
+        """The bytes of a :class:`Stored` image, read where they lie."""
+        number, start, end = self.append(stored)
+        return self.read(number, start, end - start)
 
     def release(self) -> None:
         for fd in self.fds.values():
@@ -518,6 +516,11 @@ class SampleScan:
         offset, file = self.blobs.size, self.blobs.copy(data)
         return [Stored(file, offset + start, length) for start, length in zip(starts, lengths)]
 
+    def read(self, stored: Stored) -> bytes:
+        """The bytes of a :class:`Stored` image (a tar's mask beside its image), through the files the scan
+        keeps open (not one open each)."""
+        return self.blobs.bytes_of(stored)
+
     def skip(self, name: str, reason: str) -> None:
         """List a sample the source cannot give (no image in a tar's sample) as the build lists a file it
         could not decode."""
@@ -545,10 +548,7 @@ class SampleScan:
         self.table.append(sample.name, label, 0)
         self.bar.update()
         if self.sink is not None:  # the image handed on, not kept
-            data = sample.image
-            if isinstance(data, Stored):
-                number, start, end = self.blobs.append(data)
-                data = self.blobs.read(number, start, end - start)
+            data = self.read(sample.image) if isinstance(sample.image, Stored) else sample.image
             masks = [(staged.name, *staged.last) for staged in self.fields.values() if staged.kind == "mask"]
             self.sink(position, sample.name, os.path.join(self.root, sample.name), data, masks)
 

@@ -35,7 +35,7 @@ import re
 import tarfile
 import warnings
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..errors import SourceError, UsageError
@@ -264,7 +264,7 @@ def scan_webdataset(
                     )
                     continue
                 image = members.pop(extension)
-                values, label = _values(members, f"sample {key!r}", shard, roles, unknown)
+                values, label = _values(members, f"sample {key!r}", shard, roles, unknown, scan.read)
                 if label_role is not None:
                     label = values.pop(label_role, label)
                 elif label is None and "label" in values and roles.get("label") is None:
@@ -288,9 +288,15 @@ def scan_webdataset(
 
 
 def _values(
-    members: dict[str, bytes | Stored], where: str, shard: Path, roles: dict[str, str], unknown: Counter
+    members: dict[str, bytes | Stored],
+    where: str,
+    shard: Path,
+    roles: dict[str, str],
+    unknown: Counter,
+    read: Callable[[Stored], bytes],
 ) -> tuple[dict[str, object], int | str | None]:
-    """A sample's members (but its image) as named values, and its ``cls`` label."""
+    """A sample's members (but its image) as named values, and its ``cls`` label (``read``: a
+    :class:`Stored` member's bytes)."""
     import json
 
     values: dict[str, object] = {}
@@ -313,7 +319,7 @@ def _values(
         elif roles.get(extension) == "ignore":
             continue
         elif extension.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS:  # a second image: a mask
-            mask = data.read() if isinstance(data, Stored) else data
+            mask = read(data) if isinstance(data, Stored) else data
             named = extension if extension in roles else extension.rsplit(".", 1)[0] if "." in extension else "mask"
             values[named] = Mask(mask)
         else:
