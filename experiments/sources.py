@@ -2,20 +2,25 @@
 
 The same photos (:mod:`experiments._photos`: real photographs at ImageNet-like sizes) as four sources:
 an ImageFolder, the same files named by a ``metadata.csv`` (hard links: no copy), WebDataset tar shards
-(Python's ``tarfile``: ``jpg``, ``cls``, ``json``) and a Parquet file in Hugging Face's layout (an
-``image`` column of ``{bytes, path}``); every source but the folder carries three numeric fields (a
-float score, an int64 box of 4 and a bool flag). Each is built into a jpeg store (the source bytes kept:
-what a build from bytes costs beside one from files) and into a raw store at 160x160 (every photo
-decoded and cropped), ``repeats`` times, the sources taken in turn so that the machine's load falls on
-all alike (each round starting with the next); a rate is images per second of a whole ``build_memmap``
-(scan, write, fsync, rename), beside the CPU time it took per image (the decoders' threads' too). A raw
-build at a given size from a source of samples writes as it scans; a jpeg build in the default
+(Python's ``tarfile``: ``jpg``, ``cls``) and a Parquet file in Hugging Face's layout (an ``image``
+column of ``{bytes, path}`` and a ``label``). Each of the three holds what the folder holds (images and
+class names: like with like), and each again with three numeric fields beside (``table-fields``, ...: a
+float score, an int64 box of 4 and a bool flag; in the tar, a ``json`` member), what the fields cost.
+
+Each is built into a jpeg store (the source bytes kept: what a build from bytes costs beside one from
+files) and into a raw store at 160x160 (every photo decoded and cropped), once untimed (the page cache
+and the decoders' threads warm for all alike), then ``repeats`` rounds, the sources taken in turn so
+that the machine's load falls on all alike (each round starting with the next); a rate is images per
+second of a whole ``build_memmap`` (scan, write, fsync, rename), beside the CPU time it took per image
+(the decoders' threads' too); each source's rate is also taken over the folder's of the same round. A
+raw build at a given size from a source of samples writes as it scans; a jpeg build in the default
 shuffled order scans first, as from the folder.
 
 Then ``gpuload.DataLoader`` on the CPU: whole shuffled epochs (``passes`` a measurement) of each raw
 store with the three fields against the ImageFolder's raw store (images and labels only), in turn
-(each round starting with the next), ``epochs`` rounds, each source's rate taken over the folder's of the same round; the bar is the
-issue's, at least 90 % of the images-only rate. Writes ``assets/results/sources.json`` (the machine named).
+(each round starting with the next), ``epochs`` rounds, each source's rate taken over the folder's of the
+same round; the bar is the issue's, at least 90 % of the images-only rate. Writes
+``assets/results/sources.json`` (the machine named).
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from pathlib import Path
 
 from ._common import median_spread, write_result
 
-SOURCES = ("folder", "table", "tar", "parquet")
+SOURCES = ("folder", "table", "tar", "parquet")  # images and class names, each
+FIELDS = tuple(f"{name}-fields" for name in SOURCES[1:])  # the same, with three numeric fields
 FORMATS = ("jpeg", "raw")
 RAW_SIZE = (160, 160)
 
@@ -44,56 +50,76 @@ def fields(position: int) -> dict:
 
 
 def make_sources(workdir: Path, count: int) -> dict[str, Path]:
-    """The four sources of ``count`` photos under ``workdir`` (made once, reused)."""
+    """The sources of ``count`` photos under ``workdir`` (:data:`SOURCES` and :data:`FIELDS`, made once, reused)."""
     from ._photos import make_photo_set
 
     folder = workdir / f"sources-{count}" / "folder"
     if not folder.exists():
         make_photo_set(folder, count)
     photos = sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*.jpg"))
-    table = folder.with_name("table")
+    made = {"folder": folder}
+    for with_fields in (False, True):
+        name, kind = ("-fields", "fields") if with_fields else ("", "plain")
+        made[f"table{name}"] = _table(folder, folder.with_name(f"table-{kind}"), photos, with_fields)
+        made[f"tar{name}"] = _shards(folder, folder.with_name(f"shards-{kind}"), photos, with_fields)
+        made[f"parquet{name}"] = _parquet(folder, folder.with_name(f"train-{kind}.parquet"), photos, with_fields)
+    return made
+
+
+def _table(folder: Path, table: Path, photos: list[str], with_fields: bool) -> Path:
+    """The photos of ``folder`` hard-linked into ``table`` with a ``metadata.csv`` naming them."""
     if not (table / "metadata.csv").exists():
         shutil.rmtree(table, ignore_errors=True)
-        lines = ["file_name,label,score,box,flag"]
+        lines = ["file_name,label" + (",score,box,flag" if with_fields else "")]
         for position, name in enumerate(photos):
             (table / name).parent.mkdir(parents=True, exist_ok=True)
             os.link(folder / name, table / name)
-            values = fields(position)
-            lines.append(f'{name},{name.split("/")[0]},{values["score"]},"{values["box"]}",{values["flag"]}')
+            line = f"{name},{name.split('/')[0]}"
+            if with_fields:
+                values = fields(position)
+                line += f',{values["score"]},"{values["box"]}",{values["flag"]}'
+            lines.append(line)
         (table / "metadata.csv").write_text("\n".join(lines) + "\n")
-    shards = folder.with_name("shards")
+    return table
+
+
+def _shards(folder: Path, shards: Path, photos: list[str], with_fields: bool) -> Path:
+    """The photos of ``folder`` as 4 WebDataset shards (``jpg``, ``cls``, and ``json`` ``with_fields``)."""
     if not shards.exists():
-        partial = folder.with_name(".shards.partial")
+        partial = shards.with_name(f".{shards.name}.partial")
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir()
-        per_shard = -(-count // 4)
-        for shard in range(0, count, per_shard):
+        per_shard = -(-len(photos) // 4)
+        for shard in range(0, len(photos), per_shard):
             with tarfile.open(partial / f"train-{shard // per_shard:06d}.tar", "w") as tar:
-                for position in range(shard, min(count, shard + per_shard)):
+                for position in range(shard, min(len(photos), shard + per_shard)):
                     name = photos[position]
-                    members = {
-                        "jpg": (folder / name).read_bytes(),
-                        "cls": name.split("/")[0].encode(),
-                        "json": json.dumps(fields(position)).encode(),
-                    }
+                    members = {"jpg": (folder / name).read_bytes(), "cls": name.split("/")[0].encode()}
+                    if with_fields:
+                        members["json"] = json.dumps(fields(position)).encode()
                     for extension, data in members.items():
                         info = tarfile.TarInfo(f"{position:06d}.{extension}")
                         info.size = len(data)
                         tar.addfile(info, io.BytesIO(data))
         os.rename(partial, shards)
-    parquet = folder.with_name("train.parquet")
+    return shards
+
+
+def _parquet(folder: Path, parquet: Path, photos: list[str], with_fields: bool) -> Path:
+    """The photos of ``folder`` in one Parquet file of Hugging Face's layout (pyarrow's defaults: snappy)."""
     if not parquet.exists():
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         rows = [
             {"image": {"bytes": (folder / name).read_bytes(), "path": name}, "label": name.split("/")[0]}
-            | fields(position)
+            | (fields(position) if with_fields else {})
             for position, name in enumerate(photos)
         ]
-        pq.write_table(pa.Table.from_pylist(rows), parquet.with_name(".train.parquet.partial"), row_group_size=256)
-        os.rename(parquet.with_name(".train.parquet.partial"), parquet)
-    return {"folder": folder, "table": table, "tar": shards, "parquet": parquet}
+        partial = parquet.with_name(f".{parquet.name}.partial")
+        pq.write_table(pa.Table.from_pylist(rows), partial, row_group_size=256)
+        os.rename(partial, parquet)
+    return parquet
 
 
 def build_rates(
@@ -112,13 +138,16 @@ def build_rates(
     rates: dict[str, dict[str, list[float]]] = {fmt: {name: [] for name in sources} for fmt in FORMATS}
     cpu: dict[str, dict[str, list[float]]] = {fmt: {name: [] for name in sources} for fmt in FORMATS}
     names = list(sources)
+    for fmt in FORMATS:  # untimed: the page cache and the decoders' threads warm for every source alike
+        for name in names:
+            gpuload.build_memmap(sources[name], out / f"{name}.{fmt}", overwrite=True, progress=False,
+                                 **_options(fmt))  # fmt: skip
     for round in range(repeats):
         for fmt in FORMATS:
-            options = {"format": "jpeg"} if fmt == "jpeg" else {"size": RAW_SIZE}
             for name in names[round % len(names) :] + names[: round % len(names)]:
                 target = out / f"{name}.{fmt}"
                 started, used = time.perf_counter(), cpu_seconds()
-                gpuload.build_memmap(sources[name], target, overwrite=True, progress=False, **options)
+                gpuload.build_memmap(sources[name], target, overwrite=True, progress=False, **_options(fmt))
                 seconds, used = time.perf_counter() - started, cpu_seconds() - used
                 images = len(gpuload.MemmapImageDataset(target))
                 rates[fmt][name].append(images / seconds)
@@ -126,19 +155,23 @@ def build_rates(
     return rates, cpu
 
 
+def _options(fmt: str) -> dict:
+    return {"format": "jpeg"} if fmt == "jpeg" else {"size": RAW_SIZE}
+
+
 def epoch_rates(out: Path, repeats: int, batch_size: int, passes: int) -> dict[str, list[float]]:
     """Images per second of whole shuffled epochs of gpuload.DataLoader on the CPU, ``passes`` epochs a
-    measurement: the folder's raw store (images only) and each other source's (with its three fields), in
-    turn."""
+    measurement: the folder's raw store (images only) and each source's with its three fields
+    (:data:`FIELDS`), in turn."""
     import gpuload
 
     loaders = {
         name: gpuload.DataLoader(
             gpuload.MemmapImageDataset(out / f"{name}.raw"), batch_size=batch_size, shuffle=True, device="cpu"
         )
-        for name in SOURCES
+        for name in ("folder", *FIELDS)
     }
-    rates: dict[str, list[float]] = {name: [] for name in SOURCES}
+    rates: dict[str, list[float]] = {name: [] for name in loaders}
     for loader in loaders.values():  # a warm-up epoch each: the pages in memory, the rings allocated
         for _ in loader:
             pass
@@ -156,7 +189,7 @@ def epoch_rates(out: Path, repeats: int, batch_size: int, passes: int) -> dict[s
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=1000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=10, help="timed builds of each source and store")
     parser.add_argument("--epochs", type=int, default=9, help="timed measurements of each loader")
     parser.add_argument("--passes", type=int, default=100, help="epochs a measurement")
     parser.add_argument("--batch-size", type=int, default=64)

@@ -354,18 +354,23 @@ class TestLadder:
 
 class TestSources:
     def test_every_source_is_built_and_loaded(self, tmp_path, monkeypatch):
-        """experiments.sources at a count CI affords: the four sources of the same photos, each built into
-        both stores and loaded, the fields' datasets holding the three numeric fields."""
+        """experiments.sources at a count CI affords: the sources of the same photos, each built into both
+        stores, those with fields loaded beside the folder's, holding the three numeric fields (and the
+        others, like the folder, none)."""
         from experiments import sources
 
         monkeypatch.setattr(_common, "RESULTS", tmp_path / "assets" / "results")
         sources.main(["--quick", "--workdir", str(tmp_path / "work")])
         result = json.loads((tmp_path / "assets" / "results" / "sources.json").read_text())
-        assert sorted(result["epoch_images_per_second"]) == sorted(sources.SOURCES)
+        assert sorted(result["epoch_images_per_second"]) == sorted(("folder", *sources.FIELDS))
         for fmt in sources.FORMATS:
-            assert all(stats["median"] > 0 for stats in result["build_images_per_second"][fmt].values())
+            builds = result["build_images_per_second"][fmt]
+            assert sorted(builds) == sorted(sources.SOURCES + sources.FIELDS)
+            assert all(stats["median"] > 0 for stats in builds.values())
         built = tmp_path / "work" / "sources-40" / "built"
-        for name in ("table", "tar", "parquet"):
+        for name in sources.SOURCES:
+            assert MemmapImageDataset(built / f"{name}.raw").manifest.field_specs == [], name
+        for name in sources.FIELDS:
             specs = MemmapImageDataset(built / f"{name}.raw").manifest.field_specs
             assert [(spec.name, spec.dtype, spec.shape) for spec in specs] == [
                 ("score", "float32", ()),
