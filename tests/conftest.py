@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
 import re
 import shutil
 import socket
+import tarfile
 import tempfile
 import threading
 import time
@@ -403,3 +405,49 @@ def http(http_root):
     with RangeHTTPServer(http_root) as server, FaultProxy(server.url) as proxy:
         server.proxy = proxy
         yield server
+
+
+def shard_of(folder: Path, path: Path, bad: str | None = None) -> Path:
+    """The photos of ``folder`` as one uncompressed WebDataset tar (``jpg`` and its class folder as
+    ``cls``), written by Python's tarfile; ``bad``: one of ``BAD_FILES`` as one more sample's image."""
+    samples = [(photo.read_bytes(), photo.parent.name) for photo in sorted(folder.rglob("*.jpg"))]
+    if bad is not None:
+        write_bad_file(path.parent, bad)
+        samples.insert(3, ((path.parent / bad).read_bytes(), samples[0][1]))
+    with tarfile.open(path, "w") as tar:
+        for position, (data, label) in enumerate(samples):
+            for extension, member in (("jpg", data), ("cls", label.encode())):
+                info = tarfile.TarInfo(f"{position:06d}.{extension}")
+                info.size = len(member)
+                tar.addfile(info, io.BytesIO(member))
+    return path
+
+
+def write_parquet(path: Path, sources: list[Path], classes: list[str], **extra) -> Path:
+    """``sources`` as Hugging Face's export: ``image`` ``{bytes, path}``, ``label`` a class index whose names
+    the ``huggingface`` schema metadata records, and ``extra`` columns (lists of values)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table(
+        {
+            "image": [{"bytes": source.read_bytes(), "path": source.name} for source in sources],
+            "label": pa.array([classes.index(source.parent.name) for source in sources], pa.int64()),
+            **extra,
+        }
+    )
+    features = {"image": {"_type": "Image"}, "label": {"names": classes, "_type": "ClassLabel"}}
+    metadata = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
+    pq.write_table(table.replace_schema_metadata(metadata), path, row_group_size=7)
+    return path
+
+
+def open_files() -> list[str]:
+    """What this process's descriptors are open on."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # the listing's own descriptor, closed since
+            pass
+    return found

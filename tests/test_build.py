@@ -1,21 +1,19 @@
 import collections
 import errno
 import gc
-import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import textwrap
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import BAD_FILES, NOT_FILES, ODD_KINDS, SIZE, photo, write_bad_file, write_odd_image
+from conftest import BAD_FILES, NOT_FILES, ODD_KINDS, SIZE, photo, shard_of, write_bad_file, write_odd_image
 from PIL import Image
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
@@ -749,22 +747,6 @@ def test_file_and_folder_names_that_are_not_utf8(photo_folder, tmp_path):
     ds = MemmapImageDataset(build_memmap(tmp_path / "src", tmp_path / "out", progress=False))
     assert ds.classes == ["caf\udce9"] and ds.table.path(1) == "caf\udce9/x\udce91.jpg"
     assert Path(ds.samples[1][0]).is_file() and verify_memmap(ds.path, progress=False) == []
-
-
-def shard_of(folder: Path, path: Path, bad: str | None = None) -> Path:
-    """The photos of ``folder`` as one uncompressed WebDataset tar (``jpg`` and its class folder as
-    ``cls``), written by Python's tarfile; ``bad``: one of ``BAD_FILES`` as one more sample's image."""
-    samples = [(photo.read_bytes(), photo.parent.name) for photo in sorted(folder.rglob("*.jpg"))]
-    if bad is not None:
-        write_bad_file(path.parent, bad)
-        samples.insert(3, ((path.parent / bad).read_bytes(), samples[0][1]))
-    with tarfile.open(path, "w") as tar:
-        for position, (data, label) in enumerate(samples):
-            for extension, member in (("jpg", data), ("cls", label.encode())):
-                info = tarfile.TarInfo(f"{position:06d}.{extension}")
-                info.size = len(member)
-                tar.addfile(info, io.BytesIO(member))
-    return path
 
 
 class TestWritingAsTheScanGoes:

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import TAGS, photo_rows, write_jsonl
+from conftest import TAGS, open_files, photo_rows, write_jsonl
 
 from gpuload import MemmapImageDataset, SourceError, UsageError, build_memmap, verify_memmap
 from gpuload.cli import main
@@ -190,6 +190,8 @@ class TestBadInput:
         assert str(raised.value).startswith(f"{table}: ") and message in str(raised.value)
         assert "\n" not in str(raised.value)
         assert [path.name for path in tmp_path.iterdir() if path.name != ".out.lock"] == ["photos"]  # no out, no .out-*
+        # the scan's files closed by the failure, not left to the garbage collector (the error's frames hold them)
+        assert [path for path in open_files() if ".out.tmp-" in path] == []
         assert snapshot(table_copy) == before
 
     def test_an_unknown_class_name(self, table_copy, tmp_path):

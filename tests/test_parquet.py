@@ -3,31 +3,15 @@ Face ``datasets`` exports (an ``image`` struct column of ``{bytes, path}``, a ``
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from conftest import open_files, write_parquet
 
 from gpuload import MemmapImageDataset, SourceError, build_memmap, verify_memmap
-
-
-def write_parquet(path: Path, sources: list[Path], classes: list[str], **extra) -> Path:
-    """``sources`` as Hugging Face's export: ``image`` ``{bytes, path}``, ``label`` a class index whose names
-    the ``huggingface`` schema metadata records, and ``extra`` columns (lists of values)."""
-    table = pa.table(
-        {
-            "image": [{"bytes": source.read_bytes(), "path": source.name} for source in sources],
-            "label": pa.array([classes.index(source.parent.name) for source in sources], pa.int64()),
-            **extra,
-        }
-    )
-    features = {"image": {"_type": "Image"}, "label": {"names": classes, "_type": "ClassLabel"}}
-    metadata = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
-    pq.write_table(table.replace_schema_metadata(metadata), path, row_group_size=7)
-    return path
 
 
 @pytest.fixture
@@ -113,9 +97,11 @@ class TestBadParquet:
         pq.write_table(
             pa.table({"image": pa.array(data, pa.binary()), "label": [0] * len(data)}), tmp_path / "t.parquet"
         )
-        with pytest.raises(SourceError, match=r"row 9 of .*: 'image' holds no image bytes \(bytes\)"):
+        with pytest.raises(SourceError, match=r"row 9 of .*: 'image' holds no image bytes \(bytes\)") as raised:
             build_memmap(tmp_path / "t.parquet", tmp_path / "out", progress=False)
         assert not (tmp_path / "out").exists()
+        # the scan's files closed by the failure, not left to the garbage collector (the error's frames hold them)
+        assert raised.value and [path for path in open_files() if ".out.tmp-" in path] == []
 
     def test_the_image_column_given_another_role_leaves_none(self, sources, classes, tmp_path):
         """``--column image=mask`` left no image column: a StopIteration traceback."""

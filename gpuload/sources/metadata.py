@@ -96,33 +96,34 @@ def scan_metadata(
         progress=progress,
         sink=sink,
     )
-    by_folder: bool | None = None
-    text_columns = {name for name, role in roles.items() if role in ("text", "mask", "image")}
-    for where, row in read_rows(table, text_columns, name_columns={label_column} - {None}):
-        if image_column not in row:
-            raise SourceError(
-                table,
-                f"has no {image_column!r} column (the images' paths, relative to its folder): {where} has "
-                f"{', '.join(sorted(row)) or 'no column'}; name the image column with --column NAME=image",
-            )
-        name = _relative_path(row.pop(image_column), where, table, image_column)
-        if label_column is not None and label_column in row:
-            label = row.pop(label_column)
-        else:  # as ImageFolder: the first folder of the path; images beside the table: one class
-            folder = name.split("/", 1)[0] if "/" in name else None
-            by_folder = (folder is not None) if by_folder is None else by_folder
-            if (folder is not None) != by_folder:
+    with scan:  # a failure (or Ctrl-C) closes the scan's files
+        by_folder: bool | None = None
+        text_columns = {name for name, role in roles.items() if role in ("text", "mask", "image")}
+        for where, row in read_rows(table, text_columns, name_columns={label_column} - {None}):
+            if image_column not in row:
                 raise SourceError(
                     table,
-                    f"{where}: with no label column an image's class is its folder, and some images lie in folders "
-                    "while others lie beside the table; add a label column",
+                    f"has no {image_column!r} column (the images' paths, relative to its folder): {where} has "
+                    f"{', '.join(sorted(row)) or 'no column'}; name the image column with --column NAME=image",
                 )
-            label = folder
-        for column, role in roles.items():
-            if role == "mask" and column in row:
-                row[column] = _mask_file(table.parent, _relative_path(row[column], where, table, column), column)
-        scan.add(Sample(name=name, label=label, values=row, where=where))
-    return scan.finish(describe=lambda position: f"{_row_word(table)} {position + 1}")
+            name = _relative_path(row.pop(image_column), where, table, image_column)
+            if label_column is not None and label_column in row:
+                label = row.pop(label_column)
+            else:  # as ImageFolder: the first folder of the path; images beside the table: one class
+                folder = name.split("/", 1)[0] if "/" in name else None
+                by_folder = (folder is not None) if by_folder is None else by_folder
+                if (folder is not None) != by_folder:
+                    raise SourceError(
+                        table,
+                        f"{where}: with no label column an image's class is its folder, and some images lie in folders "
+                        "while others lie beside the table; add a label column",
+                    )
+                label = folder
+            for column, role in roles.items():
+                if role == "mask" and column in row:
+                    row[column] = _mask_file(table.parent, _relative_path(row[column], where, table, column), column)
+            scan.add(Sample(name=name, label=label, values=row, where=where))
+        return scan.finish(describe=lambda position: f"{_row_word(table)} {position + 1}")
 
 
 def _relative_path(value: object, where: str, table: Path, column: str) -> str:

@@ -117,43 +117,44 @@ def scan_parquet(
         progress=progress,
         sink=sink,
     )
-    for path in files:
-        parquet = open_parquet(path)
-        if image not in parquet.schema_arrow.names:
-            raise SourceError(
-                path,
-                f"has no {image!r} column of images (its columns: {', '.join(parquet.schema_arrow.names)}); name the "
-                "image column with --column NAME=image",
-            )
-        row, batches, named = 0, parquet.iter_batches(batch_size=_BATCH), path.relative_to(root).as_posix()
-        others = [name for name in parquet.schema_arrow.names if name != image]
-        while True:
-            try:  # only the file's reading: an OSError of the scan's own disk stays what it is
-                batch = next(batches, None)
-                if batch is None:
-                    break
-                data, starts, lengths = _image_bytes(batch.column(image))
-                rows = pyarrow.RecordBatch.from_arrays([batch.column(name) for name in others], names=others)
-                rows = rows.to_pylist() if others else [{} for _ in range(batch.num_rows)]
-            except (pyarrow.ArrowException, OSError) as error:
+    with scan:  # a failure (or Ctrl-C) closes the scan's files
+        for path in files:
+            parquet = open_parquet(path)
+            if image not in parquet.schema_arrow.names:
                 raise SourceError(
-                    path, f"cannot be read past row {row} ({error}): truncated or damaged? download it again"
-                ) from None
-            images = scan.images(data, starts.tolist(), lengths.tolist())
-            for at, (values, image_bytes, length) in enumerate(zip(rows, images, lengths.tolist())):
-                where = f"row {row} of {path}"
-                if length <= 0:
-                    _no_image(batch.column(image)[at], where, path, image)
-                sample = Sample(
-                    name=f"{named}/{row}",
-                    image=image_bytes,
-                    label=values.pop(label, None) if label is not None else None,
-                    values=values,
-                    where=where,
+                    path,
+                    f"has no {image!r} column of images (its columns: {', '.join(parquet.schema_arrow.names)}); name the "
+                    "image column with --column NAME=image",
                 )
-                scan.add(sample)
-                row += 1
-    return scan.finish(describe=lambda position: f"sample {position}")
+            row, batches, named = 0, parquet.iter_batches(batch_size=_BATCH), path.relative_to(root).as_posix()
+            others = [name for name in parquet.schema_arrow.names if name != image]
+            while True:
+                try:  # only the file's reading: an OSError of the scan's own disk stays what it is
+                    batch = next(batches, None)
+                    if batch is None:
+                        break
+                    data, starts, lengths = _image_bytes(batch.column(image))
+                    rows = pyarrow.RecordBatch.from_arrays([batch.column(name) for name in others], names=others)
+                    rows = rows.to_pylist() if others else [{} for _ in range(batch.num_rows)]
+                except (pyarrow.ArrowException, OSError) as error:
+                    raise SourceError(
+                        path, f"cannot be read past row {row} ({error}): truncated or damaged? download it again"
+                    ) from None
+                images = scan.images(data, starts.tolist(), lengths.tolist())
+                for at, (values, image_bytes, length) in enumerate(zip(rows, images, lengths.tolist())):
+                    where = f"row {row} of {path}"
+                    if length <= 0:
+                        _no_image(batch.column(image)[at], where, path, image)
+                    sample = Sample(
+                        name=f"{named}/{row}",
+                        image=image_bytes,
+                        label=values.pop(label, None) if label is not None else None,
+                        values=values,
+                        where=where,
+                    )
+                    scan.add(sample)
+                    row += 1
+        return scan.finish(describe=lambda position: f"sample {position}")
 
 
 def _image_bytes(column) -> tuple[memoryview, np.ndarray, np.ndarray]:

@@ -336,18 +336,25 @@ class StagedField:
     def _refuse(self, where: str, what: str, advice: str) -> None:
         raise SourceError(self.source, f"{where}: {self.name!r} {what}; {advice}")
 
-    def close(self) -> None:
-        """Finish staging and decide the field's spec."""
+    def close_files(self) -> None:
+        """Close the staging files (alone: the scan failed)."""
         if self.kind == "number":
             self._rows.close()
-            dtype = "bool" if self.types == {"bool"} else "int64" if self.types == {"int"} else "float32"
-            self.spec = FieldSpec(self.name, "number", dtype, self.shape)
         elif self.kind in ("text", "mask"):
             self._text.close()
-            self.spec = FieldSpec(self.name, self.kind, "str" if self.kind == "text" else "uint8", ())
         else:
             self._indices.close()
             self._offsets.close()
+
+    def close(self) -> None:
+        """Finish staging and decide the field's spec."""
+        self.close_files()
+        if self.kind == "number":
+            dtype = "bool" if self.types == {"bool"} else "int64" if self.types == {"int"} else "float32"
+            self.spec = FieldSpec(self.name, "number", dtype, self.shape)
+        elif self.kind in ("text", "mask"):
+            self.spec = FieldSpec(self.name, self.kind, "str" if self.kind == "text" else "uint8", ())
+        else:
             names = sorted(self.vocabulary, key=lambda item: (isinstance(item, str), item))
             if not names:
                 raise SourceError(
@@ -503,9 +510,14 @@ class SampleScan:
         return self
 
     def __exit__(self, kind, error, traceback) -> None:
-        if kind is not None:  # the scan failed: the source's files it read images from are closed now
+        if kind is not None:  # the scan failed (or was interrupted): its files, and the source's, are closed now
             self.bar.close()
             self.blobs.release()
+            for staging in (self.table, self.hashes, self.image_refs, self.blobs):
+                if staging is not None:
+                    staging.close()
+            for staged in self.fields.values():
+                staged.close_files()
 
     def images(self, data, starts: list[int], lengths: list[int]) -> list[bytes | Stored]:
         """The images cut from ``data`` (a buffer: their bytes one after the other) at ``starts``, each
@@ -682,20 +694,27 @@ class SampleScan:
         )
 
     def _check_unique(self, count: int, describe: Callable[[int], str]) -> None:
+        same = self._same_name(count)  # its maps of the scan's files closed: the error's frames do not hold them
+        if same is not None:
+            first, second, name = same
+            raise SourceError(
+                self.source, f"{describe(first)} and {describe(second)} both name {name}; keep one of them"
+            )
+
+    def _same_name(self, count: int) -> tuple[int, int, str] | None:
+        """The first two samples of one name (positions, and the name), or ``None``."""
         hashes = map_array(self.folder, "names", np.uint64, count)
         order = np.argsort(hashes, kind="stable")
         ordered = hashes[order]
         same = np.flatnonzero(ordered[1:] == ordered[:-1])
         if not same.size:
-            return
+            return None
         table = SampleTable.open(self.folder, count)
         for at in same.tolist():
             first, second = int(order[at]), int(order[at + 1])
             if table.path(first) == table.path(second):
-                raise SourceError(
-                    self.source,
-                    f"{describe(first)} and {describe(second)} both name {table.path(first)}; keep one of them",
-                )
+                return first, second, table.path(first)
+        return None
 
     def _classes(self) -> list[str]:
         """The class names, and the labels file renumbered to them (in place, a chunk at a time)."""

@@ -247,7 +247,7 @@ def scan_webdataset(
         sink=sink,
     )
     unknown: Counter[str] = Counter()
-    with scan:  # a failure closes the shards it read images from (a build writing as the scan goes)
+    with scan:  # a failure (or Ctrl-C) closes the scan's files and the shards it read images from
         for shard in shards:
             named = shard.relative_to(root).as_posix()
             for key, members in read_shard(shard):
