@@ -331,7 +331,14 @@ def _add_build(subparsers) -> None:
         dest="sync",
         action="store_false",
         help="do not wait for the disk before renaming the dataset into place (a power cut soon after can "
-        "leave zeroed images, which verify reports)",
+        "leave zeroed images, which verify reports; a stopped build cannot be resumed)",
+    )
+    parser.add_argument(
+        "--no-resume",
+        dest="resume",
+        action="store_false",
+        help="start afresh, removing what a stopped build of OUT left (by default the same build goes on from "
+        "its last checkpoint)",
     )
     _add_max_pixels(parser)
     _add_progress(parser)
@@ -363,7 +370,7 @@ def _run_build(args) -> int:
         out = build_memmap(
             args.src, args.out, format=args.format, size=size, resize=args.resize, max_side=args.max_side,
             quality=args.quality, classes=classes, columns=dict(args.column) or None, order=args.order, seed=args.seed, workers=args.workers,
-            strict=args.strict, overwrite=args.overwrite, sync=args.sync, progress=_progress(args),
+            strict=args.strict, overwrite=args.overwrite, sync=args.sync, resume=args.resume, progress=_progress(args),
         )  # fmt: skip
     seconds = time.perf_counter() - started
     dataset = MemmapImageDataset(out)

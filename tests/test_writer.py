@@ -26,6 +26,18 @@ def test_existing_file_is_never_overwritten(tmp_path):
     assert path.read_bytes() == b"keep"
 
 
+@pytest.mark.parametrize("capacity", [None, 64])
+def test_resume_at_goes_on_after_the_bytes_counted(tmp_path, capacity):
+    """What came after the checkpoint's count is cut off: a block skipped past it reads as zeros again."""
+    path = tmp_path / "out.bin"
+    path.write_bytes(b"kept" + b"\xee" * 20)  # a stopped build's file, written past its checkpoint (4 bytes)
+    with BlockWriter(path, capacity=capacity, resume_at=4) as writer:
+        assert writer.written == 4
+        writer.skip(3)
+        writer.write(np.frombuffer(b"new", np.uint8))
+    assert path.read_bytes() == b"kept" + bytes(3) + b"new"
+
+
 class TestFullDisk:
     """A full disk names the file, the bytes it needed, the space left and what to do; errno stays ENOSPC
     (the command line prints it as one line)."""

@@ -94,6 +94,7 @@ BUILD_FILES = (
 # ``.order`` of a shuffled order, and its scan's table in ``.scan``).
 BUILD_PATHS = frozenset(
     {*BUILD_FILES, *_V1_FILES, ".records", ".order", ".scan", FIELDS_FOLDER, f"{FIELDS_FOLDER}/meta.json"}
+    | {".resume.json", ".resume.json.partial"}  # a build's checkpoint: gpuload.writing.resume
     | {f".scan/{name}" for name in ("labels.memmap", "checksums.memmap", "paths.memmap", "path_offsets.memmap")}
 )
 # And the files of a field, in the dataset (fields/<name>[.offsets|.checksums].memmap) and as the scan

@@ -8,6 +8,7 @@ import re
 import secrets
 import shutil
 import sys
+import time
 import warnings
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -15,6 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timezone
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +45,7 @@ from ..sources.detect import Source, find_source, scan_source
 from ..sources.folder import ImageFolderIndex, shown_names
 from ..sources.samples import ScannedIndex, check_roles
 from ..text import count, either, image_size
+from . import resume as resuming
 from .decode import Resize, check_target, decode_into, fit_mask, read_bytes, read_size
 from .files import (
     OutputLock,
@@ -59,6 +62,7 @@ from .files import (
 )
 from .jpeg import REENCODE_REASONS, StoredJpeg, store_jpeg
 from .masks import Masks, checked_masks
+from .resume import Checkpoint, recipe, scan_digest
 from .writer import BlockWriter
 
 __all__ = ["build_memmap"]
@@ -86,6 +90,7 @@ def build_memmap(
     strict: bool = False,
     overwrite: bool = False,
     sync: bool = True,
+    resume: bool = True,
     progress: bool = True,
 ) -> Path:
     """Store the images of ``src`` (an ImageFolder, images with a metadata table, WebDataset tar shards or
@@ -129,6 +134,12 @@ def build_memmap(
     step. After a kill or a power cut at any point, ``out`` holds either the old dataset or the
     complete new one, and the next build tidies up what was left.
 
+    Resuming (see :mod:`gpuload.writing.resume`): every 30 seconds a build flushes what it wrote and
+    notes how far it came. The next build of the same ``out`` from the same source, with the same
+    options and libraries, goes on from there after a kill, a lost node or a Ctrl-C (a warning says
+    so): the images written before are kept, the samples are scanned again and checked to be the same,
+    and the dataset is the one an uninterrupted build writes, byte for byte. Anything else starts afresh.
+
     Args:
         src: an ImageFolder (one subfolder per class), a folder of images (one class), a folder with a
             metadata table or a table's path, tar shards (a file, a folder, a brace pattern), or Parquet
@@ -159,7 +170,9 @@ def build_memmap(
         overwrite: replace an existing ``out``, which must be a gpuload dataset and nothing else.
         sync: flush the data to disk before the dataset is renamed into place. Without it a
             build is faster on slow disks, but a power cut soon after it can leave images of
-            zeros that ``gpuload verify`` reports.
+            zeros that ``gpuload verify`` reports, and a stopped build cannot be resumed.
+        resume: go on from where a stopped build of ``out`` (the same source and options) came; false:
+            start afresh, removing what it left.
         progress: show a progress bar.
 
     Raises:
@@ -227,8 +240,13 @@ def build_memmap(
         raise UsageError(f"out {out} lies inside the gpuload dataset {inside}; choose an out outside any dataset")
     if source.folder is not None:
         check_not_written(source.folder)  # a compress still filling src
+    asked = recipe(
+        source=source.path, source_format=source.format, format=format, size=size, resize=resize,
+        max_side=max_side, quality=quality, classes=classes, columns=columns, order=order, seed=seed,
+        strict=strict, versions=library_versions(),
+    )  # fmt: skip
     with OutputLock(out):
-        _tidy(out)
+        resumable = _tidy(out, asked if resume and sync else None)
         if os.path.lexists(out):
             if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
                 raise FileExistsError(  # a folder made ahead (a mount point?): neither a dataset nor ours to replace
@@ -238,24 +256,33 @@ def build_memmap(
             if not overwrite:
                 raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) or choose another out")
             _check_replaceable(out)
-        tmp = out.with_name(f".{out.name}.tmp-{secrets.token_hex(4)}")
-        with full_disk_says(
-            lambda: no_room(
-                out.parent, f"to build {out}: no room for a new folder beside it", "there or write to another disk"
-            )
-        ):
-            tmp.mkdir()
+        tmp, checkpoint = resumable or (out.with_name(f".{out.name}.tmp-{secrets.token_hex(4)}"), None)
+        if checkpoint is None:
+            with full_disk_says(
+                lambda: no_room(
+                    out.parent, f"to build {out}: no room for a new folder beside it", "there or write to another disk"
+                )
+            ):
+                tmp.mkdir()
+        saves = _Saves(tmp, asked, checkpoint) if sync else None
         try:
             with ThreadPoolExecutor(workers, "gpuload-decode", initializer=limit_torch_threads) as pool:
                 try:
                     _build(tmp, source, out, pool, format, size, resize, max_side, quality, classes, columns,
-                           order, seed, workers, strict, sync, progress)  # fmt: skip
+                           order, seed, workers, strict, sync, progress, saves)  # fmt: skip
                 except BaseException:
                     pool.shutdown(wait=True, cancel_futures=True)
                     raise
             _move_into_place(tmp, out, sync)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException as error:
+            if isinstance(error, KeyboardInterrupt) and (tmp / resuming.CHECKPOINT).is_file():
+                warnings.warn(
+                    f"the build of {out} was interrupted; what it wrote is kept in {tmp}: build it again (the same "
+                    "source and options) to go on from there, or remove that folder",
+                    stacklevel=2,
+                )
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)
             raise
     return out
 
@@ -296,21 +323,30 @@ def _build(
     strict: bool,
     sync: bool,
     progress: bool,
+    saves: _Saves | None,
 ) -> None:
     """Write the dataset into ``tmp``: scan the source into a table there, write the images (``out`` names
     them in messages), then the index, the table, the fields and the manifest. A source of samples
     (not an ImageFolder) built in its own order (raw at a given size, or jpeg in the source's order) has
-    its images written as the scan stages them (:func:`_build_streamed`)."""
+    its images written as the scan stages them (:func:`_build_streamed`). ``saves``: the checkpoints
+    (none without ``sync``), and the one this build goes on from."""
+    if saves is not None and saves.resumed is not None:
+        shutil.rmtree(tmp / SCAN, ignore_errors=True)  # scanned again
     streams = source.format != "image_folder" and (size is not None if format == "raw" else order == "source")
     if streams:
-        _build_streamed(tmp, source, out, pool, format, size, resize, max_side, quality, classes, columns,
-                        workers, strict, sync, progress)  # fmt: skip
+        try:
+            _build_streamed(tmp, source, out, pool, format, size, resize, max_side, quality, classes, columns,
+                            workers, strict, sync, progress, saves)  # fmt: skip
+        except _SourceChanged as changed:
+            saves.forget(out, str(changed))
+            _build_streamed(tmp, source, out, pool, format, size, resize, max_side, quality, classes, columns,
+                            workers, strict, sync, progress, saves)  # fmt: skip
         return
     with _scan_disk_full(out):
         index = scan_source(source, classes=classes, columns=columns, into=tmp / SCAN, progress=progress)
     try:
         _build_from(tmp, index, out, pool, format, size, resize, max_side, quality, order, seed, workers, strict,
-                    sync, progress)  # fmt: skip
+                    sync, progress, saves)  # fmt: skip
     finally:
         index.close()
 
@@ -348,28 +384,43 @@ def _build_from(
     strict: bool,
     sync: bool,
     progress: bool,
+    saves: _Saves | None,
 ) -> None:
     unreadable: dict[int, str] = {}
     masks = [staged for staged in index.fields if staged.kind == "mask"]
     _check_max_side(index.source_path, [staged.name for staged in masks], max_side)
+    if saves is not None:
+        saves.scan = scan_digest(tmp / SCAN)
+        if saves.resumed is not None and saves.resumed.scan != saves.scan:
+            saves.forget(out, "its source's samples are not the ones it scanned", keep=SCAN)
+        elif saves.resumed is not None:
+            saves.resuming(out)
+    resumed = saves.resumed if saves is not None else None
     if format == "raw" and size is None:
-        size, unreadable = _common_size(index, pool, strict)
+        if resumed is not None and resumed.size is not None:  # decided before the stop
+            size, unreadable = (resumed.size[0], resumed.size[1]), resumed.unreadable
+        else:
+            size, unreadable = _common_size(index, pool, strict)
+        if saves is not None:
+            saves.size, saves.unreadable = [*size], unreadable
     _fit_masks(index, format, size)
     expected = index.image_bytes() if format == "jpeg" and max_side is None else 0  # scaled down: unknown
-    _check_free_space(out.parent, index, size, max_side, expected, len(masks))
+    if resumed is None:  # a resumed build has part of it on disk: its files reserve the rest as they open
+        _check_free_space(out.parent, index, size, max_side, expected, len(masks))
     skipped = list(index.skipped)
     skipped += [{"path": index.samples[position][0], "reason": reason} for position, reason in unreadable.items()]
     images = len(index.samples)
     if format == "raw":
         mask_names = [staged.name for staged in masks]
-        store: _Store = _RawStore(tmp, out, pool, size, resize, workers, sync, images - len(unreadable), mask_names)
-        store.layout(images, None)
+        kept_at_most = images - len(unreadable)
+        store: _Store = _RawStore(tmp, out, pool, size, resize, workers, sync, kept_at_most, mask_names, resumed)
+        store.layout(images, None, resumed is not None)
     else:
-        store = _JpegStore(tmp, out, pool, max_side, quality, workers, sync, expected)
-        store.layout(images, None if order == "source" else seed)
+        store = _JpegStore(tmp, out, pool, max_side, quality, workers, sync, expected, resumed)
+        store.layout(images, None if order == "source" else seed, resumed is not None)
     try:
         todo = (position for position in store.order(images) if position not in unreadable)
-        kept = _write(store, index, todo, images - len(unreadable), skipped, strict, progress)
+        kept = _write(store, index, todo, images - len(unreadable), skipped, strict, progress, saves)
     except BaseException:
         store.abort()
         raise
@@ -392,14 +443,22 @@ def _build_streamed(
     strict: bool,
     sync: bool,
     progress: bool,
+    saves: _Saves | None,
 ) -> None:
     """:func:`_build` for a source of samples in its own order: each image's job starts as the scan stages
     it, so the decoders work while the scan reads on (a source's scan no longer comes before its first
     image), and its result is appended as the jobs complete, in the scan's order. The store is made at
     the first sample, whose fields are every sample's; how many come is known at the end, so the files
-    grow as they come (reserved a step ahead: see :class:`gpuload.writing.writer.BlockWriter`)."""
+    grow as they come (reserved a step ahead: see :class:`gpuload.writing.writer.BlockWriter`).
+
+    A resumed build scans every sample again and starts the jobs after those done before the stop,
+    whose names and image lengths must be the ones scanned then (a running digest; else
+    :class:`_SourceChanged`)."""
     skipped: list[dict] = []
-    with tqdm(unit="img", desc="build-memmap", disable=not progress, file=sys.stderr) as bar:
+    resumed = saves.resumed if saves is not None else None
+    done = resumed.done if resumed is not None else 0
+    digest = xxhash.xxh3_128()
+    with tqdm(unit="img", desc="build-memmap", initial=done, disable=not progress, file=sys.stderr) as bar:
         jobs: _Jobs | None = None
 
         def sink(position: int, name: str, path: str, data: bytes | None, masks: Masks) -> None:
@@ -408,17 +467,27 @@ def _build_streamed(
                 _check_max_side(source.path, [mask[0] for mask in masks], max_side)
                 if format == "raw":
                     mask_names = [mask[0] for mask in masks]
-                    store: _Store = _RawStore(tmp, out, pool, size, resize, workers, sync, None, mask_names)
+                    store: _Store = _RawStore(tmp, out, pool, size, resize, workers, sync, None, mask_names, resumed)
                 else:
-                    store = _JpegStore(tmp, out, pool, max_side, quality, workers, sync, None)
-                store.layout(None, None)
-                jobs = _Jobs(store, skipped, strict, bar)
-            jobs.add(position, path, data, masks, name)
+                    store = _JpegStore(tmp, out, pool, max_side, quality, workers, sync, None, resumed)
+                store.layout(None, None, resumed is not None)
+                jobs = _Jobs(store, skipped, strict, bar, saves=saves)
+            digest.update(f"{name}\0{-1 if data is None else len(data)}\n".encode("utf-8", "surrogateescape"))
+            scanned = digest.hexdigest()
+            if position < done:  # written before the stop
+                if position == done - 1 and scanned != resumed.scan:
+                    raise _SourceChanged(f"its source's first {count(done, 'sample')} are not the ones it scanned")
+                if position == done - 1:
+                    saves.resuming(out)
+                return
+            jobs.add(position, path, data, masks, name, scanned)
 
         index = None
         try:
             with _scan_disk_full(out):
                 index = scan_source(source, classes=classes, columns=columns, into=tmp / SCAN, sink=sink)
+            if len(index.samples) < done:
+                raise _SourceChanged(f"its source holds {count(len(index.samples), 'sample')}, fewer than it wrote")
             kept = jobs.finish(index.source_path)
         except BaseException:
             if jobs is not None:
@@ -463,7 +532,9 @@ def _complete(
     skipped: list[dict],
     sync: bool,
 ) -> None:
-    """Warn of classes the skipped images emptied, then :func:`_finish` the dataset."""
+    """Warn of classes the skipped images emptied, then :func:`_finish` the dataset (a kill from now on
+    leaves nothing to resume: the checkpoint is removed first)."""
+    Checkpoint.remove(tmp)
     empty = _empty_classes(index, store)
     emptied = sorted(set(empty) - set(index.empty_classes))
     if emptied:
@@ -498,11 +569,34 @@ def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def _tidy(out: Path) -> None:
+def _tidy(out: Path, asked: dict | None) -> tuple[Path, Checkpoint] | None:
     """Finish what a killed build of ``out`` left (we hold the lock, so no build is running):
-    put back a dataset that an interrupted overwrite had moved aside, then remove temporary folders."""
+    put back a dataset that an interrupted overwrite had moved aside, then remove temporary folders,
+    but the newest with a checkpoint of the build ``asked`` (a :func:`recipe`; ``None``: none is
+    resumed), returned with its checkpoint."""
     ours = re.compile(re.escape(f".{out.name}.") + r"(tmp|old)-([0-9a-f]{8}|[0-9]+)")  # tokens; 0.1 used PIDs
     stale = sorted(path for path in out.parent.iterdir() if ours.fullmatch(path.name))
+    resumable = None
+    if asked is not None:
+        stopped = [folder for folder in stale if ".tmp-" in folder.name and _is_build_folder(folder)]
+        for folder in sorted(stopped, key=lambda folder: folder.stat().st_mtime, reverse=True):
+            checkpoint = Checkpoint.read(folder)
+            if checkpoint is None:
+                continue
+            if checkpoint.recipe == asked:
+                resumable = folder, checkpoint
+                stale.remove(folder)
+                break
+            changed = sorted(
+                "versions (of gpuload and its decoders)" if key == "versions" else key
+                for key in {*asked, *checkpoint.recipe}
+                if asked.get(key) != checkpoint.recipe.get(key)
+            )
+            warnings.warn(
+                f"the build of {out} stopped after {count(checkpoint.done, 'image')} starts afresh, asked "
+                f"differently: {', '.join(changed)}",
+                stacklevel=3,
+            )
     if not os.path.lexists(out):
         for old in stale:
             if ".old-" in old.name and _is_build_folder(old) and (old / MANIFEST_NAME).is_file():
@@ -518,6 +612,7 @@ def _tidy(out: Path) -> None:
             shutil.rmtree(folder)
         else:
             warnings.warn(f"left {folder} alone: it is named like a gpuload build but holds other files", stacklevel=3)
+    return resumable
 
 
 def _is_build_folder(folder: Path) -> bool:
@@ -635,12 +730,16 @@ class _Store:
 
     records: np.memmap
 
-    def layout(self, count: int | None, seed: int | None) -> None:
+    def layout(self, count: int | None, seed: int | None, resumed: bool = False) -> None:
         """Note what is written of each of ``count`` sample positions (``None``: not known yet; the file
         grows) in a file of the build's own (not memory), and write them in a random order seeded by
-        ``seed`` (``None``: ImageFolder's)."""
+        ``seed`` (``None``: ImageFolder's). ``resumed``: the file is a stopped build's, kept."""
         self.seed = seed
-        self.records = np.memmap(self.tmp / ".records", dtype=self.record, mode="w+", shape=(max(1, count or 0),))
+        if resumed:
+            shape = None if count is None else (max(1, count),)  # as long as it had grown
+            self.records = np.memmap(self.tmp / ".records", dtype=self.record, mode="r+", shape=shape)
+        else:
+            self.records = np.memmap(self.tmp / ".records", dtype=self.record, mode="w+", shape=(max(1, count or 0),))
         if seed is not None:
             self.shuffled = np.memmap(self.tmp / ".order", dtype="<i8", mode="w+", shape=(count,))
             self.shuffled[:] = np.arange(count, dtype=np.int64)
@@ -664,6 +763,17 @@ class _Store:
             os.truncate(self.tmp / ".records", size * self.record.itemsize)  # the new rows read as zeros
             self.records = np.memmap(self.tmp / ".records", dtype=self.record, mode="r+", shape=(size,))
         self.records[position] = record
+
+    def forget(self, position: int) -> None:
+        """Record that nothing is written of the sample at ``position`` (a stopped build may have written it)."""
+        if position < len(self.records):  # beyond, the file grows with zeros
+            self.records[position] = np.zeros((), self.record)
+
+    def sync(self) -> None:
+        """Flush what was written, and the records of it, to disk."""
+        for writer in self.writers:
+            writer.sync()
+        self.records.flush()
 
     def kept(self, first: int, last: int) -> np.ndarray:
         """The positions in ``[first, last)`` whose images were written."""
@@ -726,8 +836,10 @@ class _RawStore(_Store):
         sync: bool,
         count: int | None,
         masks: list[str],
+        resumed: Checkpoint | None = None,
     ) -> None:
         self.tmp, self.pool, self.size, self.resize = tmp, pool, size, resize
+        written = resumed.written if resumed is not None else [None] * (1 + len(masks))
         self.window = 2 * workers + 2  # decoded images in flight: bounds memory
         # an image's buffer (channels-last) and one per mask field
         self.free = [
@@ -740,17 +852,19 @@ class _RawStore(_Store):
                 None if count is None else count * 3 * size[0] * size[1],
                 write_behind=sync,
                 name=out / "images.memmap",
+                resume_at=written[0],
             )
         ]
         if masks:
-            (tmp / FIELDS_FOLDER).mkdir()
-        for name in masks:
+            (tmp / FIELDS_FOLDER).mkdir(exist_ok=resumed is not None)
+        for name, resume_at in zip(masks, written[1:], strict=True):
             self.writers.append(
                 BlockWriter(
                     tmp / field_path(name),
                     None if count is None else count * size[0] * size[1],
                     write_behind=sync,
                     name=out / field_path(name),
+                    resume_at=resume_at,
                 )
             )
 
@@ -816,12 +930,19 @@ class _JpegStore(_Store):
         workers: int,
         sync: bool,
         expected_bytes: int | None,
+        resumed: Checkpoint | None = None,
     ) -> None:
         self.tmp, self.pool, self.max_side, self.quality = tmp, pool, max_side, quality
         self.window = 4 * workers + 4  # small results: more in flight hides the slow re-encodes
-        self.writer = BlockWriter(tmp / "data.memmap", expected_bytes, write_behind=sync, name=out / "data.memmap")
+        self.writer = BlockWriter(
+            tmp / "data.memmap",
+            expected_bytes,
+            write_behind=sync,
+            name=out / "data.memmap",
+            resume_at=resumed.written[0] if resumed is not None else None,
+        )
         self.writers = [self.writer]
-        self.reencoded = dict.fromkeys(REENCODE_REASONS, 0)
+        self.reencoded = dict.fromkeys(REENCODE_REASONS, 0) | (resumed.reencoded if resumed is not None else {})
 
     def submit(self, path: str, data: bytes | None, masks: Masks) -> Future:
         return self.pool.submit(_store_jpeg, path, data, masks, self.max_side, self.quality)
@@ -873,12 +994,15 @@ def _write(
     skipped: list[dict],
     strict: bool,
     progress: bool,
+    saves: _Saves | None,
 ) -> int:
-    """Run the store's jobs for the samples at positions ``order`` (``total`` of them) and append their
-    results in that order (:class:`_Jobs`); returns how many were kept."""
-    with tqdm(total=total, unit="img", desc="build-memmap", disable=not progress, file=sys.stderr) as bar:
-        jobs = _Jobs(store, skipped, strict, bar, describe=lambda position: index.samples[position][0])
-        for position in order:
+    """Run the store's jobs for the samples at positions ``order`` (``total`` of them; a resumed build's
+    from the first not done) and append their results in that order (:class:`_Jobs`); returns how many
+    were kept."""
+    done = saves.resumed.done if saves is not None and saves.resumed is not None else 0
+    with tqdm(total=total, initial=done, unit="img", desc="build-memmap", disable=not progress, file=sys.stderr) as bar:
+        jobs = _Jobs(store, skipped, strict, bar, describe=lambda position: index.samples[position][0], saves=saves)
+        for position in islice(order, done, None):
             masks = index.masks(position) if isinstance(index, ScannedIndex) else []
             jobs.add(position, *index.image(position), masks)
         return jobs.finish(index.source_path)
@@ -886,7 +1010,8 @@ def _write(
 
 class _Jobs:
     """The store's jobs, at most its window in flight, each result appended (or its image skipped and
-    listed in ``skipped``, unless ``strict``) in the order the jobs were added.
+    listed in ``skipped``, unless ``strict``) in the order the jobs were added; a checkpoint saved when
+    due (``saves``), a resumed build's counts taken from its checkpoint.
 
     Args:
         describe: names the image at a position, for the list of skipped images (when the job was not
@@ -900,16 +1025,31 @@ class _Jobs:
         strict: bool,
         bar: tqdm,
         describe: Callable[[int], str] | None = None,
+        saves: _Saves | None = None,
     ) -> None:
         self.store, self.skipped, self.strict, self.bar, self.describe = store, skipped, strict, bar, describe
-        self.pending: deque[tuple[int, str | None, Future]] = deque()
-        self.kept = 0
+        self.pending: deque[tuple[int, str | None, Future, str | None]] = deque()
+        self.saves, self.listed = saves, len(skipped)  # the jobs' skipped images come after those listed
+        resumed = saves.resumed if saves is not None else None
+        self.done, self.kept = (resumed.done, resumed.kept) if resumed is not None else (0, 0)
+        self.scanned = saves.scan if saves is not None else ""
+        if resumed is not None:
+            skipped.extend(resumed.skipped)
 
-    def add(self, position: int, path: str, data: bytes | None, masks: Masks, name: str | None = None) -> None:
-        """Start the job of the sample at ``position`` (see :meth:`_Store.submit`), once the window has room."""
+    def add(
+        self,
+        position: int,
+        path: str,
+        data: bytes | None,
+        masks: Masks,
+        name: str | None = None,
+        scanned: str | None = None,
+    ) -> None:
+        """Start the job of the sample at ``position`` (see :meth:`_Store.submit`), once the window has room
+        (``scanned``: the digest of the samples scanned up to it, for a build that writes as it scans)."""
         if len(self.pending) >= self.store.window:
             self._complete()
-        self.pending.append((position, name, self.store.submit(path, data, masks)))
+        self.pending.append((position, name, self.store.submit(path, data, masks), scanned))
 
     def finish(self, source: Path) -> int:
         """Complete every job; returns how many images were kept.
@@ -925,7 +1065,7 @@ class _Jobs:
         return self.kept
 
     def _complete(self) -> None:
-        position, name, future = self.pending.popleft()
+        position, name, future, scanned = self.pending.popleft()
         try:
             result = future.result()
         except DecodeError as error:
@@ -934,11 +1074,78 @@ class _Jobs:
             name = name if name is not None else self.describe(position)
             self.skipped.append({"path": name, "reason": error.reason})
             self.bar.set_postfix(skipped=len(self.skipped), refresh=False)
+            self.store.forget(position)
         else:
             self.store.append(position, result)
             self.kept += 1
         self.store.release(future)
         self.bar.update()
+        self.done += 1
+        self.scanned = scanned if scanned is not None else self.scanned
+        if self.saves is not None and self.saves.due():
+            self.saves.save(self.store, self.done, self.kept, self.skipped[self.listed :], self.scanned)
+
+
+class _SourceChanged(Exception):
+    """A resumed build's source does not hold the samples the stopped build scanned (why: the message)."""
+
+
+class _Saves:
+    """A build's checkpoints (see :mod:`gpuload.writing.resume`): the one it goes on from (``resumed``),
+    and a new one every :data:`~gpuload.writing.resume.CHECKPOINT_SECONDS`, once what it counts is on disk.
+
+    Attributes:
+        scan: the digest of the source's samples, once scanned (a build that scans first).
+        size, unreadable: a raw build's image size, once decided from the images, and the images whose
+            header could not be read then.
+    """
+
+    def __init__(self, tmp: Path, asked: dict, resumed: Checkpoint | None) -> None:
+        self.tmp, self.asked, self.resumed = tmp, asked, resumed
+        self.scan = ""
+        self.size: list[int] | None = None
+        self.unreadable: dict[int, str] = {}
+        self.next = time.monotonic() + resuming.CHECKPOINT_SECONDS
+
+    def due(self) -> bool:
+        return time.monotonic() >= self.next
+
+    def save(self, store: _Store, done: int, kept: int, skipped: list[dict], scanned: str) -> None:
+        """Flush the store's files, then replace the checkpoint: ``done`` jobs complete, ``kept`` images written."""
+        store.sync()
+        Checkpoint(
+            recipe=self.asked,
+            scan=scanned,
+            done=done,
+            kept=kept,
+            written=[writer.written for writer in store.writers],
+            skipped=skipped,
+            reencoded={reason: n for reason, n in getattr(store, "reencoded", {}).items() if n},
+            size=self.size,
+            unreadable=self.unreadable,
+        ).write(self.tmp)
+        self.next = time.monotonic() + resuming.CHECKPOINT_SECONDS
+
+    def resuming(self, out: Path) -> None:
+        """Say that the build goes on from its checkpoint (its source's samples found the same)."""
+        warnings.warn(
+            f"resuming the build of {out} after the {count(self.resumed.done, 'image')} it had done when it stopped",
+            stacklevel=2,
+        )
+
+    def forget(self, out: Path, why: str, keep: str | None = None) -> None:
+        """Start afresh (warning ``why``): remove what the stopped build wrote, all but ``keep``."""
+        warnings.warn(
+            f"the build of {out} stopped after {count(self.resumed.done, 'image')} starts afresh: {why}", stacklevel=4
+        )
+        self.resumed = None
+        for entry in self.tmp.iterdir():
+            if entry.name == keep:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
 
 
 def _finish(

@@ -34,6 +34,8 @@ class BlockWriter:
         write_behind: start the disk writes during the build (for a build that fsyncs at the end).
         name: the file that full-disk messages name (default ``path``): where it will be once
             moved into place, for a file written under a temporary name.
+        resume_at: go on writing the existing file ``path`` after its first ``resume_at`` bytes (what a
+            stopped build's checkpoint counted): anything after them is cut off first.
 
     Example:
         >>> import tempfile
@@ -51,18 +53,22 @@ class BlockWriter:
         *,
         write_behind: bool = False,
         name: str | os.PathLike | None = None,
+        resume_at: int | None = None,
     ) -> None:
         self.path = Path(path)
         self.name = self.path if name is None else Path(name)
-        self.written = 0
+        self.written = resume_at or 0
         self._write_behind = write_behind
-        self._started = 0  # bytes whose write to disk has been started
+        self._started = self.written  # bytes whose write to disk has been started
         self._growing, self._reserved = capacity is None, 0
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+        flags = os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
+        flags |= 0 if resume_at is not None else os.O_CREAT | os.O_EXCL
         with full_disk_says(lambda: _no_space(self.path.parent, self.name, "a new file")):  # no free inode
             self._fd = os.open(self.path, flags, 0o644)
         try:
-            self._reserved = capacity or 0
+            if resume_at is not None:
+                os.ftruncate(self._fd, self.written)  # what came after the checkpoint reads as zeros again
+            self._reserved = max(capacity or 0, self.written)
             _reserve(self._fd, 0, self._reserved, self.name)
         except BaseException:
             self.close()
@@ -103,6 +109,10 @@ class BlockWriter:
     def skip(self, count: int) -> None:
         """Leave ``count`` bytes out: the next block lands after them, and they read as zeros."""
         self.written += count
+
+    def sync(self) -> None:
+        """Flush the bytes written to disk."""
+        os.fsync(self._fd)
 
     def close(self) -> None:
         """Cut the file to the bytes written and close it."""

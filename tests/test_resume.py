@@ -1,0 +1,318 @@
+"""A stopped build goes on where it stopped (gpuload.writing.resume): killed (``kill -9``) or
+interrupted (Ctrl-C) from every source, into every store, the next build of the same ``out`` keeps
+what was written and writes the dataset an uninterrupted build writes, byte for byte; anything else
+starts afresh."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import pytest
+from conftest import shard_of, write_bad_file, write_parquet
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import gpuload.writing.build
+import gpuload.writing.resume
+from gpuload import MemmapImageDataset, build_memmap, verify_memmap
+from gpuload.writing.resume import CHECKPOINT, Checkpoint, recipe, scan_digest
+
+BUILDS = {  # the sources of samples write raw at a size and jpeg in their order as they scan
+    "raw at a size": {"size": (24, 32)},
+    "raw at the images' size": {},
+    "jpeg shuffled": {"format": "jpeg"},
+    "jpeg in order": {"format": "jpeg", "order": "source"},
+}
+SOURCES = ("folder", "table", "tar", "parquet")
+INTERVAL = gpuload.writing.resume.CHECKPOINT_SECONDS  # before the tests make it 0
+
+
+@pytest.fixture(scope="module")
+def sources(photo_folder, table_folder, tmp_path_factory) -> dict[str, Path]:
+    """The 20 photos as each source (the table with its fields: numbers, multi-label, text)."""
+    folder = tmp_path_factory.mktemp("sources")
+    photos = sorted(photo_folder.rglob("*.jpg"))
+    classes = sorted({photo.parent.name for photo in photos})
+    return {
+        "folder": photo_folder,
+        "table": table_folder,
+        "tar": shard_of(photo_folder, folder / "train.tar"),
+        "parquet": write_parquet(folder / "train.parquet", photos, classes, score=[i / 3 for i in range(len(photos))]),
+    }
+
+
+@pytest.fixture(autouse=True)
+def checkpoint_after_every_image(monkeypatch):
+    monkeypatch.setattr(gpuload.writing.resume, "CHECKPOINT_SECONDS", 0.0)
+
+
+def interrupt_at(monkeypatch, job: int) -> list[int]:
+    """Make the ``job``-th image job (1 on) raise KeyboardInterrupt, as Ctrl-C would stop the build; returns
+    the list that counts the jobs run."""
+    run: list[int] = []
+    for name in ("_decode_raw", "_store_jpeg"):
+        real = getattr(gpuload.writing.build, name)
+
+        def counted(*args, real=real):
+            run.append(1)
+            if len(run) == job:
+                raise KeyboardInterrupt
+            return real(*args)
+
+        monkeypatch.setattr(gpuload.writing.build, name, counted)
+    return run
+
+
+def files_of(dataset: Path) -> dict[str, bytes]:
+    """Every file of a dataset by path, the manifest without the moment it was written."""
+    files = {path.relative_to(dataset).as_posix(): path.read_bytes() for path in dataset.rglob("*") if path.is_file()}
+    manifest = json.loads(files.pop("manifest.json"))
+    manifest.pop("created")
+    return files | {"manifest.json": json.dumps(manifest, sort_keys=True).encode()}
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(path.name for path in folder.iterdir() if ".tmp-" in path.name)
+
+
+def stop_and_resume(src: Path, work: Path, options: dict, stop: int, monkeypatch) -> tuple[Checkpoint | None, int]:
+    """Build ``src`` into ``work/out`` interrupted at job ``stop`` (one decoding thread: jobs run in the
+    order they are written), then again; returns the checkpoint the first left and the jobs the second ran."""
+    with monkeypatch.context() as patched:
+        interrupt_at(patched, stop)
+        with pytest.raises(KeyboardInterrupt), warnings.catch_warnings(record=True):
+            build_memmap(src, work / "out", workers=1, progress=False, **options)
+    left = leftovers(work)
+    checkpoint = Checkpoint.read(work / left[0]) if left else None
+    with monkeypatch.context() as patched:
+        run = interrupt_at(patched, 0)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            build_memmap(src, work / "out", progress=False, **options)
+    resumed = [str(warning.message) for warning in said if "resuming" in str(warning.message)]
+    assert bool(resumed) == (checkpoint is not None), resumed
+    assert leftovers(work) == []
+    return checkpoint, len(run)
+
+
+@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("source", SOURCES)
+def test_a_stopped_build_goes_on_and_writes_what_an_uninterrupted_one_writes(
+    sources, tmp_path, monkeypatch, source, build
+):
+    """Stopped at its 8th image, a build keeps the 7 written: the next one decodes the 13 after them only,
+    and its dataset is the uninterrupted build's, file by file."""
+    src, options = sources[source], BUILDS[build]
+    fresh = build_memmap(src, tmp_path / "fresh", progress=False, **options)
+    checkpoint, run = stop_and_resume(src, tmp_path, options, 8, monkeypatch)
+    assert checkpoint is not None and checkpoint.done == 7
+    assert run == len(MemmapImageDataset(fresh)) - 7
+    assert files_of(tmp_path / "out") == files_of(fresh)
+    assert verify_memmap(tmp_path / "out", progress=False) == []
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(source=st.sampled_from(SOURCES), build=st.sampled_from(list(BUILDS)), stop=st.integers(1, 20))
+def test_any_stop(sources, monkeypatch, source, build, stop):
+    """Wherever it stops (the first image: nothing to keep; the last), the dataset is the uninterrupted one."""
+    src, options = sources[source], BUILDS[build]
+    with tempfile.TemporaryDirectory() as work:
+        fresh = build_memmap(src, Path(work) / "fresh", progress=False, **options)
+        checkpoint, run = stop_and_resume(src, Path(work), options, stop, monkeypatch)
+        done = checkpoint.done if checkpoint is not None else 0
+        assert done == stop - 1 and run == 20 - done
+        assert files_of(Path(work) / "out") == files_of(fresh)
+
+
+def test_what_came_after_the_last_checkpoint_is_done_again(photo_folder, tmp_path, monkeypatch):
+    """Images written after the last checkpoint are decoded again, and their records too: one that can no
+    longer be read is skipped, not kept from the stopped build (and one skipped before the stop stays
+    listed)."""
+    src = Path(shutil.copytree(photo_folder, tmp_path / "photos"))
+    write_bad_file(src / "background", "truncated.jpg")  # the 5th image: skipped before the stop
+    monkeypatch.setattr(gpuload.writing.build._Saves, "due", lambda self: self.next != 1)
+    saves = gpuload.writing.build._Saves.save
+
+    def save(self, store, done, *args):
+        saves(self, store, done, *args)
+        self.next = 1 if done >= 6 else 0  # none after the 6th image
+
+    monkeypatch.setattr(gpuload.writing.build._Saves, "save", save)
+    with monkeypatch.context() as patched:
+        interrupt_at(patched, 10)  # images 7 to 9 written after the last checkpoint
+        with pytest.raises(KeyboardInterrupt), warnings.catch_warnings(record=True):
+            build_memmap(src, tmp_path / "out", size=(24, 32), workers=1, progress=False)
+    (left,) = leftovers(tmp_path)
+    assert Checkpoint.read(tmp_path / left).done == 6
+    eighth = sorted(src.rglob("*.jpg"))[7]
+    eighth.write_bytes(eighth.read_bytes()[:200])  # damaged since
+    with pytest.warns(UserWarning, match="after the 6 images"):
+        build_memmap(src, tmp_path / "out", size=(24, 32), progress=False)
+    fresh = build_memmap(src, tmp_path / "fresh", size=(24, 32), progress=False)
+    assert files_of(tmp_path / "out") == files_of(fresh)
+    assert len(MemmapImageDataset(fresh).manifest.skipped) == 2
+
+
+KILLED = """
+import os, signal, sys
+import gpuload.writing.build as build
+import gpuload.writing.resume as resume
+
+resume.CHECKPOINT_SECONDS = 0.0
+jobs = []
+for name in ("_decode_raw", "_store_jpeg"):
+    def killed(*args, real=getattr(build, name)):
+        jobs.append(1)
+        if len(jobs) == 12:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*args)
+    setattr(build, name, killed)
+build.build_memmap(sys.argv[1], sys.argv[2], workers=1, progress=False, **eval(sys.argv[3]))
+"""
+
+
+@pytest.mark.parametrize(("source", "build"), [("folder", "raw at a size"), ("tar", "jpeg in order")])
+def test_after_kill_9(sources, tmp_path, source, build):
+    """A build killed in its 12th image's job (nothing of Python runs: no cleanup) goes on from its last
+    checkpoint."""
+    src, options = sources[source], BUILDS[build]
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED, str(src), str(tmp_path / "out"), repr(options)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    (left,) = leftovers(tmp_path)
+    done = Checkpoint.read(tmp_path / left).done  # the jobs ahead of the writes: killed in the 12th
+    assert 1 <= done <= 11
+    with pytest.warns(UserWarning, match=rf"resuming the build of .*out after the {done} images it had done"):
+        build_memmap(src, tmp_path / "out", progress=False, **options)
+    fresh = build_memmap(src, tmp_path / "fresh", progress=False, **options)
+    assert files_of(tmp_path / "out") == files_of(fresh) and leftovers(tmp_path) == []
+
+
+def test_interrupted_says_what_was_kept(sources, tmp_path, monkeypatch):
+    interrupt_at(monkeypatch, 5)
+    with pytest.warns(UserWarning, match=r"was interrupted; what it wrote is kept in .*\.out\.tmp-\w+: build it again"):
+        with pytest.raises(KeyboardInterrupt):
+            build_memmap(sources["folder"], tmp_path / "out", progress=False)
+
+
+def test_the_command_line_no_resume(sources, tmp_path, monkeypatch, capsys):
+    from gpuload.cli import main
+
+    with monkeypatch.context() as patched:
+        interrupt_at(patched, 6)
+        with pytest.raises(KeyboardInterrupt), warnings.catch_warnings(record=True):
+            build_memmap(sources["tar"], tmp_path / "out", format="jpeg", workers=1, progress=False)
+    run = interrupt_at(monkeypatch, 0)
+    with warnings.catch_warnings(action="error"):
+        assert main(["build-memmap", str(sources["tar"]), "--out", str(tmp_path / "out"), "--format", "jpeg",
+                     "--no-resume", "--quiet"]) == 0  # fmt: skip
+    assert len(run) == 20 and leftovers(tmp_path) == []
+
+
+class TestAfresh:
+    """What a stopped build left is not taken up where the dataset would not be the one asked: the build
+    starts afresh (saying why), and its result is a fresh build's."""
+
+    def stop(self, src: Path, out: Path, monkeypatch, **options) -> None:
+        with monkeypatch.context() as patched:
+            interrupt_at(patched, 6)
+            with pytest.raises(KeyboardInterrupt), warnings.catch_warnings(record=True):
+                build_memmap(src, out, workers=1, progress=False, **options)
+        assert leftovers(out.parent)
+
+    def test_other_options(self, sources, tmp_path, monkeypatch):
+        self.stop(sources["folder"], tmp_path / "out", monkeypatch, format="jpeg", quality=80)
+        with pytest.warns(UserWarning, match="stopped after 5 images starts afresh, asked differently: quality$"):
+            build_memmap(sources["folder"], tmp_path / "out", format="jpeg", quality=70, progress=False)
+        fresh = build_memmap(sources["folder"], tmp_path / "fresh", format="jpeg", quality=70, progress=False)
+        assert files_of(tmp_path / "out") == files_of(fresh) and leftovers(tmp_path) == []
+
+    @pytest.mark.parametrize("build", ["raw at the images' size", "jpeg in order"])
+    def test_a_source_whose_samples_changed(self, photo_folder, tmp_path, monkeypatch, build):
+        """Scanned first (a folder), or as it goes (a tar), samples renamed since the stop are found."""
+        src = Path(shutil.copytree(photo_folder, tmp_path / "photos"))
+        if build == "jpeg in order":
+            src = shard_of(photo_folder, tmp_path / "train.tar")
+        self.stop(src, tmp_path / "out", monkeypatch, **BUILDS[build])
+        if src.is_dir():
+            first = min(src.rglob("*.jpg"))
+            first.rename(first.with_name("renamed.jpg"))
+        else:
+            shard_of(photo_folder, src, bad="truncated.jpg")  # a sample more, 4th: the 4th and 5th differ
+        with pytest.warns(UserWarning, match="starts afresh: its source's .*not the ones it scanned"):
+            build_memmap(src, tmp_path / "out", progress=False, **BUILDS[build])
+        fresh = build_memmap(src, tmp_path / "fresh", progress=False, **BUILDS[build])
+        assert files_of(tmp_path / "out") == files_of(fresh) and leftovers(tmp_path) == []
+
+    def test_a_checkpoint_that_cannot_be_read(self, sources, tmp_path, monkeypatch):
+        self.stop(sources["tar"], tmp_path / "out", monkeypatch, size=(24, 32))
+        (left,) = leftovers(tmp_path)
+        (tmp_path / left / CHECKPOINT).write_text('{"recipe": {"format": "ra')  # cut by a crash of the disk
+        with warnings.catch_warnings(action="error"):
+            build_memmap(sources["tar"], tmp_path / "out", size=(24, 32), progress=False)
+        assert leftovers(tmp_path) == [] and verify_memmap(tmp_path / "out", progress=False) == []
+
+    def test_no_resume(self, sources, tmp_path, monkeypatch):
+        self.stop(sources["parquet"], tmp_path / "out", monkeypatch)
+        run = interrupt_at(monkeypatch, 0)
+        with warnings.catch_warnings(action="error"):
+            build_memmap(sources["parquet"], tmp_path / "out", resume=False, progress=False)
+        assert len(run) == 20 and leftovers(tmp_path) == []
+
+    def test_without_sync_nothing_is_kept(self, sources, tmp_path, monkeypatch):
+        """A build that does not flush its files cannot say what of them is on disk."""
+        interrupt_at(monkeypatch, 6)
+        with pytest.raises(KeyboardInterrupt):
+            build_memmap(sources["folder"], tmp_path / "out", sync=False, progress=False)
+        assert leftovers(tmp_path) == []
+
+
+def test_the_checkpoint_is_written_whole_and_read_back(tmp_path):
+    checkpoint = Checkpoint(
+        recipe=recipe(format="raw", size=(24, 32), source=tmp_path),
+        scan="ab" * 16,
+        done=7,
+        kept=6,
+        written=[7 * 2304, 0],
+        skipped=[{"path": "cat/3.jpg", "reason": "truncated"}],
+        size=[24, 32],
+        unreadable={3: "not an image"},
+    )
+    checkpoint.write(tmp_path)
+    assert Checkpoint.read(tmp_path) == checkpoint
+    assert sorted(os.listdir(tmp_path)) == [CHECKPOINT]
+    Checkpoint.remove(tmp_path)
+    assert Checkpoint.read(tmp_path) is None
+
+
+@pytest.mark.parametrize("text", ["", "{", "[]", '{"recipe": 1}', '{"recipe": {}, "scan": "", "done": 1}'])
+def test_a_checkpoint_that_cannot_be_read_is_none(tmp_path, text):
+    (tmp_path / CHECKPOINT).write_text(text)
+    assert Checkpoint.read(tmp_path) is None
+
+
+def test_the_scan_digest_is_of_every_file_but_the_image_bytes(tmp_path):
+    (tmp_path / "paths.memmap").write_bytes(b"cat/1.jpg")
+    (tmp_path / "blobs").write_bytes(b"\xff\xd8 image bytes")
+    digest = scan_digest(tmp_path)
+    (tmp_path / "blobs").write_bytes(b"other bytes")
+    assert scan_digest(tmp_path) == digest
+    (tmp_path / "paths.memmap").write_bytes(b"cat/2.jpg")
+    assert scan_digest(tmp_path) != digest
+
+
+def test_the_interval_the_docs_give_is_the_one_used():
+    root = Path(__file__).parent.parent
+    assert f"Every {INTERVAL:.0f} seconds a build flushes" in (root / "docs" / "guarantees.md").read_text()
+    assert f"every {INTERVAL:.0f} seconds a build flushes" in gpuload.writing.build.build_memmap.__doc__
