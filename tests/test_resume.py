@@ -263,6 +263,18 @@ class TestAfresh:
             build_memmap(sources["tar"], tmp_path / "out", size=(24, 32), progress=False)
         assert leftovers(tmp_path) == [] and verify_memmap(tmp_path / "out", progress=False) == []
 
+    def test_another_pixel_limit(self, photo_folder, tmp_path, monkeypatch):
+        """The pixel limit (--max-pixels) decides which images are skipped: stopped under one, a build under
+        another starts afresh (here the 5 images skipped as too large before the stop are kept)."""
+        from gpuload.writing.decode import pixel_limit
+
+        with pixel_limit(500):  # the 48x64 photos are too large
+            self.stop(photo_folder, tmp_path / "out", monkeypatch, size=(16, 16))
+        with pytest.warns(UserWarning, match="asked differently: max_image_pixels$"):
+            build_memmap(photo_folder, tmp_path / "out", size=(16, 16), progress=False)
+        fresh = build_memmap(photo_folder, tmp_path / "fresh", size=(16, 16), progress=False)
+        assert files_of(tmp_path / "out") == files_of(fresh) and leftovers(tmp_path) == []
+
     def test_no_resume(self, sources, tmp_path, monkeypatch):
         self.stop(sources["parquet"], tmp_path / "out", monkeypatch)
         run = interrupt_at(monkeypatch, 0)

@@ -243,7 +243,7 @@ def build_memmap(
     asked = recipe(
         source=source.path, source_format=source.format, format=format, size=size, resize=resize,
         max_side=max_side, quality=quality, classes=classes, columns=columns, order=order, seed=seed,
-        strict=strict, versions=library_versions(),
+        strict=strict, max_image_pixels=Image.MAX_IMAGE_PIXELS or 0, versions=library_versions(),
     )  # fmt: skip
     with OutputLock(out):
         resumable = _tidy(out, asked if resume and sync else None)
