@@ -5,15 +5,18 @@ starts afresh."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import shard_of, write_bad_file, write_parquet
 from hypothesis import HealthCheck, given, settings
@@ -76,6 +79,22 @@ def files_of(dataset: Path) -> dict[str, bytes]:
     manifest = json.loads(files.pop("manifest.json"))
     manifest.pop("created")
     return files | {"manifest.json": json.dumps(manifest, sort_keys=True).encode()}
+
+
+def shard_with_masks(folder: Path, path: Path) -> Path:
+    """:func:`shard_of` with a ``png`` mask (class ids, the photo's size) beside each image."""
+    from PIL import Image
+
+    with tarfile.open(path, "w") as tar:
+        for position, photo in enumerate(sorted(folder.rglob("*.jpg"))):
+            ids = io.BytesIO()
+            Image.fromarray(np.full((48, 64), position, np.uint8)).save(ids, "PNG")
+            members = {"jpg": photo.read_bytes(), "cls": photo.parent.name.encode(), "png": ids.getvalue()}
+            for extension, member in members.items():
+                info = tarfile.TarInfo(f"{position:06d}.{extension}")
+                info.size = len(member)
+                tar.addfile(info, io.BytesIO(member))
+    return path
 
 
 def leftovers(folder: Path) -> list[str]:
@@ -158,6 +177,33 @@ def test_what_came_after_the_last_checkpoint_is_done_again(photo_folder, tmp_pat
     fresh = build_memmap(src, tmp_path / "fresh", size=(24, 32), progress=False)
     assert files_of(tmp_path / "out") == files_of(fresh)
     assert len(MemmapImageDataset(fresh).manifest.skipped) == 2
+
+
+@pytest.mark.parametrize("build", ["raw at a size", "jpeg in order"])
+def test_a_streamed_source_cut_short_after_the_checkpoint(photo_folder, tmp_path, monkeypatch, build):
+    """A tar whose last samples are gone since the stop, but not those before its checkpoint, is taken up:
+    what the stopped build noted of the samples after its checkpoint, past the new end, is not kept."""
+    photos = Path(shutil.copytree(photo_folder, tmp_path / "photos"))
+    src, options = shard_of(photos, tmp_path / "train.tar"), BUILDS[build]
+    monkeypatch.setattr(gpuload.writing.build._Saves, "due", lambda self: self.next != 1)
+    saves = gpuload.writing.build._Saves.save
+
+    def save(self, store, done, *args):
+        saves(self, store, done, *args)
+        self.next = 1 if done >= 6 else 0  # none after the 6th image
+
+    monkeypatch.setattr(gpuload.writing.build._Saves, "save", save)
+    with monkeypatch.context() as patched:
+        interrupt_at(patched, 12)  # 11 images written, the last checkpoint after the 6th
+        with pytest.raises(KeyboardInterrupt), warnings.catch_warnings(record=True):
+            build_memmap(src, tmp_path / "out", workers=1, progress=False, **options)
+    for photo in sorted(photos.rglob("*.jpg"))[8:]:
+        photo.unlink()
+    shard_of(photos, src)  # its first 8 samples only
+    with pytest.warns(UserWarning, match="resuming the build of .* after the 6 images"):
+        build_memmap(src, tmp_path / "out", progress=False, **options)
+    fresh = build_memmap(src, tmp_path / "fresh", progress=False, **options)
+    assert files_of(tmp_path / "out") == files_of(fresh) and len(MemmapImageDataset(fresh)) == 8
 
 
 KILLED = """
@@ -275,6 +321,17 @@ class TestAfresh:
         fresh = build_memmap(photo_folder, tmp_path / "fresh", size=(16, 16), progress=False)
         assert files_of(tmp_path / "out") == files_of(fresh) and leftovers(tmp_path) == []
 
+    def test_a_streamed_source_whose_masks_changed(self, photo_folder, tmp_path, monkeypatch):
+        """A tar whose samples have a mask since the stop (their images the same) is built afresh, masks and all."""
+        src = shard_of(photo_folder, tmp_path / "train.tar")
+        self.stop(src, tmp_path / "out", monkeypatch, size=(24, 32))
+        shard_with_masks(photo_folder, src)
+        with pytest.warns(UserWarning, match="starts afresh: its samples' masks are not the ones it wrote"):
+            build_memmap(src, tmp_path / "out", size=(24, 32), progress=False)
+        fresh = build_memmap(src, tmp_path / "fresh", size=(24, 32), progress=False)
+        assert "fields/mask.memmap" in files_of(fresh)
+        assert files_of(tmp_path / "out") == files_of(fresh) and leftovers(tmp_path) == []
+
     def test_no_resume(self, sources, tmp_path, monkeypatch):
         self.stop(sources["parquet"], tmp_path / "out", monkeypatch)
         run = interrupt_at(monkeypatch, 0)
@@ -296,7 +353,7 @@ def test_the_checkpoint_is_written_whole_and_read_back(tmp_path):
         scan="ab" * 16,
         done=7,
         kept=6,
-        written=[7 * 2304, 0],
+        written={"images.memmap": 7 * 2304, "fields/mask.memmap": 7 * 768},
         skipped=[{"path": "cat/3.jpg", "reason": "truncated"}],
         size=[24, 32],
         unreadable={3: "not an image"},

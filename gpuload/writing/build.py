@@ -471,6 +471,8 @@ def _build_streamed(
                 else:
                     store = _JpegStore(tmp, out, pool, max_side, quality, workers, sync, None, resumed)
                 store.layout(None, None, resumed is not None)
+                if resumed is not None:  # noted after the checkpoint: done again, or past the end of a source cut short
+                    store.records[done:] = np.zeros((), store.record)
                 jobs = _Jobs(store, skipped, strict, bar, saves=saves)
             digest.update(f"{name}\0{-1 if data is None else len(data)}\n".encode("utf-8", "surrogateescape"))
             scanned = digest.hexdigest()
@@ -839,7 +841,10 @@ class _RawStore(_Store):
         resumed: Checkpoint | None = None,
     ) -> None:
         self.tmp, self.pool, self.size, self.resize = tmp, pool, size, resize
-        written = resumed.written if resumed is not None else [None] * (1 + len(masks))
+        files = ["images.memmap", *(field_path(name) for name in masks)]
+        if resumed is not None and list(resumed.written) != files:  # a source scanned as it is written
+            raise _SourceChanged("its samples' masks are not the ones it wrote")
+        written = resumed.written if resumed is not None else {}
         self.window = 2 * workers + 2  # decoded images in flight: bounds memory
         # an image's buffer (channels-last) and one per mask field
         self.free = [
@@ -852,19 +857,19 @@ class _RawStore(_Store):
                 None if count is None else count * 3 * size[0] * size[1],
                 write_behind=sync,
                 name=out / "images.memmap",
-                resume_at=written[0],
+                resume_at=written.get("images.memmap"),
             )
         ]
         if masks:
             (tmp / FIELDS_FOLDER).mkdir(exist_ok=resumed is not None)
-        for name, resume_at in zip(masks, written[1:], strict=True):
+        for name in masks:
             self.writers.append(
                 BlockWriter(
                     tmp / field_path(name),
                     None if count is None else count * size[0] * size[1],
                     write_behind=sync,
                     name=out / field_path(name),
-                    resume_at=resume_at,
+                    resume_at=written.get(field_path(name)),
                 )
             )
 
@@ -939,7 +944,7 @@ class _JpegStore(_Store):
             expected_bytes,
             write_behind=sync,
             name=out / "data.memmap",
-            resume_at=resumed.written[0] if resumed is not None else None,
+            resume_at=resumed.written["data.memmap"] if resumed is not None else None,
         )
         self.writers = [self.writer]
         self.reencoded = dict.fromkeys(REENCODE_REASONS, 0) | (resumed.reencoded if resumed is not None else {})
@@ -1118,7 +1123,7 @@ class _Saves:
             scan=scanned,
             done=done,
             kept=kept,
-            written=[writer.written for writer in store.writers],
+            written={writer.path.relative_to(self.tmp).as_posix(): writer.written for writer in store.writers},
             skipped=skipped,
             reencoded={reason: n for reason, n in getattr(store, "reencoded", {}).items() if n},
             size=self.size,

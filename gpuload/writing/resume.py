@@ -38,7 +38,7 @@ class Checkpoint:
             goes, of the first ``done`` samples' names and image lengths.
         done: the images whose jobs are complete, in the order they are written.
         kept: of those, the images written (the others skipped).
-        written: the bytes written into each of the store's files, in order.
+        written: the bytes written into each of the store's files, by path in the build's folder.
         skipped: the images the jobs skipped so far (``{"path", "reason"}``).
         reencoded: a jpeg build's re-encoded images so far, by reason.
         size: a raw build's image size, once decided from the images (``[height, width]``).
@@ -50,7 +50,7 @@ class Checkpoint:
     scan: str
     done: int
     kept: int
-    written: list[int]
+    written: dict[str, int]
     skipped: list[dict] = field(default_factory=list)
     reencoded: dict[str, int] = field(default_factory=dict)
     size: list[int] | None = None
