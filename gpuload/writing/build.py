@@ -584,6 +584,10 @@ def _tidy(out: Path, asked: dict | None) -> tuple[Path, Checkpoint] | None:
         for folder in sorted(stopped, key=lambda folder: folder.stat().st_mtime, reverse=True):
             checkpoint = Checkpoint.read(folder)
             if checkpoint is None:
+                if (folder / resuming.CHECKPOINT).exists():  # none: killed before its first
+                    warnings.warn(
+                        f"the stopped build in {folder} starts afresh: its checkpoint cannot be read", stacklevel=3
+                    )
                 continue
             if checkpoint.recipe == asked:
                 resumable = folder, checkpoint
