@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import shard_of, write_bad_file, write_parquet
+from conftest import open_files, shard_of, write_bad_file, write_odd_image, write_parquet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -101,6 +101,18 @@ def leftovers(folder: Path) -> list[str]:
     return sorted(path.name for path in folder.iterdir() if ".tmp-" in path.name)
 
 
+def checkpoints_until(monkeypatch, last: int) -> None:
+    """A checkpoint after every image up to the ``last``-th, none after it."""
+    monkeypatch.setattr(gpuload.writing.build._Saves, "due", lambda self: self.next != 1)
+    saves = gpuload.writing.build._Saves.save
+
+    def save(self, store, done, *args):
+        saves(self, store, done, *args)
+        self.next = 1 if done >= last else 0
+
+    monkeypatch.setattr(gpuload.writing.build._Saves, "save", save)
+
+
 def stop_and_resume(src: Path, work: Path, options: dict, stop: int, monkeypatch) -> tuple[Checkpoint | None, int]:
     """Build ``src`` into ``work/out`` interrupted at job ``stop`` (one decoding thread: jobs run in the
     order they are written), then again; returns the checkpoint the first left and the jobs the second ran."""
@@ -156,14 +168,7 @@ def test_what_came_after_the_last_checkpoint_is_done_again(photo_folder, tmp_pat
     listed)."""
     src = Path(shutil.copytree(photo_folder, tmp_path / "photos"))
     write_bad_file(src / "background", "truncated.jpg")  # the 5th image: skipped before the stop
-    monkeypatch.setattr(gpuload.writing.build._Saves, "due", lambda self: self.next != 1)
-    saves = gpuload.writing.build._Saves.save
-
-    def save(self, store, done, *args):
-        saves(self, store, done, *args)
-        self.next = 1 if done >= 6 else 0  # none after the 6th image
-
-    monkeypatch.setattr(gpuload.writing.build._Saves, "save", save)
+    checkpoints_until(monkeypatch, 6)
     with monkeypatch.context() as patched:
         interrupt_at(patched, 10)  # images 7 to 9 written after the last checkpoint
         with pytest.raises(KeyboardInterrupt), warnings.catch_warnings(record=True):
@@ -185,14 +190,7 @@ def test_a_streamed_source_cut_short_after_the_checkpoint(photo_folder, tmp_path
     what the stopped build noted of the samples after its checkpoint, past the new end, is not kept."""
     photos = Path(shutil.copytree(photo_folder, tmp_path / "photos"))
     src, options = shard_of(photos, tmp_path / "train.tar"), BUILDS[build]
-    monkeypatch.setattr(gpuload.writing.build._Saves, "due", lambda self: self.next != 1)
-    saves = gpuload.writing.build._Saves.save
-
-    def save(self, store, done, *args):
-        saves(self, store, done, *args)
-        self.next = 1 if done >= 6 else 0  # none after the 6th image
-
-    monkeypatch.setattr(gpuload.writing.build._Saves, "save", save)
+    checkpoints_until(monkeypatch, 6)
     with monkeypatch.context() as patched:
         interrupt_at(patched, 12)  # 11 images written, the last checkpoint after the 6th
         with pytest.raises(KeyboardInterrupt), warnings.catch_warnings(record=True):
@@ -266,6 +264,85 @@ def test_the_command_line_no_resume(sources, tmp_path, monkeypatch, capsys):
     assert len(run) == 20 and leftovers(tmp_path) == []
 
 
+def test_reencoded_images_before_the_stop_stay_counted(photo_folder, tmp_path, monkeypatch):
+    """A jpeg build re-encodes some images (CMYK, rotated by their EXIF tag); those before the stop stay in
+    the manifest's count."""
+    src = Path(shutil.copytree(photo_folder, tmp_path / "photos"))
+    write_odd_image(src / "background" / "0000.jpg", "cmyk")
+    write_odd_image(src / "background" / "0001.jpg", "exif_rotated")
+    fresh = build_memmap(src, tmp_path / "fresh", format="jpeg", order="source", progress=False)
+    assert MemmapImageDataset(fresh).manifest.jpeg["reencoded"] == {"exif_rotated": 1, "not_rgb_or_gray": 1}
+    checkpoint, _ = stop_and_resume(src, tmp_path, {"format": "jpeg", "order": "source"}, 8, monkeypatch)
+    assert checkpoint.reencoded == {"exif_rotated": 1, "not_rgb_or_gray": 1}
+    assert files_of(tmp_path / "out") == files_of(fresh)
+
+
+def test_without_sync_a_build_goes_on_from_a_checkpoint_and_writes_none(sources, tmp_path, monkeypatch):
+    """What a build that flushed its files wrote before its checkpoint is on disk: one with --no-sync takes
+    it up (and, stopped in turn, leaves the same checkpoint)."""
+    fresh = build_memmap(sources["tar"], tmp_path / "fresh", format="jpeg", progress=False)
+    with monkeypatch.context() as patched:
+        interrupt_at(patched, 8)
+        with pytest.raises(KeyboardInterrupt), warnings.catch_warnings(record=True):
+            build_memmap(sources["tar"], tmp_path / "out", format="jpeg", workers=1, progress=False)
+    with monkeypatch.context() as patched:
+        interrupt_at(patched, 4)
+        with pytest.raises(KeyboardInterrupt), pytest.warns(UserWarning, match="after the 7 images"):
+            build_memmap(sources["tar"], tmp_path / "out", format="jpeg", sync=False, workers=1, progress=False)
+    (left,) = leftovers(tmp_path)
+    assert Checkpoint.read(tmp_path / left).done == 7
+    with pytest.warns(UserWarning, match="after the 7 images"):
+        build_memmap(sources["tar"], tmp_path / "out", format="jpeg", sync=False, progress=False)
+    assert files_of(tmp_path / "out") == files_of(fresh)
+
+
+def test_a_system_exit_keeps_what_was_written(sources, tmp_path, monkeypatch):
+    """A launcher's SIGTERM handler that calls sys.exit stops the build as Ctrl-C does."""
+    run: list[int] = []
+    real = gpuload.writing.build._decode_raw
+
+    def decode(*args):
+        run.append(1)
+        if len(run) == 6:
+            raise SystemExit(143)
+        return real(*args)
+
+    monkeypatch.setattr(gpuload.writing.build, "_decode_raw", decode)
+    with pytest.raises(SystemExit), pytest.warns(UserWarning, match="what it wrote is kept"):
+        build_memmap(sources["folder"], tmp_path / "out", workers=1, progress=False)
+    (left,) = leftovers(tmp_path)
+    assert Checkpoint.read(tmp_path / left).done == 5
+
+
+def test_the_newest_stopped_build_is_taken_up(sources, tmp_path, monkeypatch):
+    """Two stopped builds of one out (the first left when its machine was lost): the newer goes on, the
+    other is removed."""
+    for stop in (4, 9):
+        with monkeypatch.context() as patched:
+            interrupt_at(patched, stop)
+            with pytest.raises(KeyboardInterrupt), warnings.catch_warnings(record=True):
+                build_memmap(sources["parquet"], tmp_path / "out", size=(24, 32), workers=1, resume=False,
+                             progress=False)  # fmt: skip
+            (older,) = leftovers(tmp_path)
+            os.rename(tmp_path / older, tmp_path / f".out.tmp-{stop:08x}")  # kept from the next build's tidying
+            os.utime(tmp_path / f".out.tmp-{stop:08x}", (stop, stop))
+    os.utime(tmp_path / f".out.tmp-{9:08x}", (99, 99))
+    with pytest.warns(UserWarning, match="after the 8 images"):
+        build_memmap(sources["parquet"], tmp_path / "out", size=(24, 32), progress=False)
+    fresh = build_memmap(sources["parquet"], tmp_path / "fresh", size=(24, 32), progress=False)
+    assert files_of(tmp_path / "out") == files_of(fresh) and leftovers(tmp_path) == []
+
+
+def test_a_raw_build_goes_on_whatever_seed_it_is_given(sources, tmp_path, monkeypatch):
+    """The seed orders a shuffled jpeg store's images only: a raw build given another is the same build."""
+    with monkeypatch.context() as patched:
+        interrupt_at(patched, 5)
+        with pytest.raises(KeyboardInterrupt), warnings.catch_warnings(record=True):
+            build_memmap(sources["folder"], tmp_path / "out", seed=1, workers=1, progress=False)
+    with pytest.warns(UserWarning, match="after the 4 images"):
+        build_memmap(sources["folder"], tmp_path / "out", seed=2, progress=False)
+
+
 class TestAfresh:
     """What a stopped build left is not taken up where the dataset would not be the one asked: the build
     starts afresh (saying why), and its result is a fresh build's."""
@@ -279,7 +356,9 @@ class TestAfresh:
 
     def test_other_options(self, sources, tmp_path, monkeypatch):
         self.stop(sources["folder"], tmp_path / "out", monkeypatch, format="jpeg", quality=80)
-        with pytest.warns(UserWarning, match="stopped after 5 images starts afresh, asked differently: quality$"):
+        with pytest.warns(
+            UserWarning, match=r"stopped after 5 images \(\.out\.tmp-\w+\) starts afresh: asked differently: quality$"
+        ):
             build_memmap(sources["folder"], tmp_path / "out", format="jpeg", quality=70, progress=False)
         fresh = build_memmap(sources["folder"], tmp_path / "fresh", format="jpeg", quality=70, progress=False)
         assert files_of(tmp_path / "out") == files_of(fresh) and leftovers(tmp_path) == []
@@ -305,7 +384,7 @@ class TestAfresh:
         self.stop(sources["tar"], tmp_path / "out", monkeypatch, size=(24, 32))
         (left,) = leftovers(tmp_path)
         (tmp_path / left / CHECKPOINT).write_text('{"recipe": {"format": "ra')  # cut by a crash of the disk
-        with pytest.warns(UserWarning, match=rf"{left} starts afresh: its checkpoint cannot be read"):
+        with pytest.warns(UserWarning, match=rf"stopped \({left}\) starts afresh: its checkpoint cannot be read"):
             build_memmap(sources["tar"], tmp_path / "out", size=(24, 32), progress=False)
         assert leftovers(tmp_path) == [] and verify_memmap(tmp_path / "out", progress=False) == []
 
@@ -330,6 +409,27 @@ class TestAfresh:
             build_memmap(src, tmp_path / "out", size=(24, 32), progress=False)
         fresh = build_memmap(src, tmp_path / "fresh", size=(24, 32), progress=False)
         assert "fields/mask.memmap" in files_of(fresh)
+        assert files_of(tmp_path / "out") == files_of(fresh) and leftovers(tmp_path) == []
+
+    def test_files_cut_since_the_stop(self, sources, tmp_path, monkeypatch):
+        self.stop(sources["folder"], tmp_path / "out", monkeypatch, size=(24, 32))
+        (left,) = leftovers(tmp_path)
+        os.truncate(tmp_path / left / "images.memmap", 100)  # less than the 5 images the checkpoint counts
+        with pytest.warns(UserWarning, match="starts afresh: its files are shorter than its checkpoint says"):
+            build_memmap(sources["folder"], tmp_path / "out", size=(24, 32), progress=False)
+        fresh = build_memmap(sources["folder"], tmp_path / "fresh", size=(24, 32), progress=False)
+        assert files_of(tmp_path / "out") == files_of(fresh) and leftovers(tmp_path) == []
+
+    def test_a_streamed_source_with_fewer_samples_than_written(self, photo_folder, tmp_path, monkeypatch):
+        photos = Path(shutil.copytree(photo_folder, tmp_path / "photos"))
+        src = shard_of(photos, tmp_path / "train.tar")
+        self.stop(src, tmp_path / "out", monkeypatch, size=(24, 32))
+        for photo in sorted(photos.rglob("*.jpg"))[3:]:
+            photo.unlink()
+        shard_of(photos, src)  # its first 3 samples only: 5 were written
+        with pytest.warns(UserWarning, match="starts afresh: its source holds 3 samples, fewer than it wrote"):
+            build_memmap(src, tmp_path / "out", size=(24, 32), progress=False)
+        fresh = build_memmap(src, tmp_path / "fresh", size=(24, 32), progress=False)
         assert files_of(tmp_path / "out") == files_of(fresh) and leftovers(tmp_path) == []
 
     def test_no_resume(self, sources, tmp_path, monkeypatch):
@@ -385,3 +485,22 @@ def test_the_interval_the_docs_give_is_the_one_used():
     root = Path(__file__).parent.parent
     assert f"Every {INTERVAL:.0f} seconds a build flushes" in (root / "docs" / "guarantees.md").read_text()
     assert f"every {INTERVAL:.0f} seconds a build flushes" in gpuload.writing.build.build_memmap.__doc__
+
+
+def test_a_mask_file_that_cannot_be_made_closes_the_image_file(photo_folder, tmp_path, monkeypatch):
+    """A raw store whose mask file cannot be made (a full disk) closes the image file it made before,
+    at once (its descriptor was held until the store was collected)."""
+    import errno
+
+    src = shard_with_masks(photo_folder, tmp_path / "train.tar")
+    real = gpuload.writing.build.BlockWriter
+
+    def writer(path, *args, **kwargs):
+        if "fields" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(gpuload.writing.build, "BlockWriter", writer)
+    with pytest.raises(OSError) as raised:
+        build_memmap(src, tmp_path / "out", size=(24, 32), progress=False)
+    assert raised.value and [path for path in open_files() if ".out.tmp-" in path] == []

@@ -16,6 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timezone
+from functools import partial
 from itertools import islice
 from pathlib import Path
 
@@ -45,7 +46,7 @@ from ..sources.detect import Source, find_source, scan_source
 from ..sources.folder import ImageFolderIndex, shown_names
 from ..sources.samples import ScannedIndex, check_roles
 from ..text import count, either, image_size
-from . import resume as resuming
+from . import resume as checkpoints
 from .decode import Resize, check_target, decode_into, fit_mask, read_bytes, read_size
 from .files import (
     OutputLock,
@@ -242,11 +243,12 @@ def build_memmap(
         check_not_written(source.folder)  # a compress still filling src
     asked = recipe(
         source=source.path, source_format=source.format, format=format, size=size, resize=resize,
-        max_side=max_side, quality=quality, classes=classes, columns=columns, order=order, seed=seed,
+        max_side=max_side, quality=quality, classes=classes, columns=columns, order=order,
+        seed=seed if format == "jpeg" and order == "shuffled" else None,
         strict=strict, max_image_pixels=Image.MAX_IMAGE_PIXELS or 0, versions=library_versions(),
     )  # fmt: skip
     with OutputLock(out):
-        resumable = _tidy(out, asked if resume and sync else None)
+        resumable = _tidy(out, asked if resume else None)
         if os.path.lexists(out):
             if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
                 raise FileExistsError(  # a folder made ahead (a mount point?): neither a dataset nor ours to replace
@@ -264,7 +266,7 @@ def build_memmap(
                 )
             ):
                 tmp.mkdir()
-        saves = _Saves(tmp, asked, checkpoint) if sync else None
+        saves = _Saves(tmp, asked, checkpoint, write=sync)
         try:
             with ThreadPoolExecutor(workers, "gpuload-decode", initializer=limit_torch_threads) as pool:
                 try:
@@ -275,7 +277,7 @@ def build_memmap(
                     raise
             _move_into_place(tmp, out, sync)
         except BaseException as error:
-            if isinstance(error, KeyboardInterrupt) and (tmp / resuming.CHECKPOINT).is_file():
+            if isinstance(error, (KeyboardInterrupt, SystemExit)) and (tmp / checkpoints.CHECKPOINT).is_file():
                 warnings.warn(
                     f"the build of {out} was interrupted; what it wrote is kept in {tmp}: build it again (the same "
                     "source and options) to go on from there, or remove that folder",
@@ -323,24 +325,24 @@ def _build(
     strict: bool,
     sync: bool,
     progress: bool,
-    saves: _Saves | None,
+    saves: _Saves,
 ) -> None:
     """Write the dataset into ``tmp``: scan the source into a table there, write the images (``out`` names
     them in messages), then the index, the table, the fields and the manifest. A source of samples
     (not an ImageFolder) built in its own order (raw at a given size, or jpeg in the source's order) has
     its images written as the scan stages them (:func:`_build_streamed`). ``saves``: the checkpoints
     (none without ``sync``), and the one this build goes on from."""
-    if saves is not None and saves.resumed is not None:
+    if saves.resumed is not None:
         shutil.rmtree(tmp / SCAN, ignore_errors=True)  # scanned again
     streams = source.format != "image_folder" and (size is not None if format == "raw" else order == "source")
     if streams:
+        streamed = partial(_build_streamed, tmp, source, out, pool, format, size, resize, max_side, quality, classes,
+                           columns, workers, strict, sync, progress, saves)  # fmt: skip
         try:
-            _build_streamed(tmp, source, out, pool, format, size, resize, max_side, quality, classes, columns,
-                            workers, strict, sync, progress, saves)  # fmt: skip
-        except _SourceChanged as changed:
-            saves.forget(out, str(changed))
-            _build_streamed(tmp, source, out, pool, format, size, resize, max_side, quality, classes, columns,
-                            workers, strict, sync, progress, saves)  # fmt: skip
+            streamed()
+        except _SourceChanged as changed:  # found as the scan went: everything is scanned and written again
+            saves.start_afresh(out, str(changed))
+            streamed()
         return
     with _scan_disk_full(out):
         index = scan_source(source, classes=classes, columns=columns, into=tmp / SCAN, progress=progress)
@@ -384,25 +386,24 @@ def _build_from(
     strict: bool,
     sync: bool,
     progress: bool,
-    saves: _Saves | None,
+    saves: _Saves,
 ) -> None:
     unreadable: dict[int, str] = {}
     masks = [staged for staged in index.fields if staged.kind == "mask"]
     _check_max_side(index.source_path, [staged.name for staged in masks], max_side)
-    if saves is not None:
-        saves.scan = scan_digest(tmp / SCAN)
-        if saves.resumed is not None and saves.resumed.scan != saves.scan:
-            saves.forget(out, "its source's samples are not the ones it scanned", keep=SCAN)
-        elif saves.resumed is not None:
-            saves.resuming(out)
-    resumed = saves.resumed if saves is not None else None
+    saves.scan = scan_digest(tmp / SCAN)
+    if saves.resumed is not None:
+        if saves.resumed.scan != saves.scan:
+            saves.start_afresh(out, "its source's samples are not the ones it scanned", keep=SCAN)
+        else:
+            saves.announce(out)
+    resumed = saves.resumed
     if format == "raw" and size is None:
         if resumed is not None and resumed.size is not None:  # decided before the stop
             size, unreadable = (resumed.size[0], resumed.size[1]), resumed.unreadable
         else:
             size, unreadable = _common_size(index, pool, strict)
-        if saves is not None:
-            saves.size, saves.unreadable = [*size], unreadable
+        saves.size, saves.unreadable = [*size], unreadable
     _fit_masks(index, format, size)
     expected = index.image_bytes() if format == "jpeg" and max_side is None else 0  # scaled down: unknown
     if resumed is None:  # a resumed build has part of it on disk: its files reserve the rest as they open
@@ -443,7 +444,7 @@ def _build_streamed(
     strict: bool,
     sync: bool,
     progress: bool,
-    saves: _Saves | None,
+    saves: _Saves,
 ) -> None:
     """:func:`_build` for a source of samples in its own order: each image's job starts as the scan stages
     it, so the decoders work while the scan reads on (a source's scan no longer comes before its first
@@ -455,7 +456,7 @@ def _build_streamed(
     whose names and image lengths must be the ones scanned then (a running digest; else
     :class:`_SourceChanged`)."""
     skipped: list[dict] = []
-    resumed = saves.resumed if saves is not None else None
+    resumed = saves.resumed
     done = resumed.done if resumed is not None else 0
     digest = xxhash.xxh3_128()
     with tqdm(unit="img", desc="build-memmap", initial=done, disable=not progress, file=sys.stderr) as bar:
@@ -473,14 +474,14 @@ def _build_streamed(
                 store.layout(None, None, resumed is not None)
                 if resumed is not None:  # noted after the checkpoint: done again, or past the end of a source cut short
                     store.records[done:] = np.zeros((), store.record)
-                jobs = _Jobs(store, skipped, strict, bar, saves=saves)
+                jobs = _Jobs(store, skipped, strict, bar, saves)
             digest.update(f"{name}\0{-1 if data is None else len(data)}\n".encode("utf-8", "surrogateescape"))
             scanned = digest.hexdigest()
             if position < done:  # written before the stop
                 if position == done - 1 and scanned != resumed.scan:
                     raise _SourceChanged(f"its source's first {count(done, 'sample')} are not the ones it scanned")
                 if position == done - 1:
-                    saves.resuming(out)
+                    saves.announce(out)
                 return
             jobs.add(position, path, data, masks, name, scanned)
 
@@ -536,7 +537,7 @@ def _complete(
 ) -> None:
     """Warn of classes the skipped images emptied, then :func:`_finish` the dataset (a kill from now on
     leaves nothing to resume: the checkpoint is removed first)."""
-    Checkpoint.remove(tmp)
+    Checkpoint.remove(tmp, sync)
     empty = _empty_classes(index, store)
     emptied = sorted(set(empty) - set(index.empty_classes))
     if emptied:
@@ -581,28 +582,12 @@ def _tidy(out: Path, asked: dict | None) -> tuple[Path, Checkpoint] | None:
     resumable = None
     if asked is not None:
         stopped = [folder for folder in stale if ".tmp-" in folder.name and _is_build_folder(folder)]
-        for folder in sorted(stopped, key=lambda folder: folder.stat().st_mtime, reverse=True):
+        for folder in sorted(stopped, key=lambda folder: folder.stat().st_mtime, reverse=True):  # the newest first
             checkpoint = Checkpoint.read(folder)
-            if checkpoint is None:
-                if (folder / resuming.CHECKPOINT).exists():  # none: killed before its first
-                    warnings.warn(
-                        f"the stopped build in {folder} starts afresh: its checkpoint cannot be read", stacklevel=3
-                    )
-                continue
-            if checkpoint.recipe == asked:
+            if _goes_on(out, folder, checkpoint, asked):
                 resumable = folder, checkpoint
                 stale.remove(folder)
                 break
-            changed = sorted(
-                "versions (of gpuload and its decoders)" if key == "versions" else key
-                for key in {*asked, *checkpoint.recipe}
-                if asked.get(key) != checkpoint.recipe.get(key)
-            )
-            warnings.warn(
-                f"the build of {out} stopped after {count(checkpoint.done, 'image')} starts afresh, asked "
-                f"differently: {', '.join(changed)}",
-                stacklevel=3,
-            )
     if not os.path.lexists(out):
         for old in stale:
             if ".old-" in old.name and _is_build_folder(old) and (old / MANIFEST_NAME).is_file():
@@ -619,6 +604,28 @@ def _tidy(out: Path, asked: dict | None) -> tuple[Path, Checkpoint] | None:
         else:
             warnings.warn(f"left {folder} alone: it is named like a gpuload build but holds other files", stacklevel=3)
     return resumable
+
+
+def _goes_on(out: Path, folder: Path, checkpoint: Checkpoint | None, asked: dict) -> bool:
+    """Whether the build ``asked`` goes on from the stopped build in ``folder`` (its ``checkpoint``:
+    ``None`` where it has none, or one that cannot be read); where it had one, a warning says why not."""
+    if checkpoint is None:
+        why = "its checkpoint cannot be read" if (folder / checkpoints.CHECKPOINT).exists() else None
+    elif checkpoint.recipe != asked:
+        changed = sorted(
+            "versions (of gpuload and its decoders)" if key == "versions" else key
+            for key in {*asked, *checkpoint.recipe}
+            if asked.get(key) != checkpoint.recipe.get(key)
+        )
+        why = f"asked differently: {', '.join(changed)}"
+    elif not checkpoint.holds(folder):
+        why = "its files are shorter than its checkpoint says (cut since it stopped)"
+    else:
+        return True
+    if why is not None:  # killed before its first checkpoint: nothing to say
+        done = f" after {count(checkpoint.done, 'image')}" if checkpoint is not None else ""
+        warnings.warn(f"the build of {out} stopped{done} ({folder.name}) starts afresh: {why}", stacklevel=4)
+    return False
 
 
 def _is_build_folder(folder: Path) -> bool:
@@ -855,27 +862,33 @@ class _RawStore(_Store):
             [np.empty((*size, 3), np.uint8), *(np.empty(size, np.uint8) for _ in masks)] for _ in range(self.window)
         ]
         self.busy: dict[Future, list[np.ndarray]] = {}
-        self.writers = [
-            BlockWriter(
-                tmp / "images.memmap",
-                None if count is None else count * 3 * size[0] * size[1],
-                write_behind=sync,
-                name=out / "images.memmap",
-                resume_at=written.get("images.memmap"),
-            )
-        ]
-        if masks:
-            (tmp / FIELDS_FOLDER).mkdir(exist_ok=resumed is not None)
-        for name in masks:
+        self.writers: list[BlockWriter] = []
+        try:  # a writer that fails (a full disk) closes those made before it
             self.writers.append(
                 BlockWriter(
-                    tmp / field_path(name),
-                    None if count is None else count * size[0] * size[1],
+                    tmp / "images.memmap",
+                    None if count is None else count * 3 * size[0] * size[1],
                     write_behind=sync,
-                    name=out / field_path(name),
-                    resume_at=written.get(field_path(name)),
+                    name=out / "images.memmap",
+                    resume_at=written.get("images.memmap"),
                 )
             )
+            if masks:
+                (tmp / FIELDS_FOLDER).mkdir(exist_ok=resumed is not None)
+            for name in masks:
+                self.writers.append(
+                    BlockWriter(
+                        tmp / field_path(name),
+                        None if count is None else count * size[0] * size[1],
+                        write_behind=sync,
+                        name=out / field_path(name),
+                        resume_at=written.get(field_path(name)),
+                    )
+                )
+        except BaseException:
+            for writer in self.writers:
+                writer.close()
+            raise
 
     def submit(self, path: str, data: bytes | None, masks: Masks) -> Future:
         buffers = self.free.pop()
@@ -1003,14 +1016,14 @@ def _write(
     skipped: list[dict],
     strict: bool,
     progress: bool,
-    saves: _Saves | None,
+    saves: _Saves,
 ) -> int:
     """Run the store's jobs for the samples at positions ``order`` (``total`` of them; a resumed build's
     from the first not done) and append their results in that order (:class:`_Jobs`); returns how many
     were kept."""
-    done = saves.resumed.done if saves is not None and saves.resumed is not None else 0
+    done = saves.resumed.done if saves.resumed is not None else 0
     with tqdm(total=total, initial=done, unit="img", desc="build-memmap", disable=not progress, file=sys.stderr) as bar:
-        jobs = _Jobs(store, skipped, strict, bar, describe=lambda position: index.samples[position][0], saves=saves)
+        jobs = _Jobs(store, skipped, strict, bar, saves, describe=lambda position: index.samples[position][0])
         for position in islice(order, done, None):
             masks = index.masks(position) if isinstance(index, ScannedIndex) else []
             jobs.add(position, *index.image(position), masks)
@@ -1033,15 +1046,15 @@ class _Jobs:
         skipped: list[dict],
         strict: bool,
         bar: tqdm,
+        saves: _Saves,
         describe: Callable[[int], str] | None = None,
-        saves: _Saves | None = None,
     ) -> None:
         self.store, self.skipped, self.strict, self.bar, self.describe = store, skipped, strict, bar, describe
         self.pending: deque[tuple[int, str | None, Future, str | None]] = deque()
         self.saves, self.listed = saves, len(skipped)  # the jobs' skipped images come after those listed
-        resumed = saves.resumed if saves is not None else None
+        resumed = saves.resumed
         self.done, self.kept = (resumed.done, resumed.kept) if resumed is not None else (0, 0)
-        self.scanned = saves.scan if saves is not None else ""
+        self.scanned = saves.scan
         if resumed is not None:
             skipped.extend(resumed.skipped)
 
@@ -1091,7 +1104,7 @@ class _Jobs:
         self.bar.update()
         self.done += 1
         self.scanned = scanned if scanned is not None else self.scanned
-        if self.saves is not None and self.saves.due():
+        if self.saves.due():
             self.saves.save(self.store, self.done, self.kept, self.skipped[self.listed :], self.scanned)
 
 
@@ -1101,7 +1114,8 @@ class _SourceChanged(Exception):
 
 class _Saves:
     """A build's checkpoints (see :mod:`gpuload.writing.resume`): the one it goes on from (``resumed``),
-    and a new one every :data:`~gpuload.writing.resume.CHECKPOINT_SECONDS`, once what it counts is on disk.
+    and, where it flushes its files (``write``: ``sync``), a new one every
+    :data:`~gpuload.writing.resume.CHECKPOINT_SECONDS`, once what it counts is on disk.
 
     Attributes:
         scan: the digest of the source's samples, once scanned (a build that scans first).
@@ -1109,19 +1123,23 @@ class _Saves:
             header could not be read then.
     """
 
-    def __init__(self, tmp: Path, asked: dict, resumed: Checkpoint | None) -> None:
-        self.tmp, self.asked, self.resumed = tmp, asked, resumed
+    def __init__(self, tmp: Path, asked: dict, resumed: Checkpoint | None, write: bool) -> None:
+        self.tmp, self.asked, self.resumed, self.write = tmp, asked, resumed, write
         self.scan = ""
         self.size: list[int] | None = None
         self.unreadable: dict[int, str] = {}
-        self.next = time.monotonic() + resuming.CHECKPOINT_SECONDS
+        self.next = time.monotonic() + checkpoints.CHECKPOINT_SECONDS
 
     def due(self) -> bool:
-        return time.monotonic() >= self.next
+        return self.write and time.monotonic() >= self.next
 
     def save(self, store: _Store, done: int, kept: int, skipped: list[dict], scanned: str) -> None:
-        """Flush the store's files, then replace the checkpoint: ``done`` jobs complete, ``kept`` images written."""
+        """Flush the store's files and the folders' entries (the build's, beside ``out``, and its ``fields``),
+        then replace the checkpoint: ``done`` jobs complete, ``kept`` images written."""
         store.sync()
+        for folder in (self.tmp.parent, self.tmp / FIELDS_FOLDER):
+            if folder.is_dir():
+                fsync_folder(folder)
         Checkpoint(
             recipe=self.asked,
             scan=scanned,
@@ -1133,21 +1151,25 @@ class _Saves:
             size=self.size,
             unreadable=self.unreadable,
         ).write(self.tmp)
-        self.next = time.monotonic() + resuming.CHECKPOINT_SECONDS
+        self.next = time.monotonic() + checkpoints.CHECKPOINT_SECONDS
 
-    def resuming(self, out: Path) -> None:
+    def announce(self, out: Path) -> None:
         """Say that the build goes on from its checkpoint (its source's samples found the same)."""
         warnings.warn(
             f"resuming the build of {out} after the {count(self.resumed.done, 'image')} it had done when it stopped",
             stacklevel=2,
         )
 
-    def forget(self, out: Path, why: str, keep: str | None = None) -> None:
-        """Start afresh (warning ``why``): remove what the stopped build wrote, all but ``keep``."""
+    def start_afresh(self, out: Path, why: str, keep: str | None = None) -> None:
+        """Start afresh (warning ``why``): remove what the stopped build wrote, all but ``keep``, its
+        checkpoint first (a kill in between leaves a folder that the next build removes)."""
         warnings.warn(
-            f"the build of {out} stopped after {count(self.resumed.done, 'image')} starts afresh: {why}", stacklevel=4
+            f"the build of {out} stopped after {count(self.resumed.done, 'image')} ({self.tmp.name}) starts afresh: "
+            f"{why}",
+            stacklevel=4,
         )
         self.resumed = None
+        Checkpoint.remove(self.tmp, self.write)
         for entry in self.tmp.iterdir():
             if entry.name == keep:
                 continue

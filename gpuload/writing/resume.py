@@ -77,11 +77,21 @@ class Checkpoint:
             return None
         return checkpoint if isinstance(checkpoint.recipe, dict) else None
 
+    def holds(self, folder: Path) -> bool:
+        """Whether the files of ``folder`` still hold what the checkpoint counts (none cut since)."""
+        files = [folder / ".records", *(folder / path for path in self.written)]
+        return all(path.is_file() for path in files) and all(
+            (folder / path).stat().st_size >= written for path, written in self.written.items()
+        )
+
     @staticmethod
-    def remove(folder: Path) -> None:
-        """Remove the checkpoint: the build is finishing, and a kill from now on starts the next one afresh."""
+    def remove(folder: Path, sync: bool = True) -> None:
+        """Remove the checkpoint (``sync``: for good, the folder flushed): a kill from now on starts the next
+        build afresh."""
         for name in (CHECKPOINT, _PARTIAL):
             (folder / name).unlink(missing_ok=True)
+        if sync:
+            fsync_folder(folder)
 
 
 def recipe(**asked) -> dict:
