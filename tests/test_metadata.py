@@ -191,7 +191,7 @@ class TestBadInput:
         assert "\n" not in str(raised.value)
         assert [path.name for path in tmp_path.iterdir() if path.name != ".out.lock"] == ["photos"]  # no out, no .out-*
         # the scan's files closed by the failure, not left to the garbage collector (the error's frames hold them)
-        assert [path for path in open_files() if ".out.tmp-" in path] == []
+        assert [path for path in open_files() if path.startswith(f"{tmp_path}/.out.tmp-")] == []
         assert snapshot(table_copy) == before
 
     def test_an_unknown_class_name(self, table_copy, tmp_path):
