@@ -81,14 +81,15 @@ def files_of(dataset: Path) -> dict[str, bytes]:
     return files | {"manifest.json": json.dumps(manifest, sort_keys=True).encode()}
 
 
-def shard_with_masks(folder: Path, path: Path) -> Path:
-    """:func:`shard_of` with a ``png`` mask (class ids, the photo's size) beside each image."""
+def shard_with_masks(folder: Path, path: Path, offset: int = 0) -> Path:
+    """:func:`shard_of` with a ``png`` mask (class ids ``offset`` + the sample's position, the photo's size)
+    beside each image."""
     from PIL import Image
 
     with tarfile.open(path, "w") as tar:
         for position, photo in enumerate(sorted(folder.rglob("*.jpg"))):
             ids = io.BytesIO()
-            Image.fromarray(np.full((48, 64), position, np.uint8)).save(ids, "PNG")
+            Image.fromarray(np.full((48, 64), offset + position, np.uint8)).save(ids, "PNG")
             members = {"jpg": photo.read_bytes(), "cls": photo.parent.name.encode(), "png": ids.getvalue()}
             for extension, member in members.items():
                 info = tarfile.TarInfo(f"{position:06d}.{extension}")
@@ -465,7 +466,24 @@ def test_the_checkpoint_is_written_whole_and_read_back(tmp_path):
     assert Checkpoint.read(tmp_path) is None
 
 
-@pytest.mark.parametrize("text", ["", "{", "[]", '{"recipe": 1}', '{"recipe": {}, "scan": "", "done": 1}'])
+WHOLE = '"recipe": {}, "scan": "", "reencoded": {}, "size": null, "unreadable": {}'
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "{",
+        "[]",
+        '{"recipe": 1}',
+        '{"recipe": {}, "scan": "", "done": 1}',
+        "{" + WHOLE + ', "done": 3, "kept": 3, "written": {"data.memmap": -5}, "skipped": []}',  # not a count
+        "{"
+        + WHOLE
+        + ', "done": 3, "kept": 1, "written": {"data.memmap": 5}, "skipped": []}',  # 2 neither kept nor skipped
+        "{" + WHOLE + ', "done": 3, "kept": 3, "written": ["data.memmap"], "skipped": []}',
+    ],
+)
 def test_a_checkpoint_that_cannot_be_read_is_none(tmp_path, text):
     (tmp_path / CHECKPOINT).write_text(text)
     assert Checkpoint.read(tmp_path) is None
@@ -504,3 +522,65 @@ def test_a_mask_file_that_cannot_be_made_closes_the_image_file(photo_folder, tmp
     with pytest.raises(OSError) as raised:
         build_memmap(src, tmp_path / "out", size=(24, 32), progress=False)
     assert raised.value and [path for path in open_files() if path.startswith(f"{tmp_path}/.out.tmp-")] == []
+
+
+def test_links_in_a_stopped_build_are_not_followed(sources, tmp_path, monkeypatch):
+    """A file of the stopped build's folder that became a link to someone's file: that file is left as it
+    is (a resumed build would have cut it back and written into it), and so is the folder."""
+    with monkeypatch.context() as patched:
+        interrupt_at(patched, 12)
+        with pytest.raises(KeyboardInterrupt), warnings.catch_warnings(record=True):
+            build_memmap(sources["folder"], tmp_path / "out", size=(24, 32), workers=1, progress=False)
+    (left,) = leftovers(tmp_path)
+    theirs = tmp_path / "theirs.bin"
+    theirs.write_bytes(b"someone's file" * 1000)
+    (tmp_path / left / "images.memmap").unlink()
+    os.symlink(theirs, tmp_path / left / "images.memmap")
+    with pytest.warns(UserWarning, match="left .* alone: it is named like a gpuload build but holds other files"):
+        build_memmap(sources["folder"], tmp_path / "out", size=(24, 32), progress=False)
+    assert theirs.read_bytes() == b"someone's file" * 1000
+    fresh = build_memmap(sources["folder"], tmp_path / "fresh", size=(24, 32), progress=False)
+    assert files_of(tmp_path / "out") == files_of(fresh)
+
+
+def test_masks_changed_since_the_stop_are_found_as_the_scan_goes(photo_folder, tmp_path, monkeypatch):
+    """A raw build writes each mask with its image: a tar whose masks (not images) changed since the stop
+    is built afresh, not with the old masks of the samples done."""
+    src = shard_with_masks(photo_folder, tmp_path / "train.tar")
+    with monkeypatch.context() as patched:
+        interrupt_at(patched, 8)
+        with pytest.raises(KeyboardInterrupt), warnings.catch_warnings(record=True):
+            build_memmap(src, tmp_path / "out", size=(24, 32), workers=1, progress=False)
+    shard_with_masks(photo_folder, src, offset=100)  # other class ids, the same images
+    with pytest.warns(UserWarning, match="starts afresh: its source's first 7 samples are not the ones it scanned"):
+        build_memmap(src, tmp_path / "out", size=(24, 32), progress=False)
+    fresh = build_memmap(src, tmp_path / "fresh", size=(24, 32), progress=False)
+    assert files_of(tmp_path / "out") == files_of(fresh)
+
+
+def test_a_full_disk_at_a_checkpoint_names_it(sources, tmp_path, monkeypatch):
+    import errno
+
+    def full(self, folder):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Checkpoint, "write", full)
+    with pytest.raises(OSError, match=r"to write the checkpoint .*\.out\.tmp-\w+/\.resume\.json"):
+        build_memmap(sources["folder"], tmp_path / "out", size=(24, 32), progress=False)
+    assert leftovers(tmp_path) == []
+
+
+def test_more_images_done_than_there_are(sources, tmp_path, monkeypatch):
+    """A checkpoint that counts more images done than the source has (edited) starts afresh."""
+    with monkeypatch.context() as patched:
+        interrupt_at(patched, 8)
+        with pytest.raises(KeyboardInterrupt), warnings.catch_warnings(record=True):
+            build_memmap(sources["folder"], tmp_path / "out", format="jpeg", workers=1, progress=False)
+    (left,) = leftovers(tmp_path)
+    found = json.loads((tmp_path / left / CHECKPOINT).read_text())
+    found.update(done=25, kept=25)
+    (tmp_path / left / CHECKPOINT).write_text(json.dumps(found))
+    with pytest.warns(UserWarning, match="starts afresh: its checkpoint counts more images done than the 20 there are"):
+        build_memmap(sources["folder"], tmp_path / "out", format="jpeg", progress=False)
+    fresh = build_memmap(sources["folder"], tmp_path / "fresh", format="jpeg", progress=False)
+    assert files_of(tmp_path / "out") == files_of(fresh)

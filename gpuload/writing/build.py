@@ -395,6 +395,9 @@ def _build_from(
     if saves.resumed is not None:
         if saves.resumed.scan != saves.scan:
             saves.start_afresh(out, "its source's samples are not the ones it scanned", keep=SCAN)
+        elif saves.resumed.done > len(index.samples):
+            why = f"its checkpoint counts more images done than the {len(index.samples)} there are"
+            saves.start_afresh(out, why, keep=SCAN)
         else:
             saves.announce(out)
     resumed = saves.resumed
@@ -476,6 +479,8 @@ def _build_streamed(
                     store.records[done:] = np.zeros((), store.record)
                 jobs = _Jobs(store, skipped, strict, bar, saves)
             digest.update(f"{name}\0{-1 if data is None else len(data)}\n".encode("utf-8", "surrogateescape"))
+            for field, mask, why in masks if format == "raw" else ():  # written with the images: the same
+                digest.update(f"{field}\0{xxhash.xxh3_64_hexdigest(mask)}\0{why or ''}\n".encode())
             scanned = digest.hexdigest()
             if position < done:  # written before the stop
                 if position == done - 1 and scanned != resumed.scan:
@@ -632,7 +637,9 @@ def _is_build_folder(folder: Path) -> bool:
     """Whether ``folder`` is a real folder holding nothing but names a gpuload build writes."""
     if folder.is_symlink() or not folder.is_dir():
         return False
-    return all(is_build_path(path.relative_to(folder).as_posix()) for path in folder.rglob("*"))
+    return all(  # a link (to someone's file) is not a build's: never written through, nor taken up
+        is_build_path(path.relative_to(folder).as_posix()) and not path.is_symlink() for path in folder.rglob("*")
+    )
 
 
 def _check_replaceable(out: Path) -> None:
@@ -1140,7 +1147,7 @@ class _Saves:
         for folder in (self.tmp.parent, self.tmp / FIELDS_FOLDER):
             if folder.is_dir():
                 fsync_folder(folder)
-        Checkpoint(
+        checkpoint = Checkpoint(
             recipe=self.asked,
             scan=scanned,
             done=done,
@@ -1150,7 +1157,15 @@ class _Saves:
             reencoded={reason: n for reason, n in getattr(store, "reencoded", {}).items() if n},
             size=self.size,
             unreadable=self.unreadable,
-        ).write(self.tmp)
+        )
+        with full_disk_says(
+            lambda: no_room(
+                self.tmp,
+                f"to write the checkpoint {self.tmp / checkpoints.CHECKPOINT}",
+                "there or write to another disk",
+            )
+        ):
+            checkpoint.write(self.tmp)
         self.next = time.monotonic() + checkpoints.CHECKPOINT_SECONDS
 
     def announce(self, out: Path) -> None:

@@ -75,7 +75,23 @@ class Checkpoint:
             checkpoint = cls(**found)
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return None
-        return checkpoint if isinstance(checkpoint.recipe, dict) else None
+        return checkpoint if checkpoint._whole() else None
+
+    def _whole(self) -> bool:
+        """Whether its counts are counts, and agree (a file that parses may still be damaged)."""
+        counts = (
+            [self.done, self.kept, *self.written.values(), *self.unreadable] if isinstance(self.written, dict) else []
+        )
+        return (
+            isinstance(self.recipe, dict)
+            and isinstance(self.scan, str)
+            and bool(counts)
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts)
+            and isinstance(self.skipped, list)
+            and self.kept + len(self.skipped) == self.done  # each image done was written or skipped
+            and isinstance(self.reencoded, dict)
+            and (self.size is None or (isinstance(self.size, list) and len(self.size) == 2))
+        )
 
     def holds(self, folder: Path) -> bool:
         """Whether the files of ``folder`` still hold what the checkpoint counts (none cut since)."""
