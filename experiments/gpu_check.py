@@ -414,8 +414,21 @@ def install(folder: Path) -> None:
         for wheel in wheels:
             with zipfile.ZipFile(wheel) as archive:
                 archive.extractall(target)
+    _declare_checkout(target)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))
     sys.path.insert(0, str(target))
+
+
+def _declare_checkout(target: Path) -> None:
+    """Declare this checkout's gpuload as installed in ``target`` (its distribution metadata only: the code
+    runs from the checkout), so that ``importlib.metadata.version("gpuload")`` (``gpuload.__version__``, a
+    build's manifest) finds it on a machine where gpuload was never pip-installed."""
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    info = target / f"gpuload-{version}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: gpuload\nVersion: {version}\n")
 
 
 def rehearse(short: bool) -> dict:

@@ -219,3 +219,16 @@ def test_pillows_copy_matches_ffmpegs_psnr_and_bytes(tmp_path, monkeypatch, size
     theirs = np.mean([psnr(originals / name, ffmpeg / name) for name in files])
     more = sum((pillow / name).stat().st_size for name in files) / sum((ffmpeg / name).stat().st_size for name in files)
     assert abs(ours - theirs) <= 0.5 and 0.9 <= more <= 1.2, (ours, theirs, more)
+
+
+def test_the_checkout_is_declared_installed_where_gpuload_never_was(tmp_path):
+    """The GPU machine runs gpuload from the checkout, never pip-installed: ``import gpuload`` read its
+    version from the distribution's metadata and failed there (the lease's first call, PackageNotFoundError)."""
+    import tomllib
+
+    from experiments.gpu_check import ROOT, _declare_checkout
+
+    _declare_checkout(tmp_path)
+    code = "import importlib.metadata as m, sys; sys.path.insert(0, sys.argv[1]); print(m.version('gpuload'))"
+    found = subprocess.run([sys.executable, "-S", "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
+    assert found.stdout.strip() == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
