@@ -228,7 +228,9 @@ def test_the_checkout_is_declared_installed_where_gpuload_never_was(tmp_path):
 
     from experiments.gpu_check import ROOT, _declare_checkout
 
-    _declare_checkout(tmp_path)
+    _declare_checkout(tmp_path / "site")
     code = "import importlib.metadata as m, sys; sys.path.insert(0, sys.argv[1]); print(m.version('gpuload'))"
-    found = subprocess.run([sys.executable, "-S", "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
+    found = subprocess.run(  # no site, and not run in the checkout (its gpuload.egg-info of a local install)
+        [sys.executable, "-S", "-c", code, str(tmp_path / "site")], capture_output=True, text=True, cwd=tmp_path
+    )
     assert found.stdout.strip() == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
