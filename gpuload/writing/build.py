@@ -628,9 +628,14 @@ def _goes_on(out: Path, folder: Path, checkpoint: Checkpoint | None, asked: dict
     else:
         return True
     if why is not None:  # killed before its first checkpoint: nothing to say
-        done = f" after {count(checkpoint.done, 'image')}" if checkpoint is not None else ""
-        warnings.warn(f"the build of {out} stopped{done} ({folder.name}) starts afresh: {why}", stacklevel=4)
+        _warn_afresh(out, folder, checkpoint.done if checkpoint is not None else None, why)
     return False
+
+
+def _warn_afresh(out: Path, folder: Path, done: int | None, why: str) -> None:
+    """Say that the stopped build in ``folder`` (``done`` images, where known) is not taken up, and why."""
+    after = f" after {count(done, 'image')}" if done is not None else ""
+    warnings.warn(f"the build of {out} stopped{after} ({folder.name}) starts afresh: {why}", stacklevel=5)
 
 
 def _is_build_folder(folder: Path) -> bool:
@@ -1178,11 +1183,7 @@ class _Saves:
     def start_afresh(self, out: Path, why: str, keep: str | None = None) -> None:
         """Start afresh (warning ``why``): remove what the stopped build wrote, all but ``keep``, its
         checkpoint first (a kill in between leaves a folder that the next build removes)."""
-        warnings.warn(
-            f"the build of {out} stopped after {count(self.resumed.done, 'image')} ({self.tmp.name}) starts afresh: "
-            f"{why}",
-            stacklevel=4,
-        )
+        _warn_afresh(out, self.tmp, self.resumed.done, why)
         self.resumed = None
         Checkpoint.remove(self.tmp, self.write)
         for entry in self.tmp.iterdir():
