@@ -37,8 +37,10 @@ to CI's own run. Usage::
     python -m experiments.gpu_check prepare                    # here: the wheels in .whl/, and the carry size
     # on the GPU machine (the device tool's run, carry [".whl"]), at once, then while the lease lasts:
     python3 -m experiments.gpu_check run --call 1 --wheels .whl --out "$OUT" --budget 480
+    # here, before call 2: tar xzf <files_at>/gpu_check_results.tar.gz  (the results land under assets/;
+    # each call gets this working tree, so call 2 finds call 1's summary and merges its steps with it)
     python3 -m experiments.gpu_check run --call 2 --wheels .whl --out "$OUT" --budget 480
-    # here: tar xzf <files_at>/gpu_check_results.tar.gz  (the results land under assets/)
+    # here: tar xzf <files_at>/gpu_check_results.tar.gz
 """
 
 from __future__ import annotations
