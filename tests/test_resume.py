@@ -584,3 +584,54 @@ def test_more_images_done_than_there_are(sources, tmp_path, monkeypatch):
         build_memmap(sources["folder"], tmp_path / "out", format="jpeg", progress=False)
     fresh = build_memmap(sources["folder"], tmp_path / "fresh", format="jpeg", progress=False)
     assert files_of(tmp_path / "out") == files_of(fresh)
+
+
+def _cut_a_row(folder: Path) -> None:
+    os.truncate(folder / ".records", (folder / ".records").stat().st_size - 1)
+
+
+DAMAGES = {  # a checkpoint that parses, whose counts are counts and add up, but does not match its files
+    "written an image short": lambda found, folder: found.update(
+        written={path: max(0, n - 1) for path, n in found["written"].items()}
+    ),
+    "re-encoded for an unknown reason": lambda found, folder: found.update(reencoded={"nonsense": 1}),
+    "re-encoded not a count": lambda found, folder: found.update(reencoded={"cmyk": "x"}),
+    "unreadable beyond the samples": lambda found, folder: found.update(unreadable={"999": "not an image"}),
+    "records emptied": lambda found, folder: (folder / ".records").write_bytes(b""),
+    "records zeroed": lambda found, folder: (folder / ".records").write_bytes(
+        bytes((folder / ".records").stat().st_size)
+    ),
+    "records cut": lambda found, folder: _cut_a_row(folder),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+@pytest.mark.parametrize(
+    ("source", "build"),
+    [
+        ("folder", "raw at the images' size"),
+        ("tar", "raw at a size"),
+        ("parquet", "jpeg shuffled"),
+        ("table", "jpeg in order"),
+    ],
+)
+def test_a_checkpoint_that_does_not_match_its_files(sources, tmp_path, monkeypatch, damage, source, build):
+    """No traceback, no dataset of the wrong bytes: the build starts afresh (saying why) where what it
+    would take up does not add up, and the dataset is the uninterrupted build's."""
+    src, options = sources[source], BUILDS[build]
+    with monkeypatch.context() as patched:
+        interrupt_at(patched, 12)
+        with pytest.raises(KeyboardInterrupt), warnings.catch_warnings(record=True):
+            build_memmap(src, tmp_path / "out", workers=1, progress=False, **options)
+    (left,) = leftovers(tmp_path)
+    found = json.loads((tmp_path / left / CHECKPOINT).read_text())
+    DAMAGES[damage](found, tmp_path / left)
+    (tmp_path / left / CHECKPOINT).write_text(json.dumps(found))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        build_memmap(src, tmp_path / "out", progress=False, **options)
+    fresh = build_memmap(src, tmp_path / "fresh", progress=False, **options)
+    assert files_of(tmp_path / "out") == files_of(fresh) and leftovers(tmp_path) == []
+    used = {"re-encoded": "jpeg" in build, "unreadable": build == "raw at the images' size"}  # else not read
+    if used.get(damage.split()[0], True):
+        assert any("starts afresh" in str(warning.message) for warning in said), [str(w.message) for w in said]

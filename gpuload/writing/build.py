@@ -340,15 +340,20 @@ def _build(
                            columns, workers, strict, sync, progress, saves)  # fmt: skip
         try:
             streamed()
-        except _SourceChanged as changed:  # found as the scan went: everything is scanned and written again
-            saves.start_afresh(out, str(changed))
+        except _CannotResume as why:  # found as the scan went: everything is scanned and written again
+            saves.start_afresh(out, str(why))
             streamed()
         return
     with _scan_disk_full(out):
         index = scan_source(source, classes=classes, columns=columns, into=tmp / SCAN, progress=progress)
+    built = partial(_build_from, tmp, index, out, pool, format, size, resize, max_side, quality, order, seed,
+                    workers, strict, sync, progress, saves)  # fmt: skip
     try:
-        _build_from(tmp, index, out, pool, format, size, resize, max_side, quality, order, seed, workers, strict,
-                    sync, progress, saves)  # fmt: skip
+        try:
+            built()
+        except _CannotResume as why:  # found in the records: the images are written again, the scan kept
+            saves.start_afresh(out, str(why), keep=SCAN)
+            built()
     finally:
         index.close()
 
@@ -398,8 +403,8 @@ def _build_from(
         elif saves.resumed.done > len(index.samples):
             why = f"its checkpoint counts more images done than the {len(index.samples)} there are"
             saves.start_afresh(out, why, keep=SCAN)
-        else:
-            saves.announce(out)
+        elif why := _disagrees(tmp, saves.resumed, format, size, [staged.name for staged in masks], index):
+            saves.start_afresh(out, why, keep=SCAN)
     resumed = saves.resumed
     if format == "raw" and size is None:
         if resumed is not None and resumed.size is not None:  # decided before the stop
@@ -423,6 +428,9 @@ def _build_from(
         store = _JpegStore(tmp, out, pool, max_side, quality, workers, sync, expected, resumed)
         store.layout(images, None if order == "source" else seed, resumed is not None)
     try:
+        if resumed is not None:
+            store.check_resumed((position for position in store.order(images) if position not in unreadable), resumed)
+            saves.announce(out)
         todo = (position for position in store.order(images) if position not in unreadable)
         kept = _write(store, index, todo, images - len(unreadable), skipped, strict, progress, saves)
     except BaseException:
@@ -469,6 +477,8 @@ def _build_streamed(
             nonlocal jobs
             if jobs is None:
                 _check_max_side(source.path, [mask[0] for mask in masks], max_side)
+                if resumed is not None and (why := _disagrees(tmp, resumed, format, size, [m[0] for m in masks], None)):
+                    raise _CannotResume(why)
                 if format == "raw":
                     mask_names = [mask[0] for mask in masks]
                     store: _Store = _RawStore(tmp, out, pool, size, resize, workers, sync, None, mask_names, resumed)
@@ -477,6 +487,11 @@ def _build_streamed(
                 store.layout(None, None, resumed is not None)
                 if resumed is not None:  # noted after the checkpoint: done again, or past the end of a source cut short
                     store.records[done:] = np.zeros((), store.record)
+                    try:
+                        store.check_resumed(range(done), resumed)
+                    except BaseException:
+                        store.abort()
+                        raise
                 jobs = _Jobs(store, skipped, strict, bar, saves)
             digest.update(f"{name}\0{-1 if data is None else len(data)}\n".encode("utf-8", "surrogateescape"))
             for field, mask, why in masks if format == "raw" else ():  # written with the images: the same
@@ -788,6 +803,24 @@ class _Store:
             os.truncate(self.tmp / ".records", size * self.record.itemsize)  # the new rows read as zeros
             self.records = np.memmap(self.tmp / ".records", dtype=self.record, mode="r+", shape=(size,))
         self.records[position] = record
+
+    def check_resumed(self, order: Iterable[int], resumed: Checkpoint) -> None:
+        """Check that the records of the images a stopped build had done (the first of the positions in
+        ``order``) count the images its checkpoint ``resumed`` counts, and (a jpeg build) end where its
+        data file does.
+
+        Raises:
+            _CannotResume: they do not.
+        """
+        kept = end = 0
+        done = islice(order, resumed.done)
+        while positions := list(islice(done, _CHUNK)):
+            records = self.records[np.asarray(positions, dtype=np.int64)]
+            kept += int(np.count_nonzero(records["kept"]))
+            if "end" in self.record.names:
+                end = max(end, int(records["end"][records["kept"] != 0].max(initial=0)))
+        if kept != resumed.kept or ("end" in self.record.names and end != resumed.written.get("data.memmap")):
+            raise _CannotResume("its checkpoint does not match the records of the images it wrote")
 
     def forget(self, position: int) -> None:
         """Record that nothing is written of the sample at ``position`` (a stopped build may have written it)."""
@@ -1120,8 +1153,49 @@ class _Jobs:
             self.saves.save(self.store, self.done, self.kept, self.skipped[self.listed :], self.scanned)
 
 
-class _SourceChanged(Exception):
+class _CannotResume(Exception):
+    """A stopped build cannot be taken up: it starts afresh (why: the message)."""
+
+
+class _SourceChanged(_CannotResume):
     """A resumed build's source does not hold the samples the stopped build scanned (why: the message)."""
+
+
+def _disagrees(
+    tmp: Path,
+    resumed: Checkpoint,
+    format: str,
+    size: tuple[int, int] | None,
+    masks: list[str],
+    index: ImageFolderIndex | ScannedIndex | None,
+) -> str | None:
+    """Why the checkpoint ``resumed`` does not match the files of the stopped build in ``tmp`` (a damaged
+    disk, someone's edit), or ``None``: a raw build's files hold its images and ``masks`` at ``size`` (or
+    the size it decided), each; a jpeg build's re-encoded images are of known reasons; the records are
+    of each of the ``index``'s samples (``None``: not scanned yet, of those done at least), and the
+    images it could not read are among them."""
+    record = (_RawStore if format == "raw" else _JpegStore).record
+    if format == "raw" and (size or resumed.size) is not None:
+        height, width = size or resumed.size
+        each = {"images.memmap": 3 * height * width, **{field_path(name): height * width for name in masks}}
+        if any(written != resumed.kept * each.get(path, -1) for path, written in resumed.written.items()):
+            return "its checkpoint counts other bytes than its images and masks hold"
+    if format == "jpeg" and not set(resumed.reencoded) <= set(REENCODE_REASONS):
+        return "its checkpoint counts images re-encoded for unknown reasons"
+    if index is not None and any(position >= len(index.samples) for position in resumed.unreadable):
+        return "its checkpoint names unreadable images beyond the samples"
+    try:
+        found = os.lstat(tmp / ".records").st_size
+    except OSError:
+        return "its .records is missing"
+    rows = max(1, len(index.samples) if index is not None else resumed.done)
+    if (
+        found % record.itemsize
+        or found < rows * record.itemsize
+        or (index is not None and found != rows * record.itemsize)
+    ):
+        return "its .records is not of the images it counts"
+    return None
 
 
 class _Saves:

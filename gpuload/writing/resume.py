@@ -90,7 +90,9 @@ class Checkpoint:
             and isinstance(self.skipped, list)
             and self.kept + len(self.skipped) == self.done  # each image done was written or skipped
             and isinstance(self.reencoded, dict)
+            and all(isinstance(reason, str) and _count(n) for reason, n in self.reencoded.items())
             and (self.size is None or (isinstance(self.size, list) and len(self.size) == 2))
+            and all(isinstance(why, str) for why in self.unreadable.values())
         )
 
     def holds(self, folder: Path) -> bool:
@@ -108,6 +110,10 @@ class Checkpoint:
             (folder / name).unlink(missing_ok=True)
         if sync:
             fsync_folder(folder)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def recipe(**asked) -> dict:
