@@ -139,6 +139,21 @@ def test_a_tar_cut_short(tmp_path, cut):
         listed(path)
 
 
+@pytest.mark.parametrize("member", [4, 8])  # at the third sample's first header; after the last member
+def test_a_tar_cut_between_members_is_cut_short_not_complete(tmp_path, member):
+    """Cut where a header would start, a tar lacks the zero blocks that end an archive: cut short (a
+    writer stopped, a download cut), where tarfile reads the members before as the whole archive."""
+    path = write_tar(tmp_path / "t.tar", 4)
+    ends = [offset - BLOCK for _, offset, _ in by_tarfile(path)] + [
+        (lambda _, offset, size: offset + -(-size // BLOCK) * BLOCK)(*by_tarfile(path)[-1])
+    ]
+    path.write_bytes(path.read_bytes()[: ends[member]])
+    with pytest.raises(tarfile.ReadError, match="ends without the two zero blocks that end a tar"):
+        listed(path)
+    with pytest.raises(SourceError, match=rf"is truncated or damaged after {member // 2 - 1} samples"):
+        list(read_shard(path))
+
+
 def test_a_first_header_that_is_not_a_tar_is_left_to_tarfile(tmp_path):
     path = tmp_path / "t.tar"
     path.write_bytes(b"\x1f\x8b" + bytes(2 * BLOCK))  # a gzip magic: not a header
@@ -167,6 +182,26 @@ def test_a_pax_record_of_no_length_is_left_to_tarfile_not_read_forever(tmp_path,
             list(read_shard(path))
     else:
         assert [(key, sorted(members)) for key, members in read_shard(path)] == [("0000", ["jpg"])]
+
+
+@pytest.mark.parametrize(("values", "unusual"), [({"comment": "git archive's commit"}, False), ({"path": "x"}, True)])
+def test_a_global_pax_header(tmp_path, values, unusual):
+    """A global header's ``path`` (or ``size``) names every member after it that names none of its own,
+    as tarfile reads it: left to tarfile from there; one of other keys (git archive's comment) is skipped."""
+    path = tmp_path / "t.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT, pax_headers=values) as tar:
+        for name in ("0000.jpg", "0000.cls"):
+            info = tarfile.TarInfo(name)
+            info.size = 3
+            tar.addfile(info, io.BytesIO(b"abc"))
+    if unusual:
+        with pytest.raises(Unusual) as raised:
+            listed(path)
+        assert raised.value.offset == 0
+    else:
+        assert listed(path) == by_tarfile(path)
+    with open(path, "rb") as file:
+        assert [name for name, _ in _shard_members(path, file)] == [name for name, _, _ in by_tarfile(path)]
 
 
 def test_a_pax_size_that_is_not_a_number_is_left_to_tarfile(tmp_path):

@@ -7,8 +7,9 @@ cost more than the build's open of a file per image. This reader takes what a sc
 the data lies, its size) from the ustar fields, with the extensions tar writers use for long names and
 sizes: POSIX pax headers (``path``, ``size``; Python's ``tarfile`` writes one per member whose mtime
 is a float, as webdataset's ``TarWriter`` does), GNU long names (``L``), the ustar ``prefix``, base-256
-sizes. Anything else it does not read (a sparse member, a pax header of sparse maps, a type of
-another tar; a first header whose checksum fails: a compressed shard?) raises :class:`Unusual` at that
+sizes. Anything else it does not read (a sparse member, a pax header of sparse maps, a global pax
+header naming or sizing the members after it, a type of another tar; a first header whose checksum
+fails: a compressed shard?) raises :class:`Unusual` at that
 header's offset, and the caller reads on from there with ``tarfile``. A later header whose checksum
 fails is damage, where ``tarfile`` would end the archive there without a word.
 """
@@ -40,8 +41,9 @@ def members(fd: int, size: int, start: int = 0) -> Iterator[tuple[str, int, int]
 
     Raises:
         Unusual: a header it does not read (see the module).
-        tarfile.ReadError: the file ends inside a header or a member's data, or a header after the
-            first fails its checksum.
+        tarfile.ReadError: the file ends inside a header or a member's data, or where a header would
+            start (without the zero blocks that end a tar: cut short, where tarfile would stop there
+            without a word), or a header after the first fails its checksum.
 
     Example:
         >>> import io, tempfile
@@ -76,8 +78,10 @@ def members(fd: int, size: int, start: int = 0) -> Iterator[tuple[str, int, int]
             value = os.pread(fd, length, data)
             if kind == b"L":
                 long_name = _text(value.split(b"\0", 1)[0])
-            elif kind != b"g":  # a global header (WebDataset writers make none) is left out; tarfile applies it
+            elif kind != b"g":
                 pax = _pax(value, member)
+            elif {"path", "size"} & set(_pax(value, member)):  # for every member after it (WebDataset's make none)
+                raise Unusual(member)
             offset = following
             continue
         if kind in _REGULAR:
@@ -90,6 +94,7 @@ def members(fd: int, size: int, start: int = 0) -> Iterator[tuple[str, int, int]
         member = offset
     if offset < size:
         raise tarfile.ReadError("unexpected end of data")
+    raise tarfile.ReadError(f"the tar ends without the two zero blocks that end a tar (at byte {offset:,}): cut short")
 
 
 def _checksum_holds(header: bytes) -> bool:
