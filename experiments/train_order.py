@@ -177,7 +177,7 @@ def plot(result: dict) -> None:
             for v in VARIANTS
         )
 
-    names = [f"{w}x{h}\nbatch {b}\nfeeding {100 * feeding(h, w, b):.2f} %" for _, h, w, b in configurations]
+    names = [f"{w}x{h}\nbatch {b}\nfeeding\n{100 * feeding(h, w, b):.1f} %" for _, h, w, b in configurations]
     fig, axes = figure(1, 1)
     axis = axes[0][0]
     positions = np.arange(len(configurations))
