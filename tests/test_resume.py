@@ -401,15 +401,18 @@ class TestAfresh:
         fresh = build_memmap(photo_folder, tmp_path / "fresh", size=(16, 16), progress=False)
         assert files_of(tmp_path / "out") == files_of(fresh) and leftovers(tmp_path) == []
 
-    def test_a_streamed_source_whose_masks_changed(self, photo_folder, tmp_path, monkeypatch):
-        """A tar whose samples have a mask since the stop (their images the same) is built afresh, masks and all."""
-        src = shard_of(photo_folder, tmp_path / "train.tar")
+    @pytest.mark.parametrize("masks", ["since", "before"])
+    def test_a_streamed_source_whose_masks_changed(self, photo_folder, tmp_path, monkeypatch, masks):
+        """A tar whose samples have a mask since the stop, or no longer have one (their images the same), is
+        built afresh, masks and all (not as a checkpoint that does not match its files)."""
+        write, then = (shard_of, shard_with_masks) if masks == "since" else (shard_with_masks, shard_of)
+        src = write(photo_folder, tmp_path / "train.tar")
         self.stop(src, tmp_path / "out", monkeypatch, size=(24, 32))
-        shard_with_masks(photo_folder, src)
+        then(photo_folder, src)
         with pytest.warns(UserWarning, match="starts afresh: its samples' masks are not the ones it wrote"):
             build_memmap(src, tmp_path / "out", size=(24, 32), progress=False)
         fresh = build_memmap(src, tmp_path / "fresh", size=(24, 32), progress=False)
-        assert "fields/mask.memmap" in files_of(fresh)
+        assert ("fields/mask.memmap" in files_of(fresh)) == (masks == "since")
         assert files_of(tmp_path / "out") == files_of(fresh) and leftovers(tmp_path) == []
 
     def test_files_cut_since_the_stop(self, sources, tmp_path, monkeypatch):
@@ -482,6 +485,9 @@ WHOLE = '"recipe": {}, "scan": "", "reencoded": {}, "size": null, "unreadable": 
         + WHOLE
         + ', "done": 3, "kept": 1, "written": {"data.memmap": 5}, "skipped": []}',  # 2 neither kept nor skipped
         "{" + WHOLE + ', "done": 3, "kept": 3, "written": ["data.memmap"], "skipped": []}',
+        "{" + WHOLE.replace("null", '["24", "32"]') + ', "done": 3, "kept": 3, "written": {"a": 5}, "skipped": []}',
+        "{" + WHOLE + ', "done": 3, "kept": 2, "written": {"data.memmap": 5}, "skipped": [1]}',  # not an image
+        "{" + WHOLE + ', "done": 3, "kept": 2, "written": {"data.memmap": 5}, "skipped": [{"path": "a.jpg"}]}',
     ],
 )
 def test_a_checkpoint_that_cannot_be_read_is_none(tmp_path, text):
@@ -602,6 +608,8 @@ DAMAGES = {  # a checkpoint that parses, whose counts are counts and add up, but
         bytes((folder / ".records").stat().st_size)
     ),
     "records cut": lambda found, folder: _cut_a_row(folder),
+    "written no file": lambda found, folder: found.update(written={}),
+    "size not numbers": lambda found, folder: found.update(size=["24", "32"]),
 }
 
 
@@ -635,3 +643,18 @@ def test_a_checkpoint_that_does_not_match_its_files(sources, tmp_path, monkeypat
     used = {"re-encoded": "jpeg" in build, "unreadable": build == "raw at the images' size"}  # else not read
     if used.get(damage.split()[0], True):
         assert any("starts afresh" in str(warning.message) for warning in said), [str(w.message) for w in said]
+
+
+@pytest.mark.parametrize("build", ["raw at a size", "jpeg in order"])
+def test_a_streamed_build_whose_last_images_before_the_stop_were_skipped(photo_folder, tmp_path, monkeypatch, build):
+    """A streamed build's records grow with the images kept: the 4 skipped before the stop (after the 8
+    kept) are not in them. It is taken up, not started afresh as a checkpoint that does not match its
+    files."""
+    photos = Path(shutil.copytree(photo_folder, tmp_path / "photos"))
+    for photo in sorted(photos.rglob("*.jpg"))[8:12]:
+        photo.write_bytes(photo.read_bytes()[:200])  # cannot be decoded: skipped
+    src, options = shard_of(photos, tmp_path / "train.tar"), BUILDS[build]
+    checkpoint, run = stop_and_resume(src, tmp_path, options, 13, monkeypatch)
+    assert (checkpoint.done, checkpoint.kept, run) == (12, 8, 8)
+    fresh = build_memmap(src, tmp_path / "fresh", progress=False, **options)
+    assert files_of(tmp_path / "out") == files_of(fresh)

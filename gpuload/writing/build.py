@@ -815,7 +815,8 @@ class _Store:
         kept = end = 0
         done = islice(order, resumed.done)
         while positions := list(islice(done, _CHUNK)):
-            records = self.records[np.asarray(positions, dtype=np.int64)]
+            positions = np.asarray(positions, dtype=np.int64)
+            records = self.records[positions[positions < len(self.records)]]  # beyond: skipped (the file grows)
             kept += int(np.count_nonzero(records["kept"]))
             if "end" in self.record.names:
                 end = max(end, int(records["end"][records["kept"] != 0].max(initial=0)))
@@ -1171,15 +1172,18 @@ def _disagrees(
 ) -> str | None:
     """Why the checkpoint ``resumed`` does not match the files of the stopped build in ``tmp`` (a damaged
     disk, someone's edit), or ``None``: a raw build's files hold its images and ``masks`` at ``size`` (or
-    the size it decided), each; a jpeg build's re-encoded images are of known reasons; the records are
-    of each of the ``index``'s samples (``None``: not scanned yet, of those done at least), and the
-    images it could not read are among them."""
+    the size it decided), each (which files: the store says); a jpeg build's file is its data, its
+    re-encoded images of known reasons; the records are of each of the ``index``'s samples (``None``:
+    not scanned yet, of those kept at least: they grow as images are kept), and the images it could
+    not read are among them."""
     record = (_RawStore if format == "raw" else _JpegStore).record
     if format == "raw" and (size or resumed.size) is not None:
         height, width = size or resumed.size
         each = {"images.memmap": 3 * height * width, **{field_path(name): height * width for name in masks}}
-        if any(written != resumed.kept * each.get(path, -1) for path, written in resumed.written.items()):
+        if any(written != resumed.kept * each[path] for path, written in resumed.written.items() if path in each):
             return "its checkpoint counts other bytes than its images and masks hold"
+    if format == "jpeg" and list(resumed.written) != ["data.memmap"]:
+        return "its checkpoint counts other files than data.memmap"
     if format == "jpeg" and not set(resumed.reencoded) <= set(REENCODE_REASONS):
         return "its checkpoint counts images re-encoded for unknown reasons"
     if index is not None and any(position >= len(index.samples) for position in resumed.unreadable):
@@ -1188,7 +1192,7 @@ def _disagrees(
         found = os.lstat(tmp / ".records").st_size
     except OSError:
         return "its .records is missing"
-    rows = max(1, len(index.samples) if index is not None else resumed.done)
+    rows = max(1, len(index.samples) if index is not None else resumed.kept)
     if (
         found % record.itemsize
         or found < rows * record.itemsize

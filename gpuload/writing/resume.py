@@ -86,13 +86,19 @@ class Checkpoint:
             isinstance(self.recipe, dict)
             and isinstance(self.scan, str)
             and bool(counts)
-            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts)
+            and all(map(_count, counts))
             and isinstance(self.skipped, list)
+            and all(
+                isinstance(entry, dict) and _texts(entry.get("path"), entry.get("reason")) for entry in self.skipped
+            )
             and self.kept + len(self.skipped) == self.done  # each image done was written or skipped
             and isinstance(self.reencoded, dict)
             and all(isinstance(reason, str) and _count(n) for reason, n in self.reencoded.items())
-            and (self.size is None or (isinstance(self.size, list) and len(self.size) == 2))
-            and all(isinstance(why, str) for why in self.unreadable.values())
+            and (
+                self.size is None
+                or (isinstance(self.size, list) and len(self.size) == 2 and all(_count(n) and n > 0 for n in self.size))
+            )
+            and _texts(*self.unreadable.values())
         )
 
     def holds(self, folder: Path) -> bool:
@@ -114,6 +120,10 @@ class Checkpoint:
 
 def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _texts(*values: object) -> bool:
+    return all(isinstance(value, str) for value in values)
 
 
 def recipe(**asked) -> dict:
