@@ -812,15 +812,20 @@ class _Store:
         Raises:
             _CannotResume: they do not.
         """
-        kept = end = 0
+        kept = end = flags = 0
         done = islice(order, resumed.done)
         while positions := list(islice(done, _CHUNK)):
             positions = np.asarray(positions, dtype=np.int64)
             records = self.records[positions[positions < len(self.records)]]  # beyond: skipped (the file grows)
             kept += int(np.count_nonzero(records["kept"]))
+            flags |= int(np.bitwise_or.reduce(records["kept"], initial=0))  # 0 or 1 each: any other is damage
             if "end" in self.record.names:
                 end = max(end, int(records["end"][records["kept"] != 0].max(initial=0)))
-        if kept != resumed.kept or ("end" in self.record.names and end != resumed.written.get("data.memmap")):
+        if (
+            kept != resumed.kept
+            or flags > 1
+            or ("end" in self.record.names and end != resumed.written.get("data.memmap"))
+        ):
             raise _CannotResume("its checkpoint does not match the records of the images it wrote")
 
     def forget(self, position: int) -> None:
