@@ -3,6 +3,7 @@ on tars written by tarfile in each of its formats and by webdataset's TarWriter.
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import tarfile
@@ -270,8 +271,13 @@ def test_a_pax_header_of_odd_records_is_left_to_tarfile(tmp_path, record):
     try:
         with tarfile.open(path, "r:") as tar:
             expected = {member.name: tar.extractfile(member).read() for member in tar if member.isfile()}
+            ended = tar.offset
     except tarfile.ReadError:  # a record tarfile refuses too
         with pytest.raises(SourceError, match="is truncated or damaged after 0 samples"):
+            list(read_shard(path))
+        return
+    if "b.jpg" not in expected:  # a size tarfile reads as 0: a.jpg's bytes its next header, the end without a word
+        with pytest.raises(SourceError, match=f"the header at byte {ended:,} cannot be read"):
             list(read_shard(path))
         return
     with open(path, "rb") as file:
@@ -280,3 +286,52 @@ def test_a_pax_header_of_odd_records_is_left_to_tarfile(tmp_path, record):
             for name, data in _shard_members(path, file)
         }
     assert found == expected
+
+
+def members_cut_short(path: Path) -> Path:
+    """The tar ``path`` cut where its third member's header starts (no zero blocks to end it)."""
+    path.write_bytes(path.read_bytes()[: by_tarfile(path)[2][1] - BLOCK])
+    return path
+
+
+@pytest.mark.parametrize("shard", ["global pax path", "gzip"])
+def test_a_tar_read_by_tarfile_cut_between_members_is_cut_short_not_complete(tmp_path, shard):
+    """Where tarfile reads a shard (from a header this reader leaves to it, or a compressed one as a
+    stream), a cut where a header would start read as the whole archive, without a word."""
+    path = tmp_path / "t.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT, pax_headers={"path": "x"}) as tar:
+        for name in ("0000.jpg", "0000.cls", "0001.jpg", "0001.cls"):
+            info = tarfile.TarInfo(name)
+            info.size = 600
+            tar.addfile(info, io.BytesIO(bytes(600)))
+    members_cut_short(path)
+    if shard == "gzip":
+        path = path.rename(tmp_path / "t.tar.gz")
+        path.write_bytes(gzip.compress(path.read_bytes()))
+    with pytest.raises(SourceError, match=r"is truncated or damaged after 0 samples .*ends without the two zero"):
+        list(read_shard(path))
+
+
+def test_a_tar_of_one_header_cut_short_is_not_empty(tmp_path):
+    """A shard shorter than two blocks is left to tarfile, which read a lone header as an empty archive."""
+    path = tmp_path / "t.tar"
+    with tarfile.open(path, "w") as tar:
+        folder = tarfile.TarInfo("./")  # GNU tar's first member: the folder it was given
+        folder.type = tarfile.DIRTYPE
+        tar.addfile(folder)
+        tar.addfile(tarfile.TarInfo("0000.cls"), io.BytesIO(b""))
+    path.write_bytes(path.read_bytes()[:BLOCK])
+    with pytest.raises(SourceError, match="ends without the two zero blocks"):
+        list(read_shard(path))
+
+
+def test_a_pax_header_of_sparse_maps_cut_short_is_damage_not_a_traceback(tmp_path):
+    """tarfile's parse of a GNU sparse 1.0 map cut short raised a ValueError (a traceback)."""
+    path = tmp_path / "t.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("0000.jpg")
+        info.size, info.pax_headers = 600, {"GNU.sparse.major": "1", "GNU.sparse.minor": "0"}
+        tar.addfile(info, io.BytesIO(b"12" + bytes(598)))  # its map: "12" and no newline
+    path.write_bytes(path.read_bytes()[: 3 * BLOCK])
+    with pytest.raises(SourceError, match="is truncated or damaged after 0 samples"):
+        list(read_shard(path))

@@ -184,14 +184,14 @@ def _shard_members(path: Path, file) -> Iterator[tuple[str, bytes | Stored]]:
         start = unusual.offset
     file.seek(start)
     try:
-        tar, seekable = tarfile.open(fileobj=file, mode="r:"), True
+        tar, seekable = _opened(file, "r:"), True
     except tarfile.ReadError:
         if start:
             raise
         file.seek(0)
-        tar, seekable = tarfile.open(fileobj=file, mode="r|*"), False
+        tar, seekable = _opened(file, "r|*"), False
     with tar:
-        for member in tar:
+        for member in _each(tar):
             tar.members = []  # tarfile keeps every TarInfo read: millions in one big shard
             if not member.isfile():
                 continue
@@ -201,6 +201,33 @@ def _shard_members(path: Path, file) -> Iterator[tuple[str, bytes | Stored]]:
                 yield member.name, _member_data(path, fd, member.name, member.offset_data, member.size)
             else:
                 yield member.name, tar.extractfile(member).read()
+        # tarfile ends a tar at any header it cannot read, a missing one too (a shard cut where a header
+        # would start), without a word; a tar ends at a zero block (a stream cut short reads less than one)
+        ended = tar.offset
+        block = os.pread(fd, tarheaders.BLOCK, ended) if seekable else None
+        if block is not None and len(block) == tarheaders.BLOCK and block.count(0) < tarheaders.BLOCK:
+            raise tarfile.ReadError(f"the header at byte {ended:,} cannot be read")
+        if (len(block) if block is not None else tar.fileobj.tell() - ended) < tarheaders.BLOCK:
+            raise tarfile.ReadError(
+                f"the tar ends without the two zero blocks that end a tar (at byte {ended:,}): cut short"
+            )
+
+
+def _opened(file, mode: str) -> tarfile.TarFile:
+    """``tarfile.open`` (which reads the first member); see :func:`_each`."""
+    try:
+        return tarfile.open(fileobj=file, mode=mode)
+    except ValueError as error:
+        raise tarfile.ReadError(f"a damaged header ({error})") from None
+
+
+def _each(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+    """The members ``tar`` reads; the ``ValueError`` of its parse of a damaged header (a GNU sparse map
+    cut short) as the damage it is."""
+    try:
+        yield from tar
+    except ValueError as error:
+        raise tarfile.ReadError(f"a damaged header ({error})") from None
 
 
 def _member_data(path: Path, fd: int, name: str, offset: int, length: int) -> bytes | Stored:
