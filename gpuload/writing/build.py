@@ -400,9 +400,6 @@ def _build_from(
     if saves.resumed is not None:
         if saves.resumed.scan != saves.scan:
             saves.start_afresh(out, "its source's samples are not the ones it scanned", keep=SCAN)
-        elif saves.resumed.done > len(index.samples):
-            why = f"its checkpoint counts more images done than the {len(index.samples)} there are"
-            saves.start_afresh(out, why, keep=SCAN)
         elif why := _disagrees(tmp, saves.resumed, format, size, [staged.name for staged in masks], index):
             saves.start_afresh(out, why, keep=SCAN)
     resumed = saves.resumed
@@ -476,11 +473,11 @@ def _build_streamed(
         def sink(position: int, name: str, path: str, data: bytes | None, masks: Masks) -> None:
             nonlocal jobs
             if jobs is None:
-                _check_max_side(source.path, [mask[0] for mask in masks], max_side)
-                if resumed is not None and (why := _disagrees(tmp, resumed, format, size, [m[0] for m in masks], None)):
+                mask_names = [mask[0] for mask in masks]
+                _check_max_side(source.path, mask_names, max_side)
+                if resumed is not None and (why := _disagrees(tmp, resumed, format, size, mask_names, None)):
                     raise _CannotResume(why)
                 if format == "raw":
-                    mask_names = [mask[0] for mask in masks]
                     store: _Store = _RawStore(tmp, out, pool, size, resize, workers, sync, None, mask_names, resumed)
                 else:
                     store = _JpegStore(tmp, out, pool, max_side, quality, workers, sync, None, resumed)
@@ -1179,9 +1176,11 @@ def _disagrees(
     disk, someone's edit), or ``None``: a raw build's files hold its images and ``masks`` at ``size`` (or
     the size it decided), each (which files: the store says); a jpeg build's file is its data, its
     re-encoded images of known reasons; the records are of each of the ``index``'s samples (``None``:
-    not scanned yet, of those kept at least: they grow as images are kept), and the images it could
-    not read are among them."""
+    not scanned yet, of those kept at least: they grow as images are kept), and the images it had done,
+    and those it could not read, are among them."""
     record = (_RawStore if format == "raw" else _JpegStore).record
+    if index is not None and resumed.done > len(index.samples):
+        return f"its checkpoint counts more images done than the {len(index.samples)} there are"
     if format == "raw" and (size or resumed.size) is not None:
         height, width = size or resumed.size
         each = {"images.memmap": 3 * height * width, **{field_path(name): height * width for name in masks}}
