@@ -20,7 +20,7 @@ import os
 import tarfile
 from collections.abc import Iterator
 
-__all__ = ["BLOCK", "Unusual", "members"]
+__all__ = ["BLOCK", "Unusual", "cut_short", "members"]
 
 BLOCK = 512
 _REGULAR = (b"0", b"\0", b"7")  # tarfile's REGULAR_TYPES but the sparse one
@@ -94,7 +94,13 @@ def members(fd: int, size: int, start: int = 0) -> Iterator[tuple[str, int, int]
         member = offset
     if offset < size:
         raise tarfile.ReadError("unexpected end of data")
-    raise tarfile.ReadError(f"the tar ends without the two zero blocks that end a tar (at byte {offset:,}): cut short")
+    raise cut_short(offset)
+
+
+def cut_short(offset: int) -> tarfile.ReadError:
+    """The error of a tar that ends at byte ``offset``, where a header would start, without the zero blocks
+    that end a tar (a writer stopped, a download cut)."""
+    return tarfile.ReadError(f"the tar ends without the two zero blocks that end a tar (at byte {offset:,}): cut short")
 
 
 def _checksum_holds(header: bytes) -> bool:

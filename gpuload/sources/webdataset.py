@@ -36,6 +36,7 @@ import tarfile
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import SourceError, UsageError
@@ -208,24 +209,27 @@ def _shard_members(path: Path, file) -> Iterator[tuple[str, bytes | Stored]]:
         if block is not None and len(block) == tarheaders.BLOCK and block.count(0) < tarheaders.BLOCK:
             raise tarfile.ReadError(f"the header at byte {ended:,} cannot be read")
         if (len(block) if block is not None else tar.fileobj.tell() - ended) < tarheaders.BLOCK:
-            raise tarfile.ReadError(
-                f"the tar ends without the two zero blocks that end a tar (at byte {ended:,}): cut short"
-            )
+            raise tarheaders.cut_short(ended)
 
 
 def _opened(file, mode: str) -> tarfile.TarFile:
-    """``tarfile.open`` (which reads the first member); see :func:`_each`."""
-    try:
+    """``tarfile.open`` (which reads the first member); see :func:`_header_damage`."""
+    with _header_damage():
         return tarfile.open(fileobj=file, mode=mode)
-    except ValueError as error:
-        raise tarfile.ReadError(f"a damaged header ({error})") from None
 
 
 def _each(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
-    """The members ``tar`` reads; the ``ValueError`` of its parse of a damaged header (a GNU sparse map
-    cut short) as the damage it is."""
-    try:
+    """The members ``tar`` reads; see :func:`_header_damage`."""
+    with _header_damage():
         yield from tar
+
+
+@contextmanager
+def _header_damage() -> Iterator[None]:
+    """tarfile's ``ValueError`` of its parse of a damaged header (a GNU sparse map cut short) as the
+    damage it is (only tarfile's own reading: a ``ValueError`` of ours stays a traceback)."""
+    try:
+        yield
     except ValueError as error:
         raise tarfile.ReadError(f"a damaged header ({error})") from None
 
