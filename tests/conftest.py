@@ -407,16 +407,22 @@ def http(http_root):
         yield server
 
 
-def shard_of(folder: Path, path: Path, bad: str | None = None) -> Path:
+def shard_of(folder: Path, path: Path, bad: str | None = None, masks: int | None = None) -> Path:
     """The photos of ``folder`` as one uncompressed WebDataset tar (``jpg`` and its class folder as
-    ``cls``), written by Python's tarfile; ``bad``: one of ``BAD_FILES`` as one more sample's image."""
+    ``cls``), written by Python's tarfile; ``bad``: one of ``BAD_FILES`` as one more sample's image;
+    ``masks``: a ``png`` mask beside each image, of class ids ``masks`` + the sample's position (the
+    photos' size, 48x64)."""
     samples = [(photo.read_bytes(), photo.parent.name) for photo in sorted(folder.rglob("*.jpg"))]
     if bad is not None:
         write_bad_file(path.parent, bad)
         samples.insert(3, ((path.parent / bad).read_bytes(), samples[0][1]))
     with tarfile.open(path, "w") as tar:
         for position, (data, label) in enumerate(samples):
-            for extension, member in (("jpg", data), ("cls", label.encode())):
+            members = [("jpg", data), ("cls", label.encode())]
+            if masks is not None:
+                Image.fromarray(np.full((48, 64), masks + position, np.uint8)).save(ids := io.BytesIO(), "PNG")
+                members.append(("png", ids.getvalue()))
+            for extension, member in members:
                 info = tarfile.TarInfo(f"{position:06d}.{extension}")
                 info.size = len(member)
                 tar.addfile(info, io.BytesIO(member))

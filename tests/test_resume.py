@@ -5,18 +5,15 @@ starts afresh."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import open_files, shard_of, write_bad_file, write_odd_image, write_parquet
 from hypothesis import HealthCheck, given, settings
@@ -79,23 +76,6 @@ def files_of(dataset: Path) -> dict[str, bytes]:
     manifest = json.loads(files.pop("manifest.json"))
     manifest.pop("created")
     return files | {"manifest.json": json.dumps(manifest, sort_keys=True).encode()}
-
-
-def shard_with_masks(folder: Path, path: Path, offset: int = 0) -> Path:
-    """:func:`shard_of` with a ``png`` mask (class ids ``offset`` + the sample's position, the photo's size)
-    beside each image."""
-    from PIL import Image
-
-    with tarfile.open(path, "w") as tar:
-        for position, photo in enumerate(sorted(folder.rglob("*.jpg"))):
-            ids = io.BytesIO()
-            Image.fromarray(np.full((48, 64), offset + position, np.uint8)).save(ids, "PNG")
-            members = {"jpg": photo.read_bytes(), "cls": photo.parent.name.encode(), "png": ids.getvalue()}
-            for extension, member in members.items():
-                info = tarfile.TarInfo(f"{position:06d}.{extension}")
-                info.size = len(member)
-                tar.addfile(info, io.BytesIO(member))
-    return path
 
 
 def leftovers(folder: Path) -> list[str]:
@@ -405,10 +385,10 @@ class TestAfresh:
     def test_a_streamed_source_whose_masks_changed(self, photo_folder, tmp_path, monkeypatch, masks):
         """A tar whose samples have a mask since the stop, or no longer have one (their images the same), is
         built afresh, masks and all (not as a checkpoint that does not match its files)."""
-        write, then = (shard_of, shard_with_masks) if masks == "since" else (shard_with_masks, shard_of)
-        src = write(photo_folder, tmp_path / "train.tar")
+        before, since = (None, 0) if masks == "since" else (0, None)
+        src = shard_of(photo_folder, tmp_path / "train.tar", masks=before)
         self.stop(src, tmp_path / "out", monkeypatch, size=(24, 32))
-        then(photo_folder, src)
+        shard_of(photo_folder, src, masks=since)
         with pytest.warns(UserWarning, match="starts afresh: its samples' masks are not the ones it wrote"):
             build_memmap(src, tmp_path / "out", size=(24, 32), progress=False)
         fresh = build_memmap(src, tmp_path / "fresh", size=(24, 32), progress=False)
@@ -516,7 +496,7 @@ def test_a_mask_file_that_cannot_be_made_closes_the_image_file(photo_folder, tmp
     at once (its descriptor was held until the store was collected)."""
     import errno
 
-    src = shard_with_masks(photo_folder, tmp_path / "train.tar")
+    src = shard_of(photo_folder, tmp_path / "train.tar", masks=0)
     real = gpuload.writing.build.BlockWriter
 
     def writer(path, *args, **kwargs):
@@ -552,12 +532,12 @@ def test_links_in_a_stopped_build_are_not_followed(sources, tmp_path, monkeypatc
 def test_masks_changed_since_the_stop_are_found_as_the_scan_goes(photo_folder, tmp_path, monkeypatch):
     """A raw build writes each mask with its image: a tar whose masks (not images) changed since the stop
     is built afresh, not with the old masks of the samples done."""
-    src = shard_with_masks(photo_folder, tmp_path / "train.tar")
+    src = shard_of(photo_folder, tmp_path / "train.tar", masks=0)
     with monkeypatch.context() as patched:
         interrupt_at(patched, 8)
         with pytest.raises(KeyboardInterrupt), warnings.catch_warnings(record=True):
             build_memmap(src, tmp_path / "out", size=(24, 32), workers=1, progress=False)
-    shard_with_masks(photo_folder, src, offset=100)  # other class ids, the same images
+    shard_of(photo_folder, src, masks=100)  # other class ids, the same images
     with pytest.warns(UserWarning, match="starts afresh: its source's first 7 samples are not the ones it scanned"):
         build_memmap(src, tmp_path / "out", size=(24, 32), progress=False)
     fresh = build_memmap(src, tmp_path / "fresh", size=(24, 32), progress=False)
